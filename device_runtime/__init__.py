@@ -1,0 +1,1 @@
+"""The device side: emulated (or real Linux) devices, the fleet runner, in-process simulation."""

@@ -1,0 +1,56 @@
+"""``fedper simulate``: run the simulation with a progress bar and print the summary table."""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from device_runtime.simulation import SimulationConfig, run
+from fedper.config_cli import from_arguments
+from fedper.data import DataConfig
+
+console = Console(stderr=True)
+
+
+def simulate(args: argparse.Namespace) -> int:
+    sim = from_arguments(SimulationConfig, args)
+    data = from_arguments(DataConfig, args)
+    start = time.perf_counter()
+    with Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("rounds"),
+        TimeElapsedColumn(),
+        console=console,
+    ) as bar:
+        tasks = {a: bar.add_task(a, total=sim.rounds) for a in sim.algorithms}
+
+        def progress(algorithm: str, rnd: int, total: int) -> None:
+            bar.update(tasks[algorithm], completed=rnd)
+
+        recorder = run(sim, data, progress)
+    table = Table(
+        title=f"{data.dataset}, {len(recorder.config['clients_train_samples'])} clients, "
+        f"partition {recorder.config['partition']}, kp={sim.kp}"
+    )
+    for col in ("algorithm", "final mean acc", "weighted", "std", "round"):
+        table.add_column(col, justify="right" if col != "algorithm" else "left")
+    for a in recorder.algorithms:
+        f = recorder.final(a)
+        table.add_row(
+            a,
+            f"{f['final_mean_accuracy']:.4f}",
+            f"{f['final_weighted_mean_accuracy']:.4f}",
+            f"{f['final_std']:.4f}",
+            str(f["final_round"]),
+        )
+    Console().print(table)
+    console.print(
+        f"wrote {sim.out}/results.json, metrics.csv, plots ({time.perf_counter() - start:.0f} s)"
+    )
+    return 0

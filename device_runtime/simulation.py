@@ -1,0 +1,204 @@
+"""In-process simulation of FedPer, FedAvg and local training (eager PyTorch, one process).
+
+Every client trains from the received base plus its own personal tensors; the
+base is aggregated by the toolkit's one FedAvg (:class:`fedper.aggregate.FedAvg`).
+Accuracy is measured on each client's own test split with the model it holds at
+the start of the round, before local training, as Flower's reproduction does.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from fedper import weights
+from fedper.aggregate import FedAvg
+from fedper.config_cli import option
+from fedper.data import DataConfig, FederatedData, load_federated, to_tensor
+from fedper.eager_trainer import EagerTrainer
+from fedper.local_training import TrainConfig, evaluate, train
+from fedper.models import ModelConfig, build_model, exchanged_state, split
+from fedper.models.split import batchnorm_stat_names
+from fedper.results import ClientRecord, RunRecorder
+
+ALGORITHMS = ("fedper", "fedavg", "local")
+
+
+@dataclass(frozen=True)
+class SimulationConfig:
+    """One simulated experiment; everything follows from these fields (and the data config)."""
+
+    algorithms: tuple[str, ...] = option(
+        ("fedper", "fedavg", "local"), "comma-separated: fedper, fedavg (kp=0), local"
+    )
+    kp: int = option(2, "personal layers counted from the top (1 = classifier)")
+    rounds: int = option(30, "federated rounds")
+    local_epochs: int = option(2, "local epochs per round")
+    batch_size: int = option(32, "local batch size")
+    learning_rate: float = option(0.01, "SGD learning rate", flags=("--lr",))
+    momentum: float = option(0.9, "SGD momentum (reset every round)")
+    fraction: float = option(1.0, "share of clients that train each round")
+    bn: str = option(
+        "shared", "base BatchNorm statistics: averaged (shared) or kept per client (local)",
+        choices=("shared", "local"),
+    )  # fmt: skip
+    base: str = option(
+        "model", "'linear' replaces the base with one linear layer (the paper's ablation)",
+        choices=("model", "linear"),
+    )  # fmt: skip
+    model: str = option("mobilenet_v1", "model", choices=("mobilenet_v1", "resnet34"))
+    alpha: float = option(0.25, "MobileNet-V1 width multiplier")
+    threads: int = option(0, "torch threads (0 = all cores)")
+    out: Path = option(Path("runs/simulation"), "output directory")
+
+    def __post_init__(self) -> None:
+        unknown = [a for a in self.algorithms if a not in ALGORITHMS]
+        if unknown or not self.algorithms:
+            raise ValueError(f"unknown algorithm(s) {unknown}; choose from {', '.join(ALGORITHMS)}")
+        if self.rounds < 1 or self.local_epochs < 1 or self.batch_size < 2:
+            raise ValueError("rounds and local epochs must be >= 1 and batch size >= 2")
+        if not 0 < self.fraction <= 1:
+            raise ValueError(f"fraction must be in (0, 1], got {self.fraction}")
+
+    @property
+    def train_config(self) -> TrainConfig:
+        return TrainConfig(self.local_epochs, self.batch_size, self.learning_rate, self.momentum)
+
+
+@dataclass
+class _Client:
+    x_train: torch.Tensor
+    y_train: torch.Tensor
+    x_test: torch.Tensor
+    y_test: torch.Tensor
+
+    @property
+    def num_samples(self) -> int:
+        return len(self.y_train)
+
+
+ProgressFn = Callable[[str, int, int], None]
+
+
+def model_config(sim: SimulationConfig, fed: FederatedData) -> ModelConfig:
+    return ModelConfig(
+        name=sim.model,
+        num_classes=fed.dataset.num_classes,
+        alpha=sim.alpha,
+        input_size=fed.dataset.image_size,
+        base=sim.base,
+        linear_base_kp=sim.kp if sim.base == "linear" else 0,
+    )
+
+
+def shared_names(sim: SimulationConfig, algorithm: str, model: torch.nn.Module) -> tuple[str, ...]:
+    """The tensors an algorithm aggregates; every other exchanged tensor stays on its client."""
+    if algorithm == "local":
+        return ()
+    s = split(model, sim.kp if algorithm == "fedper" else 0)  # type: ignore[arg-type]
+    if sim.bn == "local":
+        local_stats = set(batchnorm_stat_names(s.base))
+        return tuple(n for n in s.base if n not in local_stats)
+    return s.base
+
+
+def run(sim: SimulationConfig, data: DataConfig, progress: ProgressFn | None = None) -> RunRecorder:
+    """Run every algorithm on the same clients and initial weights; write the run's files."""
+    if sim.threads:
+        torch.set_num_threads(sim.threads)
+    fed = load_federated(data)
+    mcfg = model_config(sim, fed)
+    ds = fed.dataset
+    clients = []
+    for i in range(len(fed.clients)):
+        tr, te = fed.client_train(i), fed.client_test(i)
+        clients.append(
+            _Client(
+                to_tensor(tr.images, ds.mean, ds.std),
+                torch.from_numpy(tr.labels),
+                to_tensor(te.images, ds.mean, ds.std),
+                torch.from_numpy(te.labels),
+            )
+        )
+    config: dict[str, Any] = {
+        "simulation": _jsonable(dataclasses.asdict(sim)),
+        "data": _jsonable(dataclasses.asdict(data)),
+        "model": mcfg.to_dict(),
+        "partition": fed.partition,
+        "clients_train_samples": [c.num_samples for c in clients],
+    }
+    recorder = RunRecorder(config)
+    sim.out.mkdir(parents=True, exist_ok=True)
+    for algorithm in sim.algorithms:
+        _run_algorithm(sim, mcfg, algorithm, clients, recorder, progress, data.seed)
+        recorder.write(sim.out)  # keep what finished if a later algorithm crashes
+    return recorder
+
+
+def _run_algorithm(
+    sim: SimulationConfig,
+    mcfg: ModelConfig,
+    algorithm: str,
+    clients: list[_Client],
+    recorder: RunRecorder,
+    progress: ProgressFn | None,
+    seed: int,
+) -> None:
+    model = build_model(mcfg, seed=seed)
+    initial = exchanged_state(model)
+    shared = shared_names(sim, algorithm, model)
+    personal_names = tuple(n for n in initial if n not in set(shared))
+    layout = [(n, tuple(initial[n].shape)) for n in shared]
+    global_shared = {n: initial[n] for n in shared}
+    personal = [{n: initial[n].clone() for n in personal_names} for _ in clients]
+    trainer = EagerTrainer(model)
+    rng = np.random.default_rng([seed, 20])
+    n_train = max(1, round(sim.fraction * len(clients)))
+    for rnd in range(1, sim.rounds + 1):
+        selected = set(rng.choice(len(clients), size=n_train, replace=False).tolist())
+        fedavg = FedAvg(layout) if shared else None
+        for cid, client in enumerate(clients):
+            trainer.set_tensors(global_shared)
+            trainer.set_tensors(personal[cid])
+            acc = evaluate(trainer, client.x_test, client.y_test)
+            acc_after = loss = None
+            if cid in selected:
+                crng = np.random.default_rng([seed, 21, rnd, cid])
+                loss = train(trainer, client.x_train, client.y_train, sim.train_config, crng)
+                acc_after = evaluate(trainer, client.x_test, client.y_test)
+                personal[cid] = trainer.get_tensors(personal_names)
+                if fedavg is not None:
+                    update = weights.to_numpy(trainer.get_tensors(shared))
+                    fedavg.add(update, client.num_samples)
+            recorder.add(
+                ClientRecord(algorithm, rnd, cid, client.num_samples, acc, acc_after, loss)
+            )
+        if fedavg is not None:
+            global_shared = weights.to_torch(fedavg.result())
+        if progress is not None:
+            progress(algorithm, rnd, sim.rounds)
+    _write_state(sim.out / algorithm, global_shared, personal)
+
+
+def _write_state(
+    out: Path, shared: dict[str, torch.Tensor], personal: list[dict[str, torch.Tensor]]
+) -> None:
+    """final_base.safetensors (the aggregated tensors) and heads/client_NNN.safetensors."""
+    if shared:
+        weights.save(out / "final_base.safetensors", shared)
+    for cid, tensors in enumerate(personal):
+        if tensors:
+            weights.save(out / "heads" / f"client_{cid:03d}.safetensors", tensors)
+
+
+def _jsonable(d: dict[str, Any]) -> dict[str, Any]:
+    return {
+        k: (str(v) if isinstance(v, Path) else list(v) if isinstance(v, tuple) else v)
+        for k, v in d.items()
+    }

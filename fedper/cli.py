@@ -1,0 +1,74 @@
+"""The ``fedper`` command line: one subcommand per job, options from config dataclasses."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+
+from rich.console import Console
+
+from fedper import __version__
+
+console = Console(stderr=True)
+Command = Callable[[argparse.Namespace], int]
+
+
+class UserError(Exception):
+    """A problem the user can fix (bad option, missing file); printed without a traceback."""
+
+
+def _simulate_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    from device_runtime.simulation import SimulationConfig
+    from fedper.config_cli import add_arguments
+    from fedper.data import DataConfig
+
+    p = sub.add_parser(
+        "simulate",
+        help="compare FedPer, FedAvg and local training in one process",
+        description="In-process simulation (eager PyTorch) of FedPer vs FedAvg vs local training. "
+        "Writes results.json, metrics.csv, plots and final weights into --out.",
+    )
+    add_arguments(p, DataConfig)
+    add_arguments(p, SimulationConfig)
+    p.set_defaults(run=_simulate)
+
+
+def _simulate(args: argparse.Namespace) -> int:
+    from device_runtime.simulate_command import simulate
+
+    return simulate(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="fedper",
+        description="Personalized federated learning (FedPer) for on-device models.",
+    )
+    parser.add_argument("--version", action="version", version=f"fedper {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    _simulate_parser(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    run: Command = args.run
+    try:
+        return run(args)
+    except UserError as exc:
+        console.print(f"[bold red]error:[/] {exc}")
+        return 2
+    except (ValueError, FileNotFoundError, PermissionError, OSError) as exc:
+        if getattr(args, "debug", False):
+            raise
+        console.print(f"[bold red]error:[/] {exc}")
+        return 2
+    except KeyboardInterrupt:
+        console.print("interrupted")
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

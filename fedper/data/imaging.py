@@ -1,0 +1,32 @@
+"""Image conversions shared by the loaders: to RGB uint8, square crop, resize."""
+
+from __future__ import annotations
+
+import numpy as np
+from PIL import Image
+
+
+def to_rgb_uint8(img: np.ndarray) -> np.ndarray:
+    """Grayscale, RGBA or float images to (H, W, 3) uint8."""
+    arr = np.asarray(img)
+    if arr.dtype != np.uint8:
+        scale = 255.0 if arr.max(initial=0) <= 1.0 else 1.0
+        arr = np.clip(arr.astype(np.float64) * scale, 0, 255).round().astype(np.uint8)
+    if arr.ndim == 2:
+        arr = np.repeat(arr[:, :, None], 3, axis=2)
+    if arr.shape[2] == 4:
+        arr = arr[:, :, :3]
+    return np.ascontiguousarray(arr)
+
+
+def center_square(img: np.ndarray) -> np.ndarray:
+    h, w = img.shape[:2]
+    side = min(h, w)
+    top, left = (h - side) // 2, (w - side) // 2
+    return img[top : top + side, left : left + side]
+
+
+def resize(img: np.ndarray, size: int) -> np.ndarray:
+    """Resize an (H, W, 3) uint8 image to (size, size, 3) with antialiasing."""
+    pil = Image.fromarray(img)
+    return np.asarray(pil.resize((size, size), Image.Resampling.BILINEAR, reducing_gap=3.0))

@@ -1,0 +1,129 @@
+"""Dataset names, their loaders, and the client shares they are partitioned into."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from fedper.config_cli import option
+from fedper.data import aesthetic_synth, cifar, digits, flickr_aes
+from fedper.data.dataset import DatasetError, ImageDataset
+from fedper.data.partition import (
+    ClientIndices,
+    by_user,
+    classes_per_client,
+    dirichlet,
+    iid,
+    train_test,
+)
+
+DATASETS: tuple[str, ...] = ("digits", "aesthetic-synth", "cifar10", "cifar100", "flickr-aes")
+PARTITIONS: tuple[str, ...] = ("auto", "classes", "dirichlet", "iid", "user")
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Which data, and how it is shared among clients. Every field is reproducible from the seed."""
+
+    dataset: str = option("digits", "dataset name", choices=DATASETS)
+    data_root: Path | None = option(
+        None, "directory with the local files of cifar10/cifar100/flickr-aes", metavar="DIR"
+    )
+    partition: str = option(
+        "auto", "how clients get their data; auto = 'user' for rating datasets, else 'classes'",
+        choices=PARTITIONS,
+    )  # fmt: skip
+    num_clients: int = option(10, "number of clients", flags=("--clients",))
+    classes_per_client: int = option(4, "k for the 'classes' partition (k random classes each)")
+    dirichlet_alpha: float = option(0.5, "alpha for the 'dirichlet' partition")
+    test_fraction: float = option(0.2, "share of each client's data kept as its local test split")
+    image_size: int = option(32, "image side in pixels (the model's input size)")
+    users: int = option(30, "aesthetic-synth users generated / FLICKR-AES workers drawn")
+    images_per_user: tuple[int, int] = option(
+        (100, 200), "aesthetic-synth images rated per user, N or MIN-MAX"
+    )
+    seed: int = option(0, "seed for data generation, partitioning and training")
+
+
+@dataclass(frozen=True)
+class FederatedData:
+    """A dataset and each client's share of it."""
+
+    dataset: ImageDataset
+    clients: tuple[ClientIndices, ...]
+    partition: str
+
+    def client_train(self, client: int) -> ImageDataset:
+        return self.dataset.subset(self.clients[client].train)
+
+    def client_test(self, client: int) -> ImageDataset:
+        return self.dataset.subset(self.clients[client].test)
+
+
+def load_dataset(config: DataConfig) -> ImageDataset:
+    name = config.dataset
+    if name == "digits":
+        return digits.load(config.image_size)
+    if name == "aesthetic-synth":
+        return aesthetic_synth.load(
+            aesthetic_synth.SynthConfig(
+                users=config.users,
+                images_per_user=config.images_per_user,
+                image_size=config.image_size,
+                seed=config.seed,
+            )
+        )
+    if name in ("cifar10", "cifar100", "flickr-aes"):
+        if config.data_root is None:
+            raise DatasetError(f"dataset {name!r} reads local files: pass --data-root DIR")
+        if name == "cifar10":
+            ds = cifar.load_cifar10(config.data_root)
+        elif name == "cifar100":
+            ds = cifar.load_cifar100(config.data_root)
+        else:
+            return flickr_aes.load(config.data_root, config.users, config.seed, config.image_size)
+        if config.image_size != 32:
+            raise DatasetError(f"{name} images are 32x32; use --image-size 32")
+        return ds
+    raise DatasetError(f"unknown dataset {name!r}; choose one of: {', '.join(DATASETS)}")
+
+
+def resolve_partition(config: DataConfig, dataset: ImageDataset) -> str:
+    if config.partition not in PARTITIONS:
+        raise DatasetError(
+            f"unknown partition {config.partition!r}; choose one of: {', '.join(PARTITIONS)}"
+        )
+    if config.partition == "auto":
+        return "user" if dataset.groups is not None else "classes"
+    return config.partition
+
+
+def partition(dataset: ImageDataset, config: DataConfig) -> FederatedData:
+    """Deal the dataset out to ``num_clients`` clients, each split into local train/test."""
+    kind = resolve_partition(config, dataset)
+    rng = np.random.default_rng([config.seed, 10])
+    if kind == "classes":
+        shares = classes_per_client(
+            dataset.labels, config.num_clients, config.classes_per_client, rng
+        )
+    elif kind == "dirichlet":
+        shares = dirichlet(dataset.labels, config.num_clients, config.dirichlet_alpha, rng)
+    elif kind == "iid":
+        shares = iid(len(dataset), config.num_clients, rng)
+    else:
+        shares = by_user(dataset.groups, config.num_clients, rng)
+    clients = []
+    for i, share in enumerate(shares):
+        try:
+            clients.append(
+                train_test(share, config.test_fraction, np.random.default_rng([config.seed, 11, i]))
+            )
+        except DatasetError as exc:
+            raise DatasetError(f"client {i}: {exc} (too many clients for this dataset?)") from exc
+    return FederatedData(dataset=dataset, clients=tuple(clients), partition=kind)
+
+
+def load_federated(config: DataConfig) -> FederatedData:
+    return partition(load_dataset(config), config)

@@ -1,0 +1,55 @@
+"""Local training and evaluation over a client's data, for any Trainer."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from fedper.metrics import accuracy
+from fedper.trainer import Trainer
+
+MIN_BATCH = 2  # BatchNorm cannot train on one example
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """What the server's task (or the simulation) asks a client to do in one round."""
+
+    local_epochs: int = 1
+    batch_size: int = 32
+    learning_rate: float = 0.01
+    momentum: float = 0.9
+
+
+def batches(num_samples: int, batch_size: int, rng: np.random.Generator) -> list[np.ndarray]:
+    """One epoch's shuffled batches; a last batch smaller than 2 is dropped."""
+    order = rng.permutation(num_samples)
+    out = [order[i : i + batch_size] for i in range(0, num_samples, batch_size)]
+    return [b for b in out if len(b) >= MIN_BATCH]
+
+
+def train(
+    trainer: Trainer,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    config: TrainConfig,
+    rng: np.random.Generator,
+) -> float:
+    """Run ``local_epochs`` epochs with a fresh optimizer; returns the mean batch loss."""
+    trainer.start_round(config.learning_rate, config.momentum)
+    losses = []
+    for _ in range(config.local_epochs):
+        for idx in batches(len(y), config.batch_size, rng):
+            t = torch.from_numpy(idx)
+            losses.append(trainer.train_step(x[t], y[t]))
+    return float(np.mean(losses)) if losses else float("nan")
+
+
+def evaluate(trainer: Trainer, x: torch.Tensor, y: torch.Tensor, batch_size: int = 256) -> float:
+    """Top-1 accuracy of the eval-mode model with the trainer's current weights."""
+    logits = torch.cat(
+        [trainer.predict(x[i : i + batch_size]) for i in range(0, len(y), batch_size)]
+    )
+    return accuracy(logits, y)

@@ -1,0 +1,59 @@
+"""The model configuration every part of the toolkit builds models from."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+import torch
+
+from fedper.models.mobilenet_v1 import MobileNetV1
+from fedper.models.resnet import ResNet34
+from fedper.models.staged import StagedModel
+
+ModelName = Literal["mobilenet_v1", "resnet34"]
+BaseKind = Literal["model", "linear"]
+MODEL_NAMES: tuple[str, ...] = ("mobilenet_v1", "resnet34")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """What defines a model's architecture (and therefore its tensor names and shapes)."""
+
+    name: str = "mobilenet_v1"
+    num_classes: int = 10
+    alpha: float = 0.25
+    input_size: int = 32
+    # "linear": the paper's ablation; the layers below the top ``linear_base_kp`` become one
+    # linear layer. It changes the architecture, so it is part of the model config.
+    base: str = "model"
+    linear_base_kp: int = 0
+
+    def __post_init__(self) -> None:
+        if self.name not in MODEL_NAMES:
+            raise ValueError(
+                f"unknown model {self.name!r}; choose one of: {', '.join(MODEL_NAMES)}"
+            )
+        if self.num_classes < 2:
+            raise ValueError(f"num_classes must be at least 2, got {self.num_classes}")
+        if self.input_size < 32:
+            raise ValueError(f"input_size must be at least 32, got {self.input_size}")
+        if self.base not in ("model", "linear"):
+            raise ValueError(f"base must be 'model' or 'linear', got {self.base!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def build_model(config: ModelConfig, seed: int | None = None) -> StagedModel:
+    """Build the model; with a seed, its initial weights are reproducible."""
+    if seed is not None:
+        torch.manual_seed(seed)
+    model: StagedModel
+    if config.name == "mobilenet_v1":
+        model = MobileNetV1(config.num_classes, config.alpha, config.input_size)
+    else:
+        model = ResNet34(config.num_classes, config.input_size)
+    if config.base == "linear":
+        model.use_linear_base(config.linear_base_kp, config.input_size)
+    return model

@@ -1,0 +1,73 @@
+"""The FedPer split: which exchanged tensors are shared (base) and which stay personal (head)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+
+from fedper.models.staged import StagedModel
+
+
+@dataclass(frozen=True)
+class ModelSplit:
+    """An ordered partition of the exchanged state's names; the names never depend on kp."""
+
+    kp: int
+    base: tuple[str, ...]
+    head: tuple[str, ...]
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return self.base + self.head
+
+
+def exchanged_names(model: torch.nn.Module) -> tuple[str, ...]:
+    """State keys of every floating-point tensor (BN's integer counters are not exchanged)."""
+    return tuple(k for k, v in model.state_dict().items() if v.is_floating_point())
+
+
+def exchanged_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The model's exchanged tensors, detached copies, in state-dict order."""
+    return {k: v.detach().clone() for k, v in model.state_dict().items() if v.is_floating_point()}
+
+
+def max_kp(model: StagedModel) -> int:
+    """The largest kp that still leaves a non-empty base."""
+    return len(model.layer_groups()) - 1
+
+
+def split(model: StagedModel, kp: int) -> ModelSplit:
+    """Partition the exchanged names: the top ``kp`` layer groups are the personal head.
+
+    kp=0 is plain FedAvg (empty head); kp=1 is the classifier; kp=2 adds the last block.
+    """
+    groups = model.layer_groups()
+    if not 0 <= kp <= len(groups) - 1:
+        raise ValueError(
+            f"kp must be between 0 and {len(groups) - 1} for this model "
+            f"({len(groups)} layers: {groups[0][0]} ... {groups[-1][0]}), got {kp}"
+        )
+    head_prefixes = [p for group in groups[len(groups) - kp :] for p in group] if kp else []
+    names = exchanged_names(model)
+    head = tuple(n for n in names if any(_under(n, p) for p in head_prefixes))
+    base = tuple(n for n in names if n not in set(head))
+    return ModelSplit(kp=kp, base=base, head=head)
+
+
+def _under(name: str, prefix: str) -> bool:
+    return name == prefix or name.startswith(prefix + ".")
+
+
+def batchnorm_stat_names(names: tuple[str, ...]) -> tuple[str, ...]:
+    """The BatchNorm running statistics among ``names`` (kept on-device with ``--bn local``)."""
+    return tuple(n for n in names if n.endswith((".running_mean", ".running_var")))
+
+
+def select(state: Mapping[str, torch.Tensor], names: tuple[str, ...]) -> dict[str, torch.Tensor]:
+    """The named subset of a state, in the order of ``names``."""
+    missing = [n for n in names if n not in state]
+    if missing:
+        raise KeyError(f"state lacks {len(missing)} tensor(s), e.g. {missing[:3]}")
+    return {n: state[n] for n in names}

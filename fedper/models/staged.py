@@ -1,0 +1,75 @@
+"""Models as a stack of named stages, so the split and the linear-base ablation are generic."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+from torch import nn
+
+Stage = Callable[[torch.Tensor], torch.Tensor]
+
+
+class StagedModel(nn.Module):
+    """A model whose forward is a sequence of stages, one per FedPer layer group.
+
+    ``layer_groups()[i]`` lists the state-key prefixes owned by ``stages()[i]``.
+    The linear-base ablation (FedPer paper) swaps every stage below the head for
+    one ``linear_base`` layer while keeping the head's state keys unchanged.
+    """
+
+    _linear_base_start: int = 0
+    _linear_base_shape: tuple[int, ...] = ()
+
+    def stages(self) -> Sequence[Stage]:
+        raise NotImplementedError
+
+    def stage_groups(self) -> list[list[str]]:
+        raise NotImplementedError
+
+    def layer_groups(self) -> list[list[str]]:
+        """State-key prefixes of each layer, bottom to top (kp counts from the end)."""
+        groups = self.stage_groups()
+        if "linear_base" in self._modules:
+            return [["linear_base"], *groups[self._linear_base_start :]]
+        return groups
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        start = 0
+        linear_base = self._modules.get("linear_base")
+        if linear_base is not None:
+            x = linear_base(torch.flatten(x, 1)).view(-1, *self._linear_base_shape)
+            start = self._linear_base_start
+        for stage in self.stages()[start:]:
+            x = stage(x)
+        return x
+
+    def use_linear_base(self, kp: int, input_size: int) -> None:
+        """Replace all layers below the top ``kp`` with a single linear layer (the ablation)."""
+        n = len(self.stage_groups())
+        if not 1 <= kp < n:
+            raise ValueError(f"the linear-base ablation needs 1 <= kp < {n}, got kp={kp}")
+        start = n - kp
+        with torch.no_grad():
+            was_training = self.training
+            self.eval()
+            x = torch.zeros(1, 3, input_size, input_size)
+            for stage in self.stages()[:start]:
+                x = stage(x)
+            self.train(was_training)
+        shape = tuple(x.shape[1:])
+        for group in self.stage_groups()[:start]:
+            for prefix in group:
+                _replace_submodule(self, prefix, nn.Identity())
+        self._linear_base_shape = shape
+        self._linear_base_start = start
+        self.add_module("linear_base", nn.Linear(3 * input_size * input_size, int(x[0].numel())))
+
+
+def _replace_submodule(root: nn.Module, dotted: str, new: nn.Module) -> None:
+    parent_name, _, child = dotted.rpartition(".")
+    parent = root.get_submodule(parent_name) if parent_name else root
+    if isinstance(parent, nn.ModuleList | nn.Sequential):
+        parent[int(child)] = new
+    else:
+        setattr(parent, child, new)

@@ -1,0 +1,84 @@
+import numpy as np
+import pytest
+
+from fedper.aggregate import AggregationError, FedAvg
+
+LAYOUT = [("a", (3, 4)), ("b.weight", (70000,)), ("c", ())]
+
+
+def _update(rng, dtype=np.float32):
+    return {n: rng.standard_normal(s).astype(dtype) for n, s in LAYOUT}
+
+
+def test_weighted_mean_equals_float64_reference():
+    rng = np.random.default_rng(0)
+    updates = [(_update(rng), int(n)) for n in rng.integers(1, 1000, size=7)]
+    agg = FedAvg(LAYOUT)
+    for u, n in updates:
+        agg.add(u, n)
+    out = agg.result()
+    total = sum(n for _, n in updates)
+    for name, shape in LAYOUT:
+        ref = sum(n * u[name].astype(np.float64) for u, n in updates) / total
+        assert out[name].dtype == np.float32
+        assert out[name].shape == shape
+        np.testing.assert_allclose(out[name], ref.astype(np.float32), rtol=0, atol=1e-7)
+    assert agg.total_samples == total and agg.count == 7
+
+
+def test_streaming_is_order_independent_and_equals_batch():
+    rng = np.random.default_rng(1)
+    updates = [(_update(rng), int(n)) for n in (3, 100, 7, 55)]
+    forward, backward = FedAvg(LAYOUT), FedAvg(LAYOUT)
+    for u, n in updates:
+        forward.add(u, n)
+    for u, n in reversed(updates):
+        backward.add(u, n)
+    batch = {
+        name: np.average(
+            np.stack([u[name] for u, _ in updates]).astype(np.float64),
+            axis=0,
+            weights=[n for _, n in updates],
+        )
+        for name, _ in LAYOUT
+    }
+    f, b = forward.result(), backward.result()
+    for name, _ in LAYOUT:
+        np.testing.assert_array_equal(f[name], b[name])
+        np.testing.assert_allclose(f[name], batch[name], atol=1e-7)
+
+
+def test_float16_updates_are_accumulated_exactly():
+    rng = np.random.default_rng(2)
+    u16 = _update(rng, np.float16)
+    u32 = _update(rng)
+    agg = FedAvg(LAYOUT)
+    agg.add(u16, 3)
+    agg.add(u32, 1)
+    out = agg.result()
+    ref = (3 * u16["a"].astype(np.float64) + u32["a"].astype(np.float64)) / 4
+    np.testing.assert_allclose(out["a"], ref, atol=1e-7)
+
+
+def test_equal_updates_give_back_the_same_tensor():
+    rng = np.random.default_rng(3)
+    u = _update(rng)
+    agg = FedAvg(LAYOUT)
+    for n in (1, 2, 99999):
+        agg.add(u, n)
+    np.testing.assert_array_equal(agg.result()["b.weight"], u["b.weight"])
+
+
+def test_bad_updates_are_refused():
+    agg = FedAvg(LAYOUT)
+    rng = np.random.default_rng(4)
+    good = _update(rng)
+    with pytest.raises(AggregationError, match="num_samples"):
+        agg.add(good, 0)
+    with pytest.raises(AggregationError, match="missing"):
+        agg.add({k: v for k, v in good.items() if k != "a"}, 1)
+    with pytest.raises(AggregationError, match="shape"):
+        agg.add({**good, "a": np.zeros((4, 3), np.float32)}, 1)
+    with pytest.raises(AggregationError, match="no updates"):
+        agg.result()
+    assert agg.count == 0
