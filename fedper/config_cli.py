@@ -79,7 +79,7 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type, skip: tuple[str, .
         }
         if "choices" in f.metadata:
             kwargs["choices"] = f.metadata["choices"]
-        if "choices" not in f.metadata:
+        if "choices" not in f.metadata and "metavar" not in kwargs:
             kwargs["metavar"] = f.metadata.get("metavar") or _metavar(conv)
         parser.add_argument(*flags, **kwargs)
 
@@ -92,6 +92,9 @@ def from_arguments(cls: type[T], args: argparse.Namespace, **overrides: Any) -> 
         if hasattr(args, f.name)
     }
     values.update(overrides)
+    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+        if isinstance(values.get(f.name), list):
+            values[f.name] = tuple(values[f.name])
     return cls(**values)
 
 

@@ -59,9 +59,17 @@ def test_run_writes_metrics_plots_and_reusable_weights(strongly_non_iid_run):
 
 def _tiny(out: Path, **kw) -> dict:
     sim = SimulationConfig(
-        algorithms=kw.pop("algorithms", ("fedper",)), rounds=1, local_epochs=1, threads=1, out=out, **kw
+        algorithms=kw.pop("algorithms", ("fedper",)),
+        rounds=1,
+        local_epochs=1,
+        threads=1,
+        out=out,
+        **kw,
     )
-    run(sim, DataConfig(dataset="digits", num_clients=3, classes_per_client=3, seed=kw.get("seed", 1)))
+    run(
+        sim,
+        DataConfig(dataset="digits", num_clients=3, classes_per_client=3, seed=kw.get("seed", 1)),
+    )
     return json.loads((out / "results.json").read_text())
 
 
@@ -69,7 +77,9 @@ def test_same_command_line_same_numbers(tmp_path):
     a = _tiny(tmp_path / "a")
     b = _tiny(tmp_path / "b")
     assert a["algorithms"] == b["algorithms"]
-    assert (tmp_path / "a" / "metrics.csv").read_text() == (tmp_path / "b" / "metrics.csv").read_text()
+    assert (tmp_path / "a" / "metrics.csv").read_text() == (
+        tmp_path / "b" / "metrics.csv"
+    ).read_text()
 
 
 def test_local_bn_keeps_statistics_on_clients(tmp_path):

@@ -64,6 +64,7 @@ ATTRIBUTES: dict[str, tuple[float, float]] = {
     "vignette": (0.0, 1.0),
     "grain": (0.0, 1.0),
 }
+CLASSES = ("1", "2", "3", "4", "5")  # the user's rating
 # Score thresholds on each user's standardized score: about 10/22/36/22/10 % per class.
 THRESHOLDS = (-1.25, -0.45, 0.45, 1.25)
 SHARED_WEIGHT = 0.6  # scale of the taste everybody shares
@@ -245,7 +246,7 @@ def load(config: SynthConfig | None = None) -> ImageDataset:
         name="aesthetic-synth",
         images=np.concatenate([r.images for r in per_user]),
         labels=np.concatenate([r.labels for r in per_user]),
-        classes=("1", "2", "3", "4", "5"),
+        classes=CLASSES,
         groups=np.concatenate([np.full(len(r.labels), u) for u, r in enumerate(per_user)]),
         info={"users": config.users, "images_per_user": list(config.images_per_user)},
     )

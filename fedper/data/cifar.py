@@ -27,6 +27,11 @@ _ALLOWED_GLOBALS = {
 }
 
 CIFAR10_DIR = "cifar-10-batches-py"
+CIFAR10_MEAN, CIFAR10_STD = (0.4914, 0.4822, 0.4465), (0.247, 0.243, 0.261)
+CIFAR100_MEAN, CIFAR100_STD = (0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)
+CIFAR10_CLASSES = (
+    "airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck",
+)  # fmt: skip
 CIFAR100_DIR = "cifar-100-python"
 
 
@@ -87,8 +92,8 @@ def load_cifar10(root: Path) -> ImageDataset:
         images=np.concatenate(images),
         labels=np.concatenate(labels),
         classes=_decode_names(meta["label_names"]),
-        mean=(0.4914, 0.4822, 0.4465),
-        std=(0.247, 0.243, 0.261),
+        mean=CIFAR10_MEAN,
+        std=CIFAR10_STD,
     )
 
 
@@ -107,6 +112,6 @@ def load_cifar100(root: Path) -> ImageDataset:
         images=np.concatenate(images),
         labels=np.concatenate(labels),
         classes=_decode_names(meta["fine_label_names"]),
-        mean=(0.5071, 0.4865, 0.4409),
-        std=(0.2673, 0.2564, 0.2762),
+        mean=CIFAR100_MEAN,
+        std=CIFAR100_STD,
     )

@@ -8,6 +8,10 @@ from sklearn.datasets import load_digits
 from fedper.data.dataset import ImageDataset
 from fedper.data.imaging import resize, to_rgb_uint8
 
+MEAN = (0.25, 0.25, 0.25)
+STD = (0.35, 0.35, 0.35)
+CLASSES = tuple(str(i) for i in range(10))
+
 
 def load(image_size: int = 32) -> ImageDataset:
     raw = load_digits()
@@ -17,7 +21,7 @@ def load(image_size: int = 32) -> ImageDataset:
         name="digits",
         images=images,
         labels=raw.target.astype(np.int64),
-        classes=tuple(str(i) for i in range(10)),
-        mean=(0.25, 0.25, 0.25),
-        std=(0.35, 0.35, 0.35),
+        classes=CLASSES,
+        mean=MEAN,
+        std=STD,
     )

@@ -22,6 +22,8 @@ from fedper.data.imaging import center_square, resize, to_rgb_uint8
 RATINGS_CSV = "FLICKR-AES_image_labeled_by_each_worker.csv"
 IMAGE_DIR = "40K"
 MIN_RATINGS, MAX_RATINGS, MIN_PER_SCORE = 60, 290, 4
+MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)  # ImageNet's
+CLASSES = ("1", "2", "3", "4", "5")
 
 
 def read_ratings(path: Path) -> dict[str, list[tuple[str, int]]]:
@@ -93,9 +95,9 @@ def load(root: Path, num_workers: int = 30, seed: int = 0, image_size: int = 224
         name="flickr-aes",
         images=np.stack(images),
         labels=np.asarray(labels, dtype=np.int64),
-        classes=("1", "2", "3", "4", "5"),
+        classes=CLASSES,
         groups=np.asarray(groups, dtype=np.int64),
-        mean=(0.485, 0.456, 0.406),
-        std=(0.229, 0.224, 0.225),
+        mean=MEAN,
+        std=STD,
         info={"workers": chosen},
     )

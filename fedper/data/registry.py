@@ -9,7 +9,7 @@ import numpy as np
 
 from fedper.config_cli import option
 from fedper.data import aesthetic_synth, cifar, digits, flickr_aes
-from fedper.data.dataset import DatasetError, ImageDataset
+from fedper.data.dataset import DEFAULT_MEAN, DEFAULT_STD, DatasetError, ImageDataset
 from fedper.data.partition import (
     ClientIndices,
     by_user,
@@ -60,6 +60,29 @@ class FederatedData:
 
     def client_test(self, client: int) -> ImageDataset:
         return self.dataset.subset(self.clients[client].test)
+
+
+@dataclass(frozen=True)
+class DatasetInfo:
+    """What an export needs to know about a dataset without loading it."""
+
+    mean: tuple[float, float, float]
+    std: tuple[float, float, float]
+    labels: tuple[str, ...] | None
+    num_classes: int
+
+
+def dataset_info(name: str) -> DatasetInfo:
+    infos = {
+        "digits": DatasetInfo(digits.MEAN, digits.STD, digits.CLASSES, 10),
+        "aesthetic-synth": DatasetInfo(DEFAULT_MEAN, DEFAULT_STD, aesthetic_synth.CLASSES, 5),
+        "cifar10": DatasetInfo(cifar.CIFAR10_MEAN, cifar.CIFAR10_STD, cifar.CIFAR10_CLASSES, 10),
+        "cifar100": DatasetInfo(cifar.CIFAR100_MEAN, cifar.CIFAR100_STD, None, 100),
+        "flickr-aes": DatasetInfo(flickr_aes.MEAN, flickr_aes.STD, flickr_aes.CLASSES, 5),
+    }
+    if name not in infos:
+        raise DatasetError(f"unknown dataset {name!r}; choose one of: {', '.join(DATASETS)}")
+    return infos[name]
 
 
 def load_dataset(config: DataConfig) -> ImageDataset:

@@ -60,13 +60,14 @@ class StagedModel(nn.Module):
         shape = tuple(x.shape[1:])
         for group in self.stage_groups()[:start]:
             for prefix in group:
-                _replace_submodule(self, prefix, nn.Identity())
+                replace_submodule(self, prefix, nn.Identity())
         self._linear_base_shape = shape
         self._linear_base_start = start
         self.add_module("linear_base", nn.Linear(3 * input_size * input_size, int(x[0].numel())))
 
 
-def _replace_submodule(root: nn.Module, dotted: str, new: nn.Module) -> None:
+def replace_submodule(root: nn.Module, dotted: str, new: nn.Module) -> None:
+    """Put ``new`` where the submodule at ``dotted`` was (so its state keys keep their names)."""
     parent_name, _, child = dotted.rpartition(".")
     parent = root.get_submodule(parent_name) if parent_name else root
     if isinstance(parent, nn.ModuleList | nn.Sequential):

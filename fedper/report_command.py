@@ -1,0 +1,58 @@
+"""``fedper report``: one markdown table comparing the final accuracies of finished runs."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+
+def load_results(run_dir: Path) -> dict[str, Any]:
+    path = Path(run_dir) / "results.json"
+    try:
+        results: dict[str, Any] = json.loads(path.read_text())
+    except FileNotFoundError as exc:
+        raise FileNotFoundError(f"{path} does not exist: is {run_dir} a finished run?") from exc
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path} is not valid JSON: {exc}") from exc
+    return results
+
+
+def _mean_at(rows: list[dict[str, Any]], rnd: int) -> str:
+    for row in rows:
+        if row["round"] == rnd and "accuracy" in row:
+            return f"{row['accuracy']['mean']:.3f}"
+    return "-"
+
+
+def markdown_table(run_dirs: list[Path], at_rounds: tuple[int, ...] = (10, 20)) -> str:
+    """One row per algorithm per run: the final accuracy summary, and the mean at given rounds."""
+    extra = "".join(f" round {r} |" for r in at_rounds)
+    lines = [
+        f"| run | algorithm | kp | base |{extra} final mean acc | weighted | std |",
+        "|---|---|---|---|" + "---|" * len(at_rounds) + "---|---|---|",
+    ]
+    for run_dir in run_dirs:
+        results = load_results(run_dir)
+        sim = results.get("config", {}).get("simulation", {})
+        for algorithm, final in results["algorithms"].items():
+            kp = {"fedper": sim.get("kp", ""), "fedavg": 0}.get(algorithm, "-")
+            rows = results.get("rounds", {}).get(algorithm, [])
+            at = "".join(f" {_mean_at(rows, r)} |" for r in at_rounds)
+            lines.append(
+                f"| {Path(run_dir).name} | {algorithm} | {kp} | {sim.get('base', 'model')} |{at} "
+                f"{final['final_mean_accuracy']:.3f} | "
+                f"{final['final_weighted_mean_accuracy']:.3f} | {final['final_std']:.3f} |"
+            )
+    return "\n".join(lines)
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser(
+        "report",
+        help="markdown table of final accuracies from run directories",
+        description="Print one markdown table comparing the results.json of finished runs.",
+    )
+    p.add_argument("runs", nargs="+", type=Path, metavar="RUN_DIR", help="directories of runs")
+    p.set_defaults(run=lambda args: print(markdown_table(args.runs)) or 0)
