@@ -48,6 +48,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"fedper {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     _simulate_parser(sub)
+    from export import export_command
+    from fedper import report_command
+
+    export_command.add_parser(sub)
+    report_command.add_parser(sub)
     return parser
 
 

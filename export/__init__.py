@@ -1,0 +1,1 @@
+"""The export pipeline: torch models to ExecuTorch training/inference programs, ONNX, manifest."""

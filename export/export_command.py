@@ -1,0 +1,55 @@
+"""``fedper export``: run the pipeline with progress and print what was written."""
+
+from __future__ import annotations
+
+import argparse
+
+from rich.console import Console
+from rich.table import Table
+
+from export.pipeline import ExportConfig, run_export
+from fedper.config_cli import add_arguments, from_arguments
+
+console = Console(stderr=True)
+
+ROLES_HELP = {
+    "manifest.json": "which tensors are base/head, program I/O, input spec, sha256s",
+    "train.pte": "ExecuTorch training program (forward + backward), any kp",
+    "train.ptd": "its initial weights (a device copies its own in)",
+    "infer.pte": "ExecuTorch inference program, batch 1",
+    "infer.ptd": "its initial weights (a device writes its own)",
+    "model.onnx": "eval model for ONNX Runtime, weights as named initializers",
+    "base.safetensors": "initial base tensors (what the server serves as version 0)",
+    "head.safetensors": "initial head tensors (each device's starting head)",
+}
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser(
+        "export",
+        help="export a split model for phones (ExecuTorch training/inference programs, ONNX)",
+        description="Export a FedPer model into the files a phone needs: an ExecuTorch training "
+        "program, inference models, initial weights and a manifest. The output directory is "
+        "replaced atomically: a failed export leaves nothing behind.",
+    )
+    add_arguments(p, ExportConfig)
+    p.set_defaults(run=export)
+
+
+def export(args: argparse.Namespace) -> int:
+    config = from_arguments(ExportConfig, args)
+    with console.status("exporting...") as status:
+        report = run_export(config, progress=lambda msg: status.update(msg))
+    table = Table(
+        title=f"{report.out} (kp={report.manifest.kp}, {len(report.manifest.tensors.base)} "
+        f"base / {len(report.manifest.tensors.head)} head tensors)"
+    )
+    table.add_column("file")
+    table.add_column("bytes", justify="right")
+    table.add_column("what it is for")
+    for name, size in report.sizes.items():
+        table.add_row(name, f"{size:,}", ROLES_HELP.get(name, ""))
+    Console().print(table)
+    timings = ", ".join(f"{k} {v:.1f} s" for k, v in report.seconds.items())
+    console.print(f"export took {report.seconds['total']:.1f} s ({timings})")
+    return 0

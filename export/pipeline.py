@@ -1,0 +1,221 @@
+"""``fedper export``: a model and its split in, the files a phone needs out (atomically)."""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from export.executorch_lowering import lower_inference_program, lower_training_program
+from export.onnx_export import export_onnx
+from export.training_graph import Variant, training_step
+from fedper import __version__, weights
+from fedper.atomic_write import atomic_directory
+from fedper.config_cli import option
+from fedper.data import dataset_info
+from fedper.data.dataset import DEFAULT_MEAN, DEFAULT_STD
+from fedper.manifest import (
+    ARTIFACT_FILES,
+    MANIFEST_FILE,
+    InferenceProgramSpec,
+    InputSpec,
+    Manifest,
+    ModelSpec,
+    Normalization,
+    OutputSpec,
+    TensorEntry,
+    Tensors,
+    TrainingDefaults,
+    TrainingProgramSpec,
+    read_manifest,
+    sha256_file,
+    write_manifest,
+)
+from fedper.models import MODEL_NAMES, ModelConfig, StagedModel, build_model, exchanged_state, split
+
+PROGRAM_ROLES = (
+    "training_program",
+    "training_weights",
+    "inference_program",
+    "inference_weights",
+    "onnx_model",
+)
+
+
+class ExportConfigError(ValueError):
+    """Export options that cannot work together."""
+
+
+@dataclass(frozen=True)
+class ExportConfig:
+    """What to export; every setting has its command-line option of the same name."""
+
+    model: str = option("mobilenet_v1", "model architecture", choices=MODEL_NAMES)
+    alpha: float = option(0.25, "MobileNet-V1 width multiplier")
+    input_size: int = option(32, "input image side in pixels (32: CIFAR-style stem, 224: ImageNet)")
+    num_classes: int = option(10, "number of output classes (taken from --dataset when given)")
+    kp: int = option(2, "personal layers from the top (0 = FedAvg, 1 = classifier, ...)")
+    out: Path = option(Path("artifacts"), "output directory (replaced atomically)")
+    weights: tuple[Path, ...] = option(
+        (), "initial weights: safetensors file(s), e.g. a simulation's final base, or a server "
+        "model version's base plus a device's head",
+    )  # fmt: skip
+    train: str = option("all", "what devices train by default: all tensors or only the head",
+                        choices=("all", "head"))  # fmt: skip
+    from_dir: Path | None = option(
+        None, "re-partition an existing export for another --kp, reusing its programs",
+        flags=("--from",), metavar="DIR",
+    )  # fmt: skip
+    dataset: str | None = option(
+        None, "dataset the model is for: sets normalization, labels and --num-classes",
+        metavar="NAME",
+    )  # fmt: skip
+    variant: str = option("plain", "training graph: plain (nn.Conv2d)", choices=("plain",))
+    max_batch: int = option(64, "largest batch the training program accepts")
+    learning_rate: float = option(0.01, "default SGD learning rate written to the manifest")
+    momentum: float = option(0.9, "default SGD momentum written to the manifest")
+    batch_size: int = option(32, "default local batch size written to the manifest")
+    local_epochs: int = option(1, "default local epochs written to the manifest")
+    seed: int = option(0, "seed for the initial weights (when --weights is not given)")
+
+
+@dataclass(frozen=True)
+class ExportReport:
+    out: Path
+    sizes: dict[str, int]
+    seconds: dict[str, float]
+    manifest: Manifest
+
+
+Progress = Callable[[str], None]
+
+
+def run_export(config: ExportConfig, progress: Progress | None = None) -> ExportReport:
+    """Write the export into ``config.out``; on any error nothing is left behind."""
+    say = progress or (lambda _msg: None)
+    start = time.perf_counter()
+    seconds: dict[str, float] = {}
+    source = read_manifest(config.from_dir) if config.from_dir is not None else None
+    if source is not None:
+        mcfg = ModelConfig(**source.model.model_dump())
+        labels = source.output.labels
+        norm = source.input.normalization
+        variant: Variant = source.training_program.variant
+    else:
+        info = dataset_info(config.dataset) if config.dataset else None
+        mcfg = ModelConfig(
+            name=config.model,
+            num_classes=info.num_classes if info else config.num_classes,
+            alpha=config.alpha,
+            input_size=config.input_size,
+        )
+        labels = list(info.labels) if info and info.labels else None
+        norm = Normalization(
+            mean=list(info.mean if info else DEFAULT_MEAN),
+            std=list(info.std if info else DEFAULT_STD),
+        )
+        variant = config.variant  # type: ignore[assignment]
+    model = build_model(mcfg, seed=config.seed)
+    model_split = split(model, config.kp)
+    if config.train == "head" and config.kp == 0:
+        raise ExportConfigError("--train head needs kp >= 1: with kp=0 the head is empty")
+    if config.batch_size > config.max_batch or config.batch_size < 2:
+        raise ExportConfigError(f"--batch-size must be in 2..{config.max_batch}")
+    full_layout = [(n, tuple(t.shape)) for n, t in exchanged_state(model).items()]
+    if config.weights:
+        loaded = weights.load_checked(list(config.weights), full_layout)
+        _load_into(model, loaded)
+    elif source is not None and config.from_dir is not None:
+        files = [config.from_dir / source.artifacts[r] for r in ("initial_base", "initial_head")]
+        _load_into(model, weights.load_checked(files, full_layout))
+    state = exchanged_state(model)
+    step = training_step(model, variant)
+
+    with atomic_directory(config.out) as staging:
+        if source is not None and config.from_dir is not None:
+            for role in PROGRAM_ROLES:
+                shutil.copyfile(
+                    config.from_dir / source.artifacts[role], staging / ARTIFACT_FILES[role]
+                )
+            seconds["copy programs"] = time.perf_counter() - start
+        else:
+            t = time.perf_counter()
+            say("exporting the training program (forward + backward)...")
+            lowered = lower_training_program(step, mcfg.input_size, config.max_batch)
+            (staging / ARTIFACT_FILES["training_program"]).write_bytes(lowered.program)
+            (staging / ARTIFACT_FILES["training_weights"]).write_bytes(lowered.weights)
+            seconds["training program"] = time.perf_counter() - t
+            t = time.perf_counter()
+            say("exporting the inference program...")
+            lowered = lower_inference_program(model, mcfg.input_size)
+            (staging / ARTIFACT_FILES["inference_program"]).write_bytes(lowered.program)
+            (staging / ARTIFACT_FILES["inference_weights"]).write_bytes(lowered.weights)
+            seconds["inference program"] = time.perf_counter() - t
+            t = time.perf_counter()
+            say("exporting ONNX...")
+            (staging / ARTIFACT_FILES["onnx_model"]).write_bytes(
+                export_onnx(model, mcfg.input_size)
+            )
+            seconds["onnx"] = time.perf_counter() - t
+        weights.save(
+            staging / ARTIFACT_FILES["initial_base"], {n: state[n] for n in model_split.base}
+        )
+        weights.save(
+            staging / ARTIFACT_FILES["initial_head"], {n: state[n] for n in model_split.head}
+        )
+        manifest = Manifest(
+            created_by=f"fedper {__version__}",
+            model=ModelSpec(**mcfg.to_dict()),
+            kp=config.kp,
+            input=InputSpec(shape=[None, 3, mcfg.input_size, mcfg.input_size], normalization=norm),
+            output=OutputSpec(num_classes=mcfg.num_classes, labels=labels),
+            tensors=Tensors(
+                base=[_entry(n, state[n]) for n in model_split.base],
+                head=[_entry(n, state[n]) for n in model_split.head],
+            ),
+            training_program=TrainingProgramSpec(
+                inputs=["x", "y", *step.stat_names],
+                outputs=["loss", *step.stat_names],
+                bn_statistics=step.stat_names,
+                parameters=[n for n, _ in step.named_parameters()],
+                max_batch=config.max_batch,
+                variant=variant,
+            ),
+            inference_program=InferenceProgramSpec(weights=list(state)),
+            training=TrainingDefaults(
+                learning_rate=config.learning_rate,
+                momentum=config.momentum,
+                batch_size=config.batch_size,
+                local_epochs=config.local_epochs,
+                trainable=config.train,  # type: ignore[arg-type]
+            ),
+            artifacts=dict(ARTIFACT_FILES),
+            sha256={name: sha256_file(staging / name) for name in ARTIFACT_FILES.values()},
+        )
+        write_manifest(staging, manifest)
+        t = time.perf_counter()
+        say("checking the training program's metadata...")
+        from export.training_program import TrainingProgram
+
+        TrainingProgram(staging, manifest)
+        seconds["check"] = time.perf_counter() - t
+        sizes = {p.name: p.stat().st_size for p in sorted(staging.iterdir())}
+    seconds["total"] = time.perf_counter() - start
+    assert MANIFEST_FILE in sizes
+    return ExportReport(out=config.out, sizes=sizes, seconds=seconds, manifest=manifest)
+
+
+def _entry(name: str, tensor: torch.Tensor) -> TensorEntry:
+    return TensorEntry(name=name, shape=list(tensor.shape))
+
+
+def _load_into(model: StagedModel, tensors: Mapping[str, np.ndarray]) -> None:
+    state = model.state_dict()
+    with torch.no_grad():
+        for name, value in tensors.items():
+            state[name].copy_(torch.as_tensor(value))

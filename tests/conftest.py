@@ -1,0 +1,32 @@
+"""Shared fixtures: one real export (ExecuTorch + ONNX) for the whole test session."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from export.pipeline import ExportConfig, ExportReport, run_export
+from fedper.data import DataConfig, load_dataset, to_tensor
+
+
+@pytest.fixture(scope="session")
+def exported(tmp_path_factory: pytest.TempPathFactory) -> ExportReport:
+    """MobileNet-V1 width 0.25, 32x32, 10 classes, kp=2: exported once (~30-60 s)."""
+    out = tmp_path_factory.mktemp("export") / "artifacts"
+    return run_export(ExportConfig(out=out, kp=2, dataset="digits", seed=0))
+
+
+@pytest.fixture(scope="session")
+def artifacts(exported: ExportReport) -> Path:
+    return exported.out
+
+
+@pytest.fixture(scope="session")
+def digits_batches() -> tuple[torch.Tensor, torch.Tensor]:
+    """Real images (scikit-learn's digits), normalized as the digits export declares."""
+    ds = load_dataset(DataConfig(dataset="digits"))
+    x = to_tensor(ds.images[:640], ds.mean, ds.std)
+    y = torch.from_numpy(ds.labels[:640])
+    return x, y
