@@ -77,41 +77,43 @@ def _decode_names(values: Any) -> tuple[str, ...]:
     return tuple(v.decode() if isinstance(v, bytes) else str(v) for v in values)
 
 
-def load_cifar10(root: Path) -> ImageDataset:
-    """All 60,000 images (train and test batches pooled; clients split their own share)."""
-    names = [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch", "batches.meta"]
-    folder = _find(Path(root), CIFAR10_DIR, names)
+def _load(
+    root: Path,
+    subdir: str,
+    batches: list[str],
+    meta_file: str,
+    keys: tuple[str, str],
+    name: str,
+    norm: tuple[tuple[float, float, float], tuple[float, float, float]],
+) -> ImageDataset:
+    label_key, names_key = keys
+    folder = _find(Path(root), subdir, [*batches, meta_file])
     images, labels = [], []
-    for n in names[:-1]:
+    for n in batches:
         batch = read_batch(folder / n)
         images.append(_images(batch, folder / n))
-        labels.append(np.asarray(batch["labels"], dtype=np.int64))
-    meta = read_batch(folder / "batches.meta")
+        if label_key not in batch:
+            raise DatasetError(f"{folder / n}: no {label_key!r} entry")
+        labels.append(np.asarray(batch[label_key], dtype=np.int64))
+    meta = read_batch(folder / meta_file)
     return ImageDataset(
-        name="cifar10",
+        name=name,
         images=np.concatenate(images),
         labels=np.concatenate(labels),
-        classes=_decode_names(meta["label_names"]),
-        mean=CIFAR10_MEAN,
-        std=CIFAR10_STD,
+        classes=_decode_names(meta[names_key]),
+        mean=norm[0],
+        std=norm[1],
     )
+
+
+def load_cifar10(root: Path) -> ImageDataset:
+    """All 60,000 images (train and test batches pooled; clients split their own share)."""
+    batches = [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]
+    return _load(root, CIFAR10_DIR, batches, "batches.meta", ("labels", "label_names"),
+                 "cifar10", (CIFAR10_MEAN, CIFAR10_STD))  # fmt: skip
 
 
 def load_cifar100(root: Path) -> ImageDataset:
     """All 60,000 images with the 100 fine labels."""
-    names = ["train", "test", "meta"]
-    folder = _find(Path(root), CIFAR100_DIR, names)
-    images, labels = [], []
-    for n in names[:-1]:
-        batch = read_batch(folder / n)
-        images.append(_images(batch, folder / n))
-        labels.append(np.asarray(batch["fine_labels"], dtype=np.int64))
-    meta = read_batch(folder / "meta")
-    return ImageDataset(
-        name="cifar100",
-        images=np.concatenate(images),
-        labels=np.concatenate(labels),
-        classes=_decode_names(meta["fine_label_names"]),
-        mean=CIFAR100_MEAN,
-        std=CIFAR100_STD,
-    )
+    return _load(root, CIFAR100_DIR, ["train", "test"], "meta", ("fine_labels", "fine_label_names"),
+                 "cifar100", (CIFAR100_MEAN, CIFAR100_STD))  # fmt: skip
