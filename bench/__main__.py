@@ -5,10 +5,13 @@ from __future__ import annotations
 import runpy
 import sys
 
-BENCHMARKS = ["bench.export_sizes"]
+BENCHMARKS = ["bench.payload", "bench.aggregate", "bench.train_step", "bench.export_sizes"]
 
 if __name__ == "__main__":
+    only = sys.argv[1:]
     for name in BENCHMARKS:
+        if only and name.split(".")[-1] not in only:
+            continue
         print(f"=== {name}", flush=True)
         sys.argv = [name]
         runpy.run_module(name, run_name="__main__")

@@ -15,7 +15,7 @@ from torch import nn
 from torch.export import Dim, export
 from torch.export.experimental import _export_forward_backward
 
-from export.training_graph import TrainingStep
+from export.fast_ops import DECOMPOSITIONS
 
 GRADIENTS_INDEX = "__et_training_gradients_index_forward"
 PARAMETERS_INDEX = "__et_training_parameters_index_forward"
@@ -40,14 +40,58 @@ def _split_files(manager: object) -> LoweredProgram:
     return LoweredProgram(program=bytes(manager.buffer), weights=bytes(cord))  # type: ignore[attr-defined]
 
 
-def lower_training_program(step: TrainingStep, input_size: int, max_batch: int) -> LoweredProgram:
+def use_linear_for_transposed_matmul(graph_module: torch.fx.GraphModule) -> int:
+    """Rewrite ``mm(a, permute(b, [1, 0]))`` as ``linear(a, b)``; returns how many.
+
+    ExecuTorch's ``mm`` needs both operands contiguous, so the transpose is a full copy of
+    ``b`` (an activation, in a weight gradient); ``linear`` computes ``a @ b.T`` directly.
+    """
+    aten = torch.ops.aten
+    count = 0
+    for node in list(graph_module.graph.nodes):
+        if node.op != "call_function" or node.target != aten.mm.default:
+            continue
+        a, b = node.args
+        if (
+            isinstance(b, torch.fx.Node)
+            and b.target in (aten.permute.default, aten.t.default)
+            and (b.target == aten.t.default or list(b.args[1]) == [1, 0])  # type: ignore[arg-type]
+        ):
+            with graph_module.graph.inserting_before(node):
+                linear = graph_module.graph.call_function(aten.linear.default, (a, b.args[0]))
+            linear.meta = dict(node.meta)
+            node.replace_all_uses_with(linear)
+            graph_module.graph.erase_node(node)
+            count += 1
+    graph_module.graph.eliminate_dead_code()
+    graph_module.recompile()
+    return count
+
+
+def drop_aliases(graph_module: torch.fx.GraphModule) -> int:
+    """Remove ``alias`` nodes (autograd's saved-tensor bookkeeping): in a functional graph
+    they are the identity, but ExecuTorch would run each as a full copy."""
+    count = 0
+    for node in list(graph_module.graph.nodes):
+        if node.op == "call_function" and node.target in (
+            torch.ops.aten.alias.default,
+            torch.ops.aten.alias_copy.default,
+        ):
+            node.replace_all_uses_with(node.args[0])
+            graph_module.graph.erase_node(node)
+            count += 1
+    graph_module.recompile()
+    return count
+
+
+def lower_training_program(step: nn.Module, input_size: int, max_batch: int) -> LoweredProgram:
     """Export ``step`` with a dynamic batch (2..max_batch) and its weights in a .ptd."""
     from executorch.exir import EdgeCompileConfig, ExecutorchBackendConfig, to_edge
 
     example_batch = 2
     x = torch.zeros(example_batch, 3, input_size, input_size)
     y = torch.zeros(example_batch, dtype=torch.long)
-    stats = [torch.zeros(_num_features(step, n)) for n in step.stat_names]
+    stats = [torch.zeros(_num_features(step, n)) for n in step.stat_names]  # type: ignore[union-attr]
     batch = Dim("batch", min=2, max=max_batch)
     dynamic = ({0: batch}, {0: batch}, tuple(None for _ in stats))
     with warnings.catch_warnings():
@@ -55,7 +99,15 @@ def lower_training_program(step: TrainingStep, input_size: int, max_batch: int) 
         logging.getLogger("torch").setLevel(logging.ERROR)
         exported = export(step, (x, y, *stats), dynamic_shapes=dynamic, strict=False)
         joint = _export_forward_backward(exported, joint_loss_index=0)
-        edge = to_edge(joint, compile_config=EdgeCompileConfig(_check_ir_validity=False))
+        joint = joint.run_decompositions(DECOMPOSITIONS)
+        drop_aliases(joint.graph_module)
+        use_linear_for_transposed_matmul(joint.graph_module)
+        edge = to_edge(
+            joint,
+            compile_config=EdgeCompileConfig(
+                _check_ir_validity=False, preserve_ops=[torch.ops.aten.linear.default]
+            ),
+        )
         manager = edge.to_executorch(
             ExecutorchBackendConfig(external_constants=True, external_mutable_weights=True)
         )
@@ -75,7 +127,7 @@ def lower_inference_program(model: nn.Module, input_size: int) -> LoweredProgram
     return _split_files(manager)
 
 
-def _num_features(step: TrainingStep, stat_name: str) -> int:
+def _num_features(step: nn.Module, stat_name: str) -> int:
     bn_path = stat_name.rsplit(".", 1)[0]
     weight = step.get_parameter(f"{bn_path}.weight")
     return int(weight.shape[0])

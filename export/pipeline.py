@@ -13,7 +13,7 @@ import torch
 
 from export.executorch_lowering import lower_inference_program, lower_training_program
 from export.onnx_export import export_onnx
-from export.training_graph import Variant, training_step
+from export.training_graph import VARIANTS, Variant, resolve_variant, training_step
 from fedper import __version__, weights
 from fedper.atomic_write import atomic_directory
 from fedper.config_cli import option
@@ -75,7 +75,10 @@ class ExportConfig:
         None, "dataset the model is for: sets normalization, labels and --num-classes",
         metavar="NAME",
     )  # fmt: skip
-    variant: str = option("plain", "training graph: plain (nn.Conv2d)", choices=("plain",))
+    variant: str = option(
+        "auto", "training graph: fast (matrix products; MobileNet-V1), plain (nn.Conv2d, for "
+        "comparison), auto (fast where it applies)", choices=VARIANTS,
+    )  # fmt: skip
     max_batch: int = option(64, "largest batch the training program accepts")
     learning_rate: float = option(0.01, "default SGD learning rate written to the manifest")
     momentum: float = option(0.9, "default SGD momentum written to the manifest")
@@ -119,8 +122,9 @@ def run_export(config: ExportConfig, progress: Progress | None = None) -> Export
             mean=list(info.mean if info else DEFAULT_MEAN),
             std=list(info.std if info else DEFAULT_STD),
         )
-        variant = config.variant  # type: ignore[assignment]
     model = build_model(mcfg, seed=config.seed)
+    if source is None:
+        variant = resolve_variant(config.variant, model, mcfg.input_size)
     model_split = split(model, config.kp)
     if config.train == "head" and config.kp == 0:
         raise ExportConfigError("--train head needs kp >= 1: with kp=0 the head is empty")

@@ -15,10 +15,29 @@ from typing import Literal
 import torch
 from torch import nn
 
+from export.fast_mobilenet import FastMobileNetStep, downsampling
 from fedper.models import StagedModel, exchanged_names
+from fedper.models.mobilenet_v1 import MobileNetV1
 from fedper.models.staged import replace_submodule
 
 Variant = Literal["fast", "plain"]
+VARIANTS: tuple[str, ...] = ("auto", "fast", "plain")
+
+
+def resolve_variant(requested: str, model: nn.Module, input_size: int) -> Variant:
+    """``auto``: the fast graph where it applies (MobileNet-V1, no linear base), else plain."""
+    if requested == "plain":
+        return "plain"
+    supported = isinstance(model, MobileNetV1) and "linear_base" not in model._modules
+    if requested == "fast":
+        if not supported:
+            raise ValueError(
+                "the fast training graph supports MobileNet-V1 only; use --variant plain"
+            )
+        return "fast"
+    if requested != "auto":
+        raise ValueError(f"unknown training-graph variant {requested!r}; choose from {VARIANTS}")
+    return "fast" if supported and input_size % downsampling(model) == 0 else "plain"  # type: ignore[arg-type]
 
 
 class StatsInputBatchNorm(nn.Module):
@@ -105,11 +124,22 @@ class TrainingStep(nn.Module):
         return tuple(outputs)
 
 
-def training_step(model: StagedModel, variant: Variant = "plain") -> TrainingStep:
-    """The training module for ``model``; the exchanged names are checked to be preserved."""
-    if variant != "plain":
+def training_step(
+    model: StagedModel, variant: Variant = "plain"
+) -> TrainingStep | FastMobileNetStep:
+    """The training module for ``model``; the exchanged names are checked to be preserved.
+
+    ``plain`` keeps ``nn.Conv2d`` and autograd's backward; ``fast`` (MobileNet-V1 only) is
+    :class:`export.fast_mobilenet.FastMobileNetStep`, the same computation in ops that
+    ExecuTorch runs fast.
+    """
+    step: TrainingStep | FastMobileNetStep
+    if variant == "plain":
+        step = TrainingStep(model)
+    elif variant == "fast":
+        step = FastMobileNetStep(model)
+    else:
         raise ValueError(f"unknown training-graph variant {variant!r}")
-    step = TrainingStep(model)
     names = [n for n, _ in step.named_parameters()] + step.stat_names
     if sorted(names) != sorted(exchanged_names(model)):
         raise AssertionError(

@@ -13,9 +13,17 @@ from fedper.data import DataConfig, load_dataset, to_tensor
 
 @pytest.fixture(scope="session")
 def exported(tmp_path_factory: pytest.TempPathFactory) -> ExportReport:
-    """MobileNet-V1 width 0.25, 32x32, 10 classes, kp=2: exported once (~30-60 s)."""
+    """MobileNet-V1 width 0.25, 32x32, 10 classes, kp=2, the default (fast) training graph:
+    exported once for the session (~70 s)."""
     out = tmp_path_factory.mktemp("export") / "artifacts"
     return run_export(ExportConfig(out=out, kp=2, dataset="digits", seed=0))
+
+
+@pytest.fixture(scope="session")
+def plain_artifacts(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The same export with the plain (nn.Conv2d) training graph, kept for comparison."""
+    out = tmp_path_factory.mktemp("export-plain") / "artifacts"
+    return run_export(ExportConfig(out=out, kp=2, dataset="digits", seed=0, variant="plain")).out
 
 
 @pytest.fixture(scope="session")

@@ -65,9 +65,13 @@ def test_manifest_reader_refuses_tampering(artifacts, tmp_path):
         read_manifest(copy, verify_files=False)
 
 
-def test_training_step_matches_eager_pytorch(artifacts, digits_batches):
+@pytest.mark.parametrize("variant", ["fast", "plain"])
+def test_training_step_matches_eager_pytorch(variant, artifacts, plain_artifacts, digits_batches):
+    """One step of either training graph equals nn.Conv2d/nn.BatchNorm2d in train mode."""
     x, y = digits_batches
+    artifacts = artifacts if variant == "fast" else plain_artifacts
     program = TrainingProgram(artifacts)
+    assert program.manifest.training_program.variant == variant
     eager, model = _eager(artifacts)
     program.start_round(0.01, 0.9)
     eager.start_round(0.01, 0.9)

@@ -1,0 +1,352 @@
+"""Operators with hand-written backward passes, for the fast training graph.
+
+Everything here works on channel-major activations (``[C, B, H, W]``, or ``[C, N]`` with
+N = B*H*W): per-channel reductions run along contiguous rows, and the weight gradient of
+a matrix product is an ``a @ b.T`` that ExecuTorch's ``linear`` kernel computes without
+materializing a transpose (``executorch_lowering.use_linear_for_transposed_matmul``).
+
+They are ``torch.library`` custom ops with a registered autograd formula, because
+``torch.export`` inlines ``autograd.Function``s and then differentiates their forward
+ops generically. The joint forward+backward graph keeps each op whole and uses the
+backward written here; :data:`DECOMPOSITIONS` then turns the ops back into ATen ops for
+ExecuTorch. ExecuTorch runs each ATen op as a separate single-threaded kernel, so these
+formulas touch every activation as few times as possible. Each op is checked against
+``torch.nn.functional`` (forward and gradients) in the tests.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+Tensor = torch.Tensor
+
+
+def _row_sum(x: Tensor, groups: int) -> Tensor:
+    """Sum of each row of ``[C, N]`` as ``[C, 1]``, over the ``groups`` (the batch) first.
+
+    ExecuTorch's sum over a contiguous inner dimension is ~4x slower than adding whole
+    rows together, and two short stages lose less fp32 precision than one long chain.
+    """
+    c, n = x.shape
+    return x.view(c, groups, n // groups).sum(dim=1).sum(dim=1, keepdim=True)
+
+
+def _column_masks(width: int, hw: int) -> Tensor:
+    """[3, HW]: tap column j (0, 1, 2) reads inside the image at each output position."""
+    col = torch.arange(hw) % width
+    return torch.stack([(col > 0).float(), torch.ones(hw), (col < width - 1).float()])
+
+
+def _pad_flat(x: Tensor, width: int) -> Tensor:
+    """[C, B, HW] -> [C, B, HW + 2W + 2]: zeros before and after each image, for shifted reads."""
+    c, b, _ = x.shape
+    zeros = torch.zeros(c, b, width + 1, dtype=x.dtype)
+    return torch.cat([zeros, x, zeros], dim=2)
+
+
+def _correlate(padded: Tensor, taps: Tensor, width: int, hw: int) -> Tensor:
+    """sum_k padded[:, :, off_k : off_k + HW] * taps[:, k] for the 9 taps of a 3x3 window."""
+    out: Tensor | None = None
+    for k in range(9):
+        off = (k // 3) * width + k % 3
+        term = padded[:, :, off : off + hw] * taps[:, k : k + 1, :]
+        out = term if out is None else out + term
+    assert out is not None
+    return out
+
+
+# --- BatchNorm (+ ReLU) over the rows of [C, N] --------------------------------------------
+
+
+def _batch_norm_relu(
+    x: Tensor, weight: Tensor, bias: Tensor, eps: float, relu: bool, groups: int
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    c, n = x.shape
+    mean = _row_sum(x, groups) / n
+    centered = x - mean
+    var = _row_sum(centered * centered, groups) / n
+    invstd = torch.rsqrt(var + eps)
+    y = centered * (weight.view(c, 1) * invstd) + bias.view(c, 1)
+    if relu:
+        y = torch.relu(y)
+    return y, mean.view(c), (var * (n / (n - 1))).view(c), centered, invstd
+
+
+@torch.library.custom_op("fedper::batch_norm_relu", mutates_args=())
+def batch_norm_relu(
+    x: Tensor, weight: Tensor, bias: Tensor, eps: float, relu: bool, groups: int
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """Train-mode BatchNorm of ``[C, N]`` (then ReLU): (y, batch mean, unbiased batch var,
+    centered x, 1/std); the last two are for the backward only."""
+    return tuple(t.clone() for t in _batch_norm_relu(x, weight, bias, eps, relu, groups))  # type: ignore[return-value]
+
+
+@batch_norm_relu.register_fake
+def _(x: Tensor, weight: Tensor, bias: Tensor, eps: float, relu: bool, groups: int) -> Any:
+    c = x.shape[0]
+    return (
+        torch.empty_like(x),
+        x.new_empty(c),
+        x.new_empty(c),
+        torch.empty_like(x),
+        x.new_empty(c, 1),
+    )
+
+
+def _bn_setup(ctx: Any, inputs: tuple[Any, ...], output: tuple[Tensor, ...]) -> None:
+    _x, weight, _bias, _eps, relu, groups = inputs
+    y, _mean, _var, centered, invstd = output
+    ctx.save_for_backward(centered, y, invstd, weight)
+    ctx.relu = relu
+    ctx.groups = groups
+
+
+def _bn_backward(ctx: Any, grad: Tensor, *_unused: Tensor) -> tuple[Any, ...]:
+    centered, y, invstd, weight = ctx.saved_tensors
+    c, n = centered.shape
+    if ctx.relu:
+        grad = grad * torch.sign(y)  # y >= 0 after ReLU: its sign is the ReLU mask
+    grad_bias = _row_sum(grad, ctx.groups)
+    dot = _row_sum(grad * centered, ctx.groups)
+    k1 = weight.view(c, 1) * invstd
+    k2 = -k1 * invstd * invstd * dot / n
+    k3 = -k1 * grad_bias / n
+    grad_x = grad * k1 + centered * k2 + k3
+    return grad_x, (dot * invstd).view(c), grad_bias.view(c), None, None, None
+
+
+batch_norm_relu.register_autograd(_bn_backward, setup_context=_bn_setup)
+
+
+# --- 3x3 depthwise convolution, stride 1, on [C, B, H, W] -----------------------------------
+
+
+def _depthwise3x3(x: Tensor, weight: Tensor) -> tuple[Tensor, Tensor]:
+    c, b, h, w = x.shape
+    hw = h * w
+    padded = _pad_flat(x.reshape(c, b, hw), w)
+    taps = weight.reshape(c, 9, 1) * _column_masks(w, hw).repeat(3, 1).view(1, 9, hw)
+    return _correlate(padded, taps, w, hw).view(c, b, h, w), padded
+
+
+@torch.library.custom_op("fedper::depthwise3x3", mutates_args=())
+def depthwise3x3(x: Tensor, weight: Tensor) -> tuple[Tensor, Tensor]:
+    """3x3 depthwise convolution with zero padding 1: (output, the padded flat input).
+
+    Tap (i, j) reads the flattened image shifted by (i-1)*W + (j-1): flat zero padding
+    covers reads above/below the image and per-column masks cover reads past its sides.
+    """
+    out, padded = _depthwise3x3(x, weight)
+    return out.clone(), padded.clone()
+
+
+@depthwise3x3.register_fake
+def _(x: Tensor, weight: Tensor) -> Any:
+    c, b, h, w = x.shape
+    return torch.empty_like(x), x.new_empty(c, b, h * w + 2 * w + 2)
+
+
+def _dw_setup(ctx: Any, inputs: tuple[Tensor, Tensor], output: tuple[Tensor, Tensor]) -> None:
+    x, weight = inputs
+    ctx.save_for_backward(output[1], weight)
+    ctx.shape = tuple(x.shape)
+
+
+def _dw_backward(ctx: Any, grad: Tensor, _grad_padded: Tensor) -> tuple[Tensor, Tensor]:
+    padded, weight = ctx.saved_tensors
+    c, b, h, w = ctx.shape
+    hw = h * w
+    g = grad.reshape(c, b, hw)
+    masks = _column_masks(w, hw)
+    # Taps of the left/right columns only count where they read inside the image: mask the
+    # gradient once per column instead of every product, then reduce along contiguous rows.
+    g_cols = [g * masks[0], g, g * masks[2]]
+    grad_w = []
+    for k in range(9):
+        off = (k // 3) * w + k % 3
+        product = g_cols[k % 3] * padded[:, :, off : off + hw]
+        grad_w.append(_row_sum(product.view(c, b * hw), b))
+    # The input gradient is the same correlation with the kernel flipped; the column
+    # masks move with it (a read past the left side becomes a write past the right).
+    flipped = weight.reshape(c, 9).flip(1).view(c, 9, 1) * masks.repeat(3, 1).view(1, 9, hw)
+    grad_x = _correlate(_pad_flat(g, w), flipped, w, hw).view(c, b, h, w)
+    return grad_x, torch.cat(grad_w, dim=1).view(c, 1, 3, 3)
+
+
+depthwise3x3.register_autograd(_dw_backward, setup_context=_dw_setup)
+
+
+# --- 3x3 depthwise convolution, stride 2, on [C, B, H, W] (H, W even) ---------------------
+#
+# Output (ho, wo) reads input rows 2ho-1, 2ho, 2ho+1 and columns 2wo-1, 2wo, 2wo+1. Split
+# the input into its four (row, column) parity phases, each [C, B, H/2, W/2]: tap (i, j)
+# reads phase (i != 1, j != 1) shifted back by (i == 0, j == 0). All the arithmetic then
+# runs at the output resolution, a quarter of the input's.
+
+
+def _phases(x: Tensor) -> Tensor:
+    """[4, C, B, Ho*Wo + Wo + 1]: the parity phases (ee, eo, oe, oo), flat, with Wo+1 zeros
+    in front so a read one row or column back lands on zeros at the top edge."""
+    c, b, h, w = x.shape
+    ho, wo = h // 2, w // 2
+    rows = [x[:, :, 0::2, :], x[:, :, 1::2, :]]
+    flat = [r[:, :, :, col::2].reshape(c, b, ho * wo) for r in rows for col in (0, 1)]
+    zeros = torch.zeros(c, b, wo + 1, dtype=x.dtype)
+    return torch.stack([torch.cat([zeros, f], dim=2) for f in flat])
+
+
+def _s2_read(phases: Tensor, i: int, j: int, ho: int, wo: int) -> Tensor:
+    """Tap (i, j) of every output position, [C, B, Ho*Wo] (column wrap not yet masked)."""
+    phase = phases[2 * int(i != 1) + int(j != 1)]
+    start = (wo + 1) - int(i == 0) * wo - int(j == 0)
+    return phase[:, :, start : start + ho * wo]
+
+
+def _first_column_mask(wo: int, n: int) -> Tensor:
+    return (torch.arange(n) % wo > 0).float()
+
+
+def _depthwise3x3_s2(x: Tensor, weight: Tensor) -> tuple[Tensor, Tensor]:
+    c, b, h, w = x.shape
+    ho, wo = h // 2, w // 2
+    phases = _phases(x)
+    keep = _first_column_mask(wo, ho * wo)
+    taps = weight.reshape(c, 9)
+    out: Tensor | None = None
+    for k in range(9):
+        i, j = divmod(k, 3)
+        factor = taps[:, k : k + 1].view(c, 1, 1)
+        if j == 0:
+            factor = factor * keep  # reading column wo-1 at wo = 0 would wrap to the row above
+        term = _s2_read(phases, i, j, ho, wo) * factor
+        out = term if out is None else out + term
+    assert out is not None
+    return out.view(c, b, ho, wo), phases
+
+
+@torch.library.custom_op("fedper::depthwise3x3_s2", mutates_args=())
+def depthwise3x3_s2(x: Tensor, weight: Tensor) -> tuple[Tensor, Tensor]:
+    """3x3 depthwise convolution, stride 2, zero padding 1: (output, the input's phases)."""
+    out, phases = _depthwise3x3_s2(x, weight)
+    return out.clone(), phases.clone()
+
+
+@depthwise3x3_s2.register_fake
+def _(x: Tensor, weight: Tensor) -> Any:
+    c, b, h, w = x.shape
+    ho, wo = h // 2, w // 2
+    return x.new_empty(c, b, ho, wo), x.new_empty(4, c, b, ho * wo + wo + 1)
+
+
+def _dw2_setup(ctx: Any, inputs: tuple[Tensor, Tensor], output: tuple[Tensor, Tensor]) -> None:
+    x, weight = inputs
+    ctx.save_for_backward(output[1], weight)
+    ctx.shape = tuple(x.shape)
+
+
+def _dw2_backward(ctx: Any, grad: Tensor, _grad_phases: Tensor) -> tuple[Tensor, Tensor]:
+    phases, weight = ctx.saved_tensors
+    c, b, h, w = ctx.shape
+    ho, wo = h // 2, w // 2
+    n = ho * wo
+    g = grad.reshape(c, b, n)
+    keep_first = _first_column_mask(wo, n)
+    g_masked = g * keep_first
+    taps = weight.reshape(c, 9)
+    grad_w = []
+    for k in range(9):
+        i, j = divmod(k, 3)
+        product = (g_masked if j == 0 else g) * _s2_read(phases, i, j, ho, wo)
+        grad_w.append(_row_sum(product.view(c, b * n), b))
+    # Each phase collects g * w from the taps that read it, shifted forward again: pad g at
+    # the end, read one row / column ahead, and mask the column that would wrap.
+    keep_last = (torch.arange(n) % wo < wo - 1).float()
+    gpad = torch.cat([g, torch.zeros(c, b, wo + 1, dtype=g.dtype)], dim=2)
+    grad_phase: list[Tensor | None] = [None, None, None, None]
+    for k in range(9):
+        i, j = divmod(k, 3)
+        start = int(i == 0) * wo + int(j == 0)
+        factor = taps[:, k : k + 1].view(c, 1, 1)
+        if j == 0:
+            factor = factor * keep_last
+        term = gpad[:, :, start : start + n] * factor
+        p = 2 * int(i != 1) + int(j != 1)
+        previous = grad_phase[p]
+        grad_phase[p] = term if previous is None else previous + term
+    ee, eo, oe, oo = (t.view(c, b, ho, wo, 1) for t in grad_phase if t is not None)
+    even_rows = torch.cat([ee, eo], dim=4).view(c, b, ho, 1, w)
+    odd_rows = torch.cat([oe, oo], dim=4).view(c, b, ho, 1, w)
+    grad_x = torch.cat([even_rows, odd_rows], dim=3).view(c, b, h, w)
+    return grad_x, torch.cat(grad_w, dim=1).view(c, 1, 3, 3)
+
+
+depthwise3x3_s2.register_autograd(_dw2_backward, setup_context=_dw2_setup)
+
+
+# --- the stem: a 3x3 convolution of the image (groups=1) as im2col + one matrix product ----
+
+
+def _stem_conv(x: Tensor, weight: Tensor, stride: int) -> tuple[Tensor, Tensor]:
+    cin, b, h, w = x.shape
+    cout = weight.shape[0]
+    taps = []
+    if stride == 1:
+        hw = h * w
+        padded = _pad_flat(x.reshape(cin, b, hw), w)
+        masks = _column_masks(w, hw)
+        for k in range(9):
+            off = (k // 3) * w + k % 3
+            taps.append(padded[:, :, off : off + hw] * masks[k % 3])
+    else:  # stride 2: read the taps from the parity phases, at the output resolution
+        ho, wo = h // 2, w // 2
+        phases = _phases(x)
+        keep = _first_column_mask(wo, ho * wo)
+        for k in range(9):
+            i, j = divmod(k, 3)
+            tap = _s2_read(phases, i, j, ho, wo)
+            taps.append(tap * keep if j == 0 else tap)
+    cols = torch.cat(taps, dim=0).reshape(9 * cin, -1)
+    # Column k*Cin + c holds tap k of input channel c.
+    kernel = weight.permute(0, 2, 3, 1).reshape(cout, 9 * cin)
+    return torch.mm(kernel, cols), cols
+
+
+@torch.library.custom_op("fedper::stem_conv", mutates_args=())
+def stem_conv(x: Tensor, weight: Tensor, stride: int) -> tuple[Tensor, Tensor]:
+    """3x3 convolution, padding 1, of the (channel-major) image: (output [Cout, N], im2col)."""
+    out, cols = _stem_conv(x, weight, stride)
+    return out.clone(), cols.clone()
+
+
+@stem_conv.register_fake
+def _(x: Tensor, weight: Tensor, stride: int) -> Any:
+    cin, b, h, w = x.shape
+    n = b * (h // stride) * (w // stride)
+    return x.new_empty(weight.shape[0], n), x.new_empty(9 * cin, n)
+
+
+def _stem_setup(ctx: Any, inputs: tuple[Any, ...], output: tuple[Tensor, Tensor]) -> None:
+    ctx.save_for_backward(output[1])
+    ctx.weight_shape = tuple(inputs[1].shape)
+
+
+def _stem_backward(ctx: Any, grad: Tensor, _grad_cols: Tensor) -> tuple[None, Tensor, None]:
+    (cols,) = ctx.saved_tensors
+    cout, cin, kh, kw = ctx.weight_shape
+    grad_kernel = torch.mm(grad, cols.t())  # becomes linear(grad, cols): no transpose copy
+    return None, grad_kernel.view(cout, kh, kw, cin).permute(0, 3, 1, 2), None
+
+
+stem_conv.register_autograd(_stem_backward, setup_context=_stem_setup)
+
+
+# The ATen bodies that replace the custom ops once the joint graph exists.
+DECOMPOSITIONS: dict[Any, Callable[..., Any]] = {
+    torch.ops.fedper.batch_norm_relu.default: _batch_norm_relu,
+    torch.ops.fedper.depthwise3x3.default: _depthwise3x3,
+    torch.ops.fedper.depthwise3x3_s2.default: _depthwise3x3_s2,
+    torch.ops.fedper.stem_conv.default: _stem_conv,
+}

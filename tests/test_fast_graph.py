@@ -1,0 +1,144 @@
+"""The fast training graph computes exactly what nn.Conv2d / nn.BatchNorm2d compute."""
+
+import pytest
+import torch
+from torch.nn import functional as F
+
+from export.executorch_lowering import drop_aliases, use_linear_for_transposed_matmul
+from export.fast_ops import batch_norm_relu, depthwise3x3, depthwise3x3_s2, stem_conv
+from export.training_graph import resolve_variant, training_step
+from fedper.models import ModelConfig, build_model
+
+torch.manual_seed(0)
+
+
+def _cm(x):
+    """NCHW -> channel-major [C, B, H, W]."""
+    return x.permute(1, 0, 2, 3).contiguous()
+
+
+@pytest.mark.parametrize("shape", [(2, 5, 6, 7), (3, 4, 2, 2), (1, 8, 1, 5), (2, 3, 9, 1)])
+def test_depthwise_stride1_matches_conv2d(shape):
+    b, c, h, w = shape
+    x = torch.randn(b, c, h, w, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(c, 1, 3, 3, dtype=torch.float64, requires_grad=True)
+    ref = F.conv2d(x, weight, padding=1, groups=c)
+    out, _ = depthwise3x3(_cm(x), weight)
+    torch.testing.assert_close(out, _cm(ref))
+    g = torch.randn_like(ref)
+    gx, gw = torch.autograd.grad(ref, (x, weight), g)
+    fx, fw = torch.autograd.grad(out, (x, weight), _cm(g))
+    torch.testing.assert_close(fx, gx)
+    torch.testing.assert_close(fw, gw)
+
+
+@pytest.mark.parametrize("shape", [(2, 5, 8, 6), (3, 2, 2, 2), (1, 4, 14, 14)])
+def test_depthwise_stride2_matches_conv2d(shape):
+    b, c, h, w = shape
+    x = torch.randn(b, c, h, w, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(c, 1, 3, 3, dtype=torch.float64, requires_grad=True)
+    ref = F.conv2d(x, weight, stride=2, padding=1, groups=c)
+    out, _ = depthwise3x3_s2(_cm(x), weight)
+    torch.testing.assert_close(out, _cm(ref))
+    g = torch.randn_like(ref)
+    gx, gw = torch.autograd.grad(ref, (x, weight), g)
+    fx, fw = torch.autograd.grad(out, (x, weight), _cm(g))
+    torch.testing.assert_close(fx, gx)
+    torch.testing.assert_close(fw, gw)
+
+
+@pytest.mark.parametrize("stride", [1, 2])
+def test_stem_convolution_matches_conv2d(stride):
+    x = torch.randn(2, 3, 8, 6, dtype=torch.float64)
+    weight = torch.randn(5, 3, 3, 3, dtype=torch.float64, requires_grad=True)
+    ref = F.conv2d(x, weight, stride=stride, padding=1)
+    out, _ = stem_conv(_cm(x), weight, stride)
+    cout, b, ho, wo = ref.shape[1], ref.shape[0], ref.shape[2], ref.shape[3]
+    torch.testing.assert_close(out.view(cout, b, ho, wo), _cm(ref))
+    g = torch.randn_like(ref)
+    (gw,) = torch.autograd.grad(ref, (weight,), g)
+    (fw,) = torch.autograd.grad(out, (weight,), _cm(g).reshape(cout, -1))
+    torch.testing.assert_close(fw, gw)
+
+
+@pytest.mark.parametrize("relu", [True, False])
+def test_batch_norm_relu_matches_batchnorm2d(relu):
+    b, c, h, w = 4, 6, 3, 5
+    x = torch.randn(b, c, h, w, dtype=torch.float64, requires_grad=True) * 3 + 1
+    weight = torch.rand(c, dtype=torch.float64, requires_grad=True)
+    bias = torch.randn(c, dtype=torch.float64, requires_grad=True)
+    running_mean, running_var = (
+        torch.zeros(c, dtype=torch.float64),
+        torch.ones(c, dtype=torch.float64),
+    )
+    ref = F.batch_norm(
+        x, running_mean, running_var, weight, bias, training=True, momentum=1.0, eps=1e-5
+    )
+    if relu:
+        ref = torch.relu(ref)
+    y, mean, var, _, _ = batch_norm_relu(_cm(x).view(c, -1), weight, bias, 1e-5, relu, b)
+    torch.testing.assert_close(y.view(c, b, h, w), _cm(ref))
+    torch.testing.assert_close(mean, running_mean)  # momentum 1: the batch statistics
+    torch.testing.assert_close(var, running_var)  # unbiased, as nn.BatchNorm2d keeps it
+    g = torch.randn_like(ref)
+    expected = torch.autograd.grad(ref, (x, weight, bias), g)
+    got = torch.autograd.grad(y, (x, weight, bias), _cm(g).view(c, -1))
+    for e, a in zip(expected, got, strict=True):
+        torch.testing.assert_close(a, e)
+
+
+@pytest.mark.parametrize("input_size", [32, 224])
+def test_fast_step_equals_plain_step_in_float64(input_size):
+    model = build_model(ModelConfig(alpha=0.25, input_size=input_size), seed=1).double()
+    plain, fast = training_step(model, "plain"), training_step(model, "fast")
+    assert [n for n, _ in plain.named_parameters()] == [n for n, _ in fast.named_parameters()]
+    assert plain.stat_names == fast.stat_names
+    x = torch.randn(3, 3, input_size, input_size, dtype=torch.float64)
+    y = torch.randint(0, 10, (3,))
+    stats = [
+        torch.rand(model.state_dict()[n].shape, dtype=torch.float64) + 0.5 for n in plain.stat_names
+    ]
+    a, b = plain(x, y, *stats), fast(x, y, *stats)
+    for u, v in zip(a, b, strict=True):
+        torch.testing.assert_close(u, v)
+    a[0].backward()
+    b[0].backward()
+    fast_params = dict(fast.named_parameters())
+    for name, p in plain.named_parameters():
+        torch.testing.assert_close(fast_params[name].grad, p.grad, rtol=1e-9, atol=1e-12)
+
+
+def test_variant_choice():
+    mobilenet = build_model(ModelConfig())
+    assert resolve_variant("auto", mobilenet, 32) == "fast"
+    assert resolve_variant("auto", mobilenet, 40) == "plain"  # sides not divisible by 16
+    assert resolve_variant("plain", mobilenet, 32) == "plain"
+    resnet = build_model(ModelConfig(name="resnet34"))
+    assert resolve_variant("auto", resnet, 32) == "plain"
+    with pytest.raises(ValueError, match="supports MobileNet-V1 only"):
+        resolve_variant("fast", resnet, 32)
+    ablation = build_model(ModelConfig(base="linear", linear_base_kp=2))
+    assert resolve_variant("auto", ablation, 32) == "plain"
+    step = training_step(mobilenet, "fast")
+    with pytest.raises(ValueError, match="divisible by 16"):
+        step(torch.zeros(2, 3, 40, 40), torch.zeros(2, dtype=torch.long), *[torch.ones(1)] * 54)
+
+
+def test_graph_passes_keep_values():
+    class Net(torch.nn.Module):
+        def forward(self, a, b):
+            aten = torch.ops.aten
+            c = aten.alias.default(a)
+            return aten.mm.default(c, aten.t.default(b)) + aten.mm.default(
+                c, aten.permute.default(b, [1, 0])
+            )
+
+    gm = torch.fx.symbolic_trace(Net())
+    a, b = torch.randn(3, 4), torch.randn(5, 4)
+    expected = gm(a, b)
+    assert drop_aliases(gm) == 1
+    assert use_linear_for_transposed_matmul(gm) == 2
+    targets = [n.target for n in gm.graph.nodes if n.op == "call_function"]
+    assert torch.ops.aten.linear.default in targets
+    assert torch.ops.aten.mm.default not in targets
+    torch.testing.assert_close(gm(a, b), expected)
