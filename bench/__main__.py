@@ -5,7 +5,13 @@ from __future__ import annotations
 import runpy
 import sys
 
-BENCHMARKS = ["bench.payload", "bench.aggregate", "bench.train_step", "bench.export_sizes"]
+BENCHMARKS = [
+    "bench.payload",
+    "bench.aggregate",
+    "bench.server_ingest",
+    "bench.train_step",
+    "bench.export_sizes",
+]
 
 if __name__ == "__main__":
     only = sys.argv[1:]

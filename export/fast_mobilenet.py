@@ -17,6 +17,7 @@ from torch.nn import functional as F
 
 from export.fast_ops import batch_norm_relu, depthwise3x3, depthwise3x3_s2, stem_conv
 from fedper.models.mobilenet_v1 import ConvBN, DepthwiseSeparable, MobileNetV1
+from fedper.models.split import running_stat_names
 
 
 def downsampling(model: MobileNetV1) -> int:
@@ -44,7 +45,7 @@ class FastMobileNetStep(nn.Module):
 
     @property
     def stat_names(self) -> list[str]:
-        return [f"{p}.{s}" for p in self.bn_paths for s in ("running_mean", "running_var")]
+        return running_stat_names(self.bn_paths)
 
     def forward(
         self, x: torch.Tensor, y: torch.Tensor, *stats: torch.Tensor

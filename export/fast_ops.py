@@ -150,6 +150,7 @@ def _(x: Tensor, weight: Tensor) -> Any:
 
 
 def _dw_setup(ctx: Any, inputs: tuple[Tensor, Tensor], output: tuple[Tensor, Tensor]) -> None:
+    """Both depthwise ops keep their rearranged input (second output) and the weight."""
     x, weight = inputs
     ctx.save_for_backward(output[1], weight)
     ctx.shape = tuple(x.shape)
@@ -241,12 +242,6 @@ def _(x: Tensor, weight: Tensor) -> Any:
     return x.new_empty(c, b, ho, wo), x.new_empty(4, c, b, ho * wo + wo + 1)
 
 
-def _dw2_setup(ctx: Any, inputs: tuple[Tensor, Tensor], output: tuple[Tensor, Tensor]) -> None:
-    x, weight = inputs
-    ctx.save_for_backward(output[1], weight)
-    ctx.shape = tuple(x.shape)
-
-
 def _dw2_backward(ctx: Any, grad: Tensor, _grad_phases: Tensor) -> tuple[Tensor, Tensor]:
     phases, weight = ctx.saved_tensors
     c, b, h, w = ctx.shape
@@ -283,7 +278,7 @@ def _dw2_backward(ctx: Any, grad: Tensor, _grad_phases: Tensor) -> tuple[Tensor,
     return grad_x, torch.cat(grad_w, dim=1).view(c, 1, 3, 3)
 
 
-depthwise3x3_s2.register_autograd(_dw2_backward, setup_context=_dw2_setup)
+depthwise3x3_s2.register_autograd(_dw2_backward, setup_context=_dw_setup)
 
 
 # --- the stem: a 3x3 convolution of the image (groups=1) as im2col + one matrix product ----

@@ -125,7 +125,7 @@ def run_export(config: ExportConfig, progress: Progress | None = None) -> Export
     model = build_model(mcfg, seed=config.seed)
     if source is None:
         variant = resolve_variant(config.variant, model, mcfg.input_size)
-    model_split = split(model, config.kp)
+    split(model, config.kp)  # kp out of range: a clear error before any work
     if config.train == "head" and config.kp == 0:
         raise ExportConfigError("--train head needs kp >= 1: with kp=0 the head is empty")
     if config.batch_size > config.max_batch or config.batch_size < 2:
@@ -137,7 +137,6 @@ def run_export(config: ExportConfig, progress: Progress | None = None) -> Export
     elif source is not None and config.from_dir is not None:
         files = [config.from_dir / source.artifacts[r] for r in ("initial_base", "initial_head")]
         _load_into(model, weights.load_checked(files, full_layout))
-    state = exchanged_state(model)
     step = training_step(model, variant)
 
     with atomic_directory(config.out) as staging:
@@ -166,41 +165,7 @@ def run_export(config: ExportConfig, progress: Progress | None = None) -> Export
                 export_onnx(model, mcfg.input_size)
             )
             seconds["onnx"] = time.perf_counter() - t
-        weights.save(
-            staging / ARTIFACT_FILES["initial_base"], {n: state[n] for n in model_split.base}
-        )
-        weights.save(
-            staging / ARTIFACT_FILES["initial_head"], {n: state[n] for n in model_split.head}
-        )
-        manifest = Manifest(
-            created_by=f"fedper {__version__}",
-            model=ModelSpec(**mcfg.to_dict()),
-            kp=config.kp,
-            input=InputSpec(shape=[None, 3, mcfg.input_size, mcfg.input_size], normalization=norm),
-            output=OutputSpec(num_classes=mcfg.num_classes, labels=labels),
-            tensors=Tensors(
-                base=[_entry(n, state[n]) for n in model_split.base],
-                head=[_entry(n, state[n]) for n in model_split.head],
-            ),
-            training_program=TrainingProgramSpec(
-                inputs=["x", "y", *step.stat_names],
-                outputs=["loss", *step.stat_names],
-                bn_statistics=step.stat_names,
-                parameters=[n for n, _ in step.named_parameters()],
-                max_batch=config.max_batch,
-                variant=variant,
-            ),
-            inference_program=InferenceProgramSpec(weights=list(state)),
-            training=TrainingDefaults(
-                learning_rate=config.learning_rate,
-                momentum=config.momentum,
-                batch_size=config.batch_size,
-                local_epochs=config.local_epochs,
-                trainable=config.train,  # type: ignore[arg-type]
-            ),
-            artifacts=dict(ARTIFACT_FILES),
-            sha256={name: sha256_file(staging / name) for name in ARTIFACT_FILES.values()},
-        )
+        manifest = write_weights_and_manifest(staging, model, mcfg, config, variant, norm, labels)
         write_manifest(staging, manifest)
         t = time.perf_counter()
         say("checking the training program's metadata...")
@@ -214,6 +179,57 @@ def run_export(config: ExportConfig, progress: Progress | None = None) -> Export
     return ExportReport(out=config.out, sizes=sizes, seconds=seconds, manifest=manifest)
 
 
+def write_weights_and_manifest(
+    directory: Path,
+    model: StagedModel,
+    mcfg: ModelConfig,
+    config: ExportConfig,
+    variant: Variant,
+    norm: Normalization,
+    labels: list[str] | None,
+) -> Manifest:
+    """Write the initial base/head safetensors and return the manifest of ``directory``
+    (the program files must be there already: their sha256 goes into the manifest)."""
+    state = exchanged_state(model)
+    model_split = split(model, config.kp)
+    step = training_step(model, variant)
+    weights.save(
+        directory / ARTIFACT_FILES["initial_base"], {n: state[n] for n in model_split.base}
+    )
+    weights.save(
+        directory / ARTIFACT_FILES["initial_head"], {n: state[n] for n in model_split.head}
+    )
+    return Manifest(
+        created_by=f"fedper {__version__}",
+        model=ModelSpec(**mcfg.to_dict()),
+        kp=config.kp,
+        input=InputSpec(shape=[None, 3, mcfg.input_size, mcfg.input_size], normalization=norm),
+        output=OutputSpec(num_classes=mcfg.num_classes, labels=labels),
+        tensors=Tensors(
+            base=[_entry(n, state[n]) for n in model_split.base],
+            head=[_entry(n, state[n]) for n in model_split.head],
+        ),
+        training_program=TrainingProgramSpec(
+            inputs=["x", "y", *step.stat_names],
+            outputs=["loss", *step.stat_names],
+            bn_statistics=step.stat_names,
+            parameters=[n for n, _ in step.named_parameters()],
+            max_batch=config.max_batch,
+            variant=variant,
+        ),
+        inference_program=InferenceProgramSpec(weights=list(state)),
+        training=TrainingDefaults(
+            learning_rate=config.learning_rate,
+            momentum=config.momentum,
+            batch_size=config.batch_size,
+            local_epochs=config.local_epochs,
+            trainable=config.train,  # type: ignore[arg-type]
+        ),
+        artifacts=dict(ARTIFACT_FILES),
+        sha256={name: sha256_file(directory / name) for name in ARTIFACT_FILES.values()},
+    )
+
+
 def _entry(name: str, tensor: torch.Tensor) -> TensorEntry:
     return TensorEntry(name=name, shape=list(tensor.shape))
 
@@ -223,3 +239,18 @@ def _load_into(model: StagedModel, tensors: Mapping[str, np.ndarray]) -> None:
     with torch.no_grad():
         for name, value in tensors.items():
             state[name].copy_(torch.as_tensor(value))
+
+
+def write_server_only_export(out: Path, alpha: float = 1.0, kp: int = 2, seed: int = 0) -> Path:
+    """An export directory with the real manifest and weights of MobileNet-V1 at ``alpha``
+    but placeholder program files: everything the server needs (it serves programs as
+    opaque files), without minutes of lowering. For load tests of the server."""
+    out.mkdir(parents=True)
+    for role in PROGRAM_ROLES:
+        (out / ARTIFACT_FILES[role]).write_bytes(b"placeholder program: served, never run")
+    mcfg = ModelConfig(alpha=alpha, input_size=32)
+    model = build_model(mcfg, seed=seed)
+    norm = Normalization(mean=list(DEFAULT_MEAN), std=list(DEFAULT_STD))
+    config = ExportConfig(alpha=alpha, kp=kp, out=out)
+    write_manifest(out, write_weights_and_manifest(out, model, mcfg, config, "fast", norm, None))
+    return out

@@ -18,6 +18,7 @@ from torch import nn
 from export.fast_mobilenet import FastMobileNetStep, downsampling
 from fedper.models import StagedModel, exchanged_names
 from fedper.models.mobilenet_v1 import MobileNetV1
+from fedper.models.split import running_stat_names
 from fedper.models.staged import replace_submodule
 
 Variant = Literal["fast", "plain"]
@@ -106,7 +107,7 @@ class TrainingStep(nn.Module):
     @property
     def stat_names(self) -> list[str]:
         """Running statistics in input/output order: mean, var of each BN layer."""
-        return [f"{p}.{s}" for p in self.bn_paths for s in ("running_mean", "running_var")]
+        return running_stat_names(self.bn_paths)
 
     def forward(
         self, x: torch.Tensor, y: torch.Tensor, *stats: torch.Tensor

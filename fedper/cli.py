@@ -50,8 +50,10 @@ def build_parser() -> argparse.ArgumentParser:
     _simulate_parser(sub)
     from export import export_command
     from fedper import report_command
+    from server import serve_command
 
     export_command.add_parser(sub)
+    serve_command.add_parser(sub)
     report_command.add_parser(sub)
     return parser
 

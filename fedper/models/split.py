@@ -60,6 +60,11 @@ def _under(name: str, prefix: str) -> bool:
     return name == prefix or name.startswith(prefix + ".")
 
 
+def running_stat_names(bn_paths: list[str]) -> list[str]:
+    """The running statistics of BatchNorm layers at ``bn_paths``: mean, var of each, in order."""
+    return [f"{p}.{s}" for p in bn_paths for s in ("running_mean", "running_var")]
+
+
 def batchnorm_stat_names(names: tuple[str, ...]) -> tuple[str, ...]:
     """The BatchNorm running statistics among ``names`` (kept on-device with ``--bn local``)."""
     return tuple(n for n in names if n.endswith((".running_mean", ".running_var")))

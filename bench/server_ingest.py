@@ -1,0 +1,177 @@
+"""Upload throughput of a real ``fedper serve`` on localhost, against the transport's own limit.
+
+``--uploads`` enrolled devices (default 100) upload one MobileNet-V1 width-1.0 base update
+each (8.66 MB, F32) over HTTP into one round, N at a time (N = 1, 10, 50 concurrent
+uploads); the round closes (aggregation included) with the last one. Reported: accepted
+updates/s, p50/p99 upload latency, the server's peak RSS, and the bytes/s of the same
+uploads to a minimal uvicorn handler that only reads the body (measured in the same run).
+
+Usage: python -m bench.server_ingest [--devices 1,10,50] [--uploads 100]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import numpy as np
+
+from bench.common import write_results
+
+ADMIN, ENROLL = "bench-admin", "bench-enroll"
+
+MINIMAL_APP = """
+import uvicorn
+async def app(scope, receive, send):
+    if scope["type"] != "http":
+        return
+    more = True
+    while more:
+        message = await receive()
+        more = message.get("more_body", False)
+    await send({"type": "http.response.start", "status": 202, "headers": [(b"content-type", b"application/json")]})
+    await send({"type": "http.response.body", "body": b'{"accepted": true}'})
+uvicorn.run(app, host="127.0.0.1", port=int(__import__("sys").argv[1]), log_level="warning")
+"""
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _wait(url: str, proc: subprocess.Popen[bytes]) -> None:
+    for _ in range(300):
+        if proc.poll() is not None:
+            raise RuntimeError("server exited")
+        try:
+            httpx.get(url, timeout=1)
+            return
+        except httpx.HTTPError:
+            time.sleep(0.2)
+    raise RuntimeError("server did not start")
+
+
+def _peak_rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def _run_uploads(url: str, devices: list[dict[str, str]], body: bytes, concurrency: int,
+                 path: str) -> tuple[float, list[float]]:  # fmt: skip
+    """Every device uploads ``body`` once, ``concurrency`` at a time."""
+    local = __import__("threading").local()
+
+    def one(headers: dict[str, str]) -> float:
+        if not hasattr(local, "client"):
+            local.client = httpx.Client(timeout=300)
+        start = time.perf_counter()
+        r = local.client.post(url + path, content=body, headers=headers)
+        if r.status_code != 202:
+            raise RuntimeError(f"{r.status_code}: {r.text[:200]}")
+        return time.perf_counter() - start
+
+    start = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=concurrency) as pool:
+        latencies = list(pool.map(one, devices))
+    return time.perf_counter() - start, latencies
+
+
+def measure(n: int, uploads: int, workdir: Path) -> dict[str, object]:
+    from export.pipeline import write_server_only_export
+    from fedper import weights
+    from fedper.manifest import read_manifest
+
+    artifacts = workdir / f"artifacts-{n}"
+    if not artifacts.exists():
+        write_server_only_export(artifacts, alpha=1.0)
+    manifest = read_manifest(artifacts)
+    rng = np.random.default_rng(0)
+    tensors = {
+        name: rng.standard_normal(shape).astype(np.float32)
+        for name, shape in manifest.layout("base")
+    }
+    body = weights.encode(tensors, {"num_samples": "10", "base_version": "0"})
+    port = _free_port()
+    env = {
+        "FEDPER_ADMIN_TOKEN": ADMIN,
+        "FEDPER_ENROLLMENT_KEY": ENROLL,
+        **dict(__import__("os").environ),
+    }
+    server = subprocess.Popen(
+        [sys.executable, "-m", "fedper.cli", "serve", "--artifacts", str(artifacts), "--data-dir",
+         str(workdir / f"data-{n}"), "--port", str(port), "--target-clients", str(uploads),
+         "--min-clients", "1", "--rounds", "2", "--round-timeout", "0", "--enroll-per-minute", "100000"],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait(f"{url}/v1/health", server)
+        devices = []
+        for _ in range(uploads):
+            token = httpx.post(f"{url}/v1/devices", json={"enrollment_key": ENROLL}).json()["token"]
+            devices.append({"Authorization": f"Bearer {token}"})
+        seconds, latencies = _run_uploads(url, devices, body, n, "/v1/rounds/1/updates")
+        rss = _peak_rss_mb(server.pid)
+    finally:
+        server.terminate()
+        server.wait()
+    port = _free_port()
+    minimal = subprocess.Popen([sys.executable, "-c", MINIMAL_APP, str(port)])
+    try:
+        _wait(f"http://127.0.0.1:{port}/", minimal)
+        plain_s, _ = _run_uploads(f"http://127.0.0.1:{port}", [{}] * uploads, body, n, "/upload")
+    finally:
+        minimal.terminate()
+        minimal.wait()
+    count = uploads
+    nbytes = len(body)
+    return {
+        "devices": n,
+        "uploads": count,
+        "update_bytes": nbytes,
+        "updates_per_s": count / seconds,
+        "bytes_per_s": count * nbytes / seconds,
+        "p50_ms": 1000 * statistics.median(latencies),
+        "p99_ms": 1000 * float(np.percentile(latencies, 99)),
+        "server_peak_rss_mb": rss,
+        "minimal_handler_bytes_per_s": count * nbytes / plain_s,
+        "vs_minimal_handler": plain_s / seconds,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--devices", default="1,10,50")
+    parser.add_argument("--uploads", type=int, default=100)
+    args = parser.parse_args()
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for n in (int(x) for x in args.devices.split(",")):
+            row = measure(n, args.uploads, Path(tmp))
+            rows.append(row)
+            print(
+                f"N={n:3d}: {row['updates_per_s']:.1f} updates/s ({row['bytes_per_s'] / 1e6:.0f} MB/s), "
+                f"p50 {row['p50_ms']:.0f} ms, p99 {row['p99_ms']:.0f} ms, server peak RSS "
+                f"{row['server_peak_rss_mb']:.0f} MB; minimal handler "
+                f"{row['minimal_handler_bytes_per_s'] / 1e6:.0f} MB/s -> "
+                f"{100 * row['vs_minimal_handler']:.0f}% of the transport's limit",  # type: ignore[operator]
+                flush=True,
+            )
+    print("wrote", write_results("server_ingest", {"rows": rows}))
+
+
+if __name__ == "__main__":
+    main()

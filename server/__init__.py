@@ -1,0 +1,1 @@
+"""The FedPer aggregation server: PROTOCOL.md v1 over FastAPI, state in SQLite, weights in blobs."""

@@ -1,0 +1,296 @@
+"""The FastAPI application: thin routes over :mod:`server.rounds` and :mod:`server.state`."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import secrets
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+from anyio import to_thread
+from fastapi import FastAPI, Request, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse
+from pydantic import BaseModel
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from fedper import __version__
+from server.auth import AnyCaller, DeviceId, Operator, State
+from server.config import ServerConfig
+from server.credentials import new_token, same_secret, token_hash
+from server.errors import (
+    ProtocolError,
+    bad_request,
+    not_found,
+    protocol_error_handler,
+    too_large,
+    unauthorized,
+)
+from server.state import ServerState, open_state
+from server.upload_validation import validate
+
+log = logging.getLogger("fedper.server")
+JSON_LIMIT = 64 * 1024
+OCTETS = "application/octet-stream"
+
+
+class Health(BaseModel):
+    status: str
+    protocol: int
+
+
+class Enrolled(BaseModel):
+    device_id: str
+    token: str
+
+
+class Accepted(BaseModel):
+    round: int
+    accepted: bool
+    received: int
+
+
+class Status(BaseModel):
+    state: str
+    round: int
+    model_version: int
+    rounds_total: int
+    rounds_closed: int
+    devices: int
+
+
+ERRORS: dict[int | str, dict[str, Any]] = {
+    code: {
+        "description": text,
+        "content": {"application/json": {"example": {"code": "...", "message": "..."}}},
+    }
+    for code, text in {
+        400: "malformed body", 401: "missing/unknown token", 403: "wrong role", 404: "unknown",
+        409: "conflict", 410: "run finished", 413: "too large", 422: "wrong content",
+        429: "rate limited",
+    }.items()
+}  # fmt: skip
+
+
+async def _read_limited(request: Request, limit: int) -> bytes:
+    """The body, refused with 413 as soon as it exceeds ``limit`` (chunked bodies too)."""
+    length = request.headers.get("content-length")
+    if length is not None and length.isdigit() and int(length) > limit:
+        raise too_large(limit)
+    chunks, total = [], 0
+    async for chunk in request.stream():
+        total += len(chunk)
+        if total > limit:
+            raise too_large(limit)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _file_response(path: Path, sha256: str, request: Request, state: ServerState) -> Response:
+    etag = f'"{sha256}"'
+    if etag in [t.strip() for t in request.headers.get("if-none-match", "").split(",")]:
+        return Response(status_code=304, headers={"ETag": etag})
+    data = path.read_bytes()
+    state.metrics.sent(len(data))
+    return Response(data, media_type=OCTETS, headers={"ETag": etag})
+
+
+def create_app(config: ServerConfig, state: ServerState | None = None) -> FastAPI:
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        app.state.fedper = state or await to_thread.run_sync(open_state, config)
+        interval = max(0.05, min(1.0, config.round_timeout / 20)) if config.round_timeout else 1.0
+
+        async def enforce_deadlines() -> None:
+            while True:
+                await asyncio.sleep(interval)
+                try:
+                    await to_thread.run_sync(app.state.fedper.rounds.check_deadline)
+                except Exception:  # keep enforcing; the error is logged
+                    log.exception("deadline check failed")
+
+        task = asyncio.create_task(enforce_deadlines())
+        try:
+            yield
+        finally:
+            task.cancel()
+            app.state.fedper.db.close()
+
+    app = FastAPI(
+        title="fedper aggregation server",
+        version=__version__,
+        description="FedPer device protocol v1 (PROTOCOL.md): devices train base + personal head "
+        "on-device and upload only the base; the server aggregates with sample-weighted FedAvg.",
+        lifespan=lifespan,
+    )
+    app.add_exception_handler(ProtocolError, protocol_error_handler)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_r: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+        return JSONResponse({"code": code, "message": str(exc.detail)}, status_code=exc.status_code)
+
+    @app.exception_handler(RequestValidationError)
+    async def path_error(_r: Request, exc: RequestValidationError) -> JSONResponse:
+        return JSONResponse({"code": "not_found", "message": "no such resource"}, status_code=404)
+
+    @app.get("/v1/health", response_model=Health)
+    def health() -> Health:
+        return Health(status="ok", protocol=1)
+
+    @app.post("/v1/devices", status_code=201, response_model=Enrolled, responses=ERRORS)
+    async def enroll(request: Request, state: State) -> Enrolled:
+        client = request.client.host if request.client else "unknown"
+        allowed, wait = state.limiter.allow(client)
+        if not allowed:
+            raise ProtocolError(429, "rate_limited", "too many enrollments from this address",
+                                {"Retry-After": str(wait)})  # fmt: skip
+        body = await _read_limited(request, JSON_LIMIT)
+        try:
+            data = json.loads(body)
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise bad_request("malformed_json", f"the body is not JSON: {exc}") from exc
+        if not isinstance(data, dict):
+            raise bad_request("malformed_json", "the body must be a JSON object")
+        key = data.get("enrollment_key")
+        if not isinstance(key, str) or not same_secret(key, state.secrets.enrollment_key):
+            raise unauthorized("wrong enrollment key")
+        platform = data.get("platform")
+        device_id, token = f"d-{secrets.token_hex(8)}", new_token()
+        state.db.add_device(
+            device_id, token_hash(token), platform if isinstance(platform, str) else None
+        )
+        log.info(
+            json.dumps({"event": "device_enrolled", "device": device_id, "platform": platform})
+        )
+        return Enrolled(device_id=device_id, token=token)
+
+    @app.get("/v1/task", responses={204: {"description": "no task now"}, **ERRORS})
+    def task(device_id: DeviceId, state: State) -> Response:
+        snap = state.rounds.snapshot
+        if snap.finished:
+            raise ProtocolError(410, "run_finished", "the run is finished")
+        retry = {"Retry-After": str(state.config.retry_after)}
+        if snap.state != "open" or state.db.has_update(snap.round, device_id):
+            return Response(status_code=204, headers=retry)
+        c = state.config
+        body = {
+            "round": snap.round,
+            "model_version": snap.model_version,
+            "deadline": _iso(snap.deadline),
+            "base_url": f"/v1/models/{snap.model_version}/base",
+            "manifest_url": "/v1/artifacts/manifest.json",
+            "manifest_sha256": state.manifest_sha256,
+            "config": {"local_epochs": c.local_epochs, "batch_size": c.batch_size,
+                       "learning_rate": c.learning_rate, "momentum": c.momentum},
+        }  # fmt: skip
+        return JSONResponse(body)
+
+    @app.get(
+        "/v1/models/{version}/base", responses={200: {"content": {OCTETS: {}}}, 304: {}, **ERRORS}
+    )
+    def model_base(version: int, request: Request, _who: AnyCaller, state: State) -> Response:
+        found = state.rounds.version_file(version)
+        if found is None:
+            raise not_found(f"model version {version}")
+        return _file_response(found[0], found[1], request, state)
+
+    @app.get("/v1/artifacts/{name}", responses={200: {"content": {OCTETS: {}}}, 304: {}, **ERRORS})
+    def artifact(name: str, request: Request, _who: AnyCaller, state: State) -> Response:
+        path = state.artifact_path(name)
+        if path is None:
+            raise not_found(f"artifact {name!r}")
+        sha = state.manifest_sha256 if name == "manifest.json" else state.manifest.sha256[name]
+        return _file_response(path, sha, request, state)
+
+    @app.post(
+        "/v1/rounds/{round_number}/updates",
+        status_code=202,
+        response_model=Accepted,
+        responses=ERRORS,
+        openapi_extra={
+            "requestBody": {
+                "required": True,
+                "content": {OCTETS: {"schema": {"type": "string", "format": "binary"}}},
+            }
+        },
+    )
+    async def upload(
+        round_number: int, request: Request, device_id: DeviceId, state: State
+    ) -> Accepted:
+        try:
+            if not state.rounds.round_exists(round_number):
+                raise not_found(f"round {round_number}")
+            body = await _read_limited(request, state.max_upload_bytes)
+            parsed = await to_thread.run_sync(
+                validate, body, state.manifest, state.config.max_num_samples
+            )
+            received = await to_thread.run_sync(
+                state.rounds.accept, device_id, round_number, parsed, body
+            )
+        except ProtocolError as exc:
+            state.metrics.reject(exc.code)
+            log.info(json.dumps({"event": "upload_rejected", "device": device_id,
+                                 "round": round_number, "code": exc.code}))  # fmt: skip
+            raise
+        state.metrics.accept(len(body))
+        log.info(json.dumps({"event": "update_accepted", "device": device_id,
+                             "round": round_number, "received": received}))  # fmt: skip
+        return Accepted(round=round_number, accepted=True, received=received)
+
+    @app.get("/v1/rounds/{round_number}", responses=ERRORS)
+    def round_status(round_number: int, _who: AnyCaller, state: State) -> dict[str, Any]:
+        info = state.rounds.round_info(round_number)
+        if info is None:
+            raise not_found(f"round {round_number}")
+        return info
+
+    @app.get("/v1/status", response_model=Status)
+    def status(state: State) -> Status:
+        snap = state.rounds.snapshot
+        return Status(
+            state="finished" if snap.finished else "running",
+            round=snap.round,
+            model_version=state.db.latest_version(),
+            rounds_total=state.config.rounds,
+            rounds_closed=snap.rounds_closed,
+            devices=state.db.count_devices(),
+        )
+
+    @app.post("/v1/admin/devices/{device_id}/revoke", responses=ERRORS)
+    def revoke(device_id: str, _op: Operator, state: State) -> dict[str, Any]:
+        if not state.db.revoke_device(device_id):
+            raise not_found(f"device {device_id!r}")
+        log.info(json.dumps({"event": "device_revoked", "device": device_id}))
+        return {"device_id": device_id, "revoked": True}
+
+    @app.post("/v1/admin/stop", responses=ERRORS)
+    def stop(_op: Operator, state: State) -> dict[str, Any]:
+        state.rounds.stop()
+        return {"state": "finished"}
+
+    @app.get("/v1/admin/models/latest/base", responses={200: {"content": {OCTETS: {}}}, **ERRORS})
+    def latest_base(request: Request, _op: Operator, state: State) -> Response:
+        found = state.rounds.version_file(state.db.latest_version())
+        assert found is not None
+        return _file_response(found[0], found[1], request, state)
+
+    @app.get("/metrics", response_class=PlainTextResponse)
+    def metrics(state: State) -> str:
+        snap = state.rounds.snapshot
+        return state.metrics.render(
+            snap.rounds_closed, snap.round, state.rounds.aggregation_seconds
+        )
+
+    return app
+
+
+def _iso(timestamp: float | None) -> str | None:
+    if timestamp is None:
+        return None
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(timestamp))

@@ -1,0 +1,40 @@
+"""Every setting of ``fedper serve``, in one typed place (also the command's options)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from fedper.config_cli import option
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    artifacts: Path = option(
+        Path("artifacts"), "export directory (from fedper export)", metavar="DIR"
+    )
+    data_dir: Path = option(Path("server-data"), "where the server keeps its state", metavar="DIR")
+    host: str = option("127.0.0.1", "address to listen on")
+    port: int = option(8000, "port to listen on")
+    rounds: int = option(50, "closed rounds after which the run is finished")
+    target_clients: int = option(10, "a round closes as soon as this many updates are accepted")
+    min_clients: int = option(2, "at the deadline, a round closes if it has at least this many")
+    round_timeout: float = option(600.0, "seconds a round stays open (0: no deadline)")
+    local_epochs: int = option(1, "local epochs the task asks for")
+    batch_size: int = option(32, "local batch size the task asks for")
+    learning_rate: float = option(0.01, "SGD learning rate the task asks for")
+    momentum: float = option(0.9, "SGD momentum the task asks for")
+    max_upload_bytes: int = option(0, "largest upload accepted (0: 4x the F32 base)")
+    max_num_samples: int = option(100_000, "largest num_samples an update may claim")
+    retry_after: int = option(5, "seconds idle devices are told to wait (Retry-After)")
+    enroll_per_minute: int = option(30, "enrollments allowed per client address per minute")
+
+    def __post_init__(self) -> None:
+        if self.rounds < 1:
+            raise ValueError("--rounds must be at least 1")
+        if not 1 <= self.min_clients <= self.target_clients:
+            raise ValueError("need 1 <= --min-clients <= --target-clients")
+        if self.round_timeout < 0:
+            raise ValueError("--round-timeout must be >= 0")
+        if self.max_num_samples < 1:
+            raise ValueError("--max-num-samples must be >= 1")

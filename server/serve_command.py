@@ -1,0 +1,55 @@
+"""``fedper serve``: start the aggregation server (uvicorn) on a data directory."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from fedper.config_cli import add_arguments, from_arguments
+from server.config import ServerConfig
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser(
+        "serve",
+        help="serve the aggregation endpoint that devices talk to",
+        description="Run federated rounds over HTTP (PROTOCOL.md v1): devices enroll, fetch "
+        "tasks, download the base, upload base updates; the server aggregates with FedAvg. "
+        "Secrets come from FEDPER_ADMIN_TOKEN / FEDPER_ENROLLMENT_KEY, or are generated at first "
+        "start into the data directory (mode 0600) and printed once. Restarting on the same "
+        "--data-dir resumes the run.",
+    )
+    add_arguments(p, ServerConfig)
+    p.set_defaults(run=serve)
+
+
+def serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from server.app import create_app
+    from server.state import StartupError, open_state
+
+    config = from_arguments(ServerConfig, args)
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    try:
+        state = open_state(config)
+    except StartupError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    for name in state.secrets.generated:
+        value = state.secrets.admin_token if name == "admin_token" else state.secrets.enrollment_key
+        print(
+            f"generated {name} (stored in {config.data_dir / name}, shown once): {value}",
+            file=sys.stderr,
+        )
+    snap = state.rounds.snapshot
+    print(
+        f"serving {config.artifacts} on http://{config.host}:{config.port} (round {snap.round}, "
+        f"model version {snap.model_version}, {'finished' if snap.finished else 'running'}); "
+        f"OpenAPI at /docs",
+        file=sys.stderr,
+        flush=True,
+    )
+    uvicorn.run(create_app(config, state), host=config.host, port=config.port, log_level="warning")
+    return 0

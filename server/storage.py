@@ -1,0 +1,202 @@
+"""The server's durable state: one SQLite database in WAL mode (devices, rounds, updates,
+model versions) and a blob directory for weights (written to a temp file, fsynced, renamed).
+
+Data directory layout::
+
+    state.db                     SQLite database (WAL: state.db-wal, state.db-shm beside it)
+    admin_token, enrollment_key  generated secrets (mode 0600), unless given by environment
+    models/v<N>.safetensors      aggregated base of model version N (v0 = the export's)
+    updates/r<R>/<device>.safetensors   accepted updates of the open round (deleted once aggregated)
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS devices (
+    id TEXT PRIMARY KEY,
+    token_hash TEXT NOT NULL UNIQUE,
+    platform TEXT,
+    created_at REAL NOT NULL,
+    revoked INTEGER NOT NULL DEFAULT 0
+);
+CREATE TABLE IF NOT EXISTS model_versions (
+    version INTEGER PRIMARY KEY,
+    sha256 TEXT NOT NULL,
+    file TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    from_round INTEGER
+);
+CREATE TABLE IF NOT EXISTS rounds (
+    round INTEGER PRIMARY KEY,
+    state TEXT NOT NULL CHECK (state IN ('open', 'closed', 'abandoned')),
+    model_version INTEGER NOT NULL,
+    opened_at REAL NOT NULL,
+    deadline REAL,
+    closed_at REAL,
+    result_version INTEGER,
+    metrics TEXT
+);
+CREATE TABLE IF NOT EXISTS updates (
+    round INTEGER NOT NULL,
+    device_id TEXT NOT NULL,
+    num_samples INTEGER NOT NULL,
+    base_version INTEGER NOT NULL,
+    file TEXT,
+    metrics TEXT NOT NULL,
+    received_at REAL NOT NULL,
+    PRIMARY KEY (round, device_id)
+);
+"""
+
+
+@dataclass(frozen=True)
+class Round:
+    round: int
+    state: str
+    model_version: int
+    opened_at: float
+    deadline: float | None
+    closed_at: float | None
+    result_version: int | None
+    metrics: dict[str, Any] | None
+
+
+@dataclass(frozen=True)
+class StoredUpdate:
+    round: int
+    device_id: str
+    num_samples: int
+    base_version: int
+    file: str | None
+    metrics: dict[str, float]
+
+
+class Database:
+    """A thread-safe wrapper around one SQLite connection (writes are serialized anyway)."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self._conn = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+        self._conn.row_factory = sqlite3.Row
+        self._lock = threading.RLock()
+        with self._lock:
+            self._conn.execute("PRAGMA journal_mode=WAL")
+            self._conn.execute("PRAGMA synchronous=FULL")  # a committed 202 survives power loss
+            self._conn.execute("PRAGMA foreign_keys=ON")
+            self._conn.executescript(SCHEMA)
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()
+
+    @contextmanager
+    def transaction(self) -> Iterator[sqlite3.Connection]:
+        with self._lock:
+            self._conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._conn
+            except BaseException:
+                self._conn.execute("ROLLBACK")
+                raise
+            self._conn.execute("COMMIT")
+
+    def query(self, sql: str, args: tuple[Any, ...] = ()) -> list[sqlite3.Row]:
+        with self._lock:
+            return list(self._conn.execute(sql, args))
+
+    # --- meta ---------------------------------------------------------------------------
+
+    def get_meta(self, key: str) -> str | None:
+        rows = self.query("SELECT value FROM meta WHERE key = ?", (key,))
+        return str(rows[0]["value"]) if rows else None
+
+    def set_meta(self, conn: sqlite3.Connection, key: str, value: str) -> None:
+        conn.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", (key, value))
+
+    # --- devices ------------------------------------------------------------------------
+
+    def add_device(self, device_id: str, token_hash: str, platform: str | None) -> None:
+        with self.transaction() as conn:
+            conn.execute(
+                "INSERT INTO devices (id, token_hash, platform, created_at) VALUES (?, ?, ?, ?)",
+                (device_id, token_hash, platform, time.time()),
+            )
+
+    def device_by_token_hash(self, token_hash: str) -> sqlite3.Row | None:
+        rows = self.query("SELECT * FROM devices WHERE token_hash = ?", (token_hash,))
+        return rows[0] if rows else None
+
+    def revoke_device(self, device_id: str) -> bool:
+        with self.transaction() as conn:
+            cur = conn.execute("UPDATE devices SET revoked = 1 WHERE id = ?", (device_id,))
+            return cur.rowcount > 0
+
+    def count_devices(self) -> int:
+        return int(self.query("SELECT COUNT(*) AS n FROM devices")[0]["n"])
+
+    # --- rounds, updates, versions ------------------------------------------------------
+
+    def round(self, number: int) -> Round | None:
+        rows = self.query("SELECT * FROM rounds WHERE round = ?", (number,))
+        return _round(rows[0]) if rows else None
+
+    def latest_round(self) -> Round | None:
+        rows = self.query("SELECT * FROM rounds ORDER BY round DESC LIMIT 1")
+        return _round(rows[0]) if rows else None
+
+    def count_closed_rounds(self) -> int:
+        return int(self.query("SELECT COUNT(*) AS n FROM rounds WHERE state = 'closed'")[0]["n"])
+
+    def updates(self, number: int) -> list[StoredUpdate]:
+        rows = self.query("SELECT * FROM updates WHERE round = ? ORDER BY received_at", (number,))
+        return [
+            StoredUpdate(
+                r["round"],
+                r["device_id"],
+                r["num_samples"],
+                r["base_version"],
+                r["file"],
+                json.loads(r["metrics"]),
+            )
+            for r in rows
+        ]
+
+    def has_update(self, number: int, device_id: str) -> bool:
+        return bool(
+            self.query(
+                "SELECT 1 FROM updates WHERE round = ? AND device_id = ?", (number, device_id)
+            )
+        )
+
+    def model_version(self, version: int) -> sqlite3.Row | None:
+        rows = self.query("SELECT * FROM model_versions WHERE version = ?", (version,))
+        return rows[0] if rows else None
+
+    def latest_version(self) -> int:
+        rows = self.query("SELECT MAX(version) AS v FROM model_versions")
+        v = rows[0]["v"]
+        return -1 if v is None else int(v)
+
+
+def _round(row: sqlite3.Row) -> Round:
+    return Round(
+        round=row["round"],
+        state=row["state"],
+        model_version=row["model_version"],
+        opened_at=row["opened_at"],
+        deadline=row["deadline"],
+        closed_at=row["closed_at"],
+        result_version=row["result_version"],
+        metrics=json.loads(row["metrics"]) if row["metrics"] else None,
+    )

@@ -1,0 +1,388 @@
+"""The aggregation server over real sockets (uvicorn on 127.0.0.1, a real SQLite file)."""
+
+from __future__ import annotations
+
+import json
+import struct
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+from fedper import weights
+from fedper.manifest import read_manifest
+from tests.server_support import ENROLL, ServerProcess, admin, base_like, enroll, update_body
+
+
+@pytest.fixture
+def server(artifacts: Path, tmp_path: Path):
+    with ServerProcess(artifacts, tmp_path / "data", target_clients=3, min_clients=2, rounds=3,
+                       round_timeout=0, enroll_per_minute=1000) as s:  # fmt: skip
+        yield s
+
+
+@pytest.fixture(scope="module")
+def manifest(artifacts: Path):
+    return read_manifest(artifacts)
+
+
+def _round(url: str, number: int) -> dict:
+    r = httpx.get(f"{url}/v1/rounds/{number}", headers=admin())
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def test_full_protocol_flow_and_weighted_mean(server, manifest, artifacts):
+    url = server.url
+    assert httpx.get(f"{url}/v1/health").json() == {"status": "ok", "protocol": 1}
+    devices = [enroll(url) for _ in range(3)]
+    _, h0 = devices[0]
+    task = httpx.get(f"{url}/v1/task", headers=h0).json()
+    assert (
+        task["round"] == 1
+        and task["model_version"] == 0
+        and task["base_url"] == "/v1/models/0/base"
+    )
+    assert task["config"] == {
+        "local_epochs": 1,
+        "batch_size": 32,
+        "learning_rate": 0.01,
+        "momentum": 0.9,
+    }
+    assert task["deadline"] is None
+    # Manifest and base downloads, with ETag / If-None-Match.
+    m = httpx.get(f"{url}{task['manifest_url']}", headers=h0)
+    assert m.status_code == 200 and m.content == (artifacts / "manifest.json").read_bytes()
+    base = httpx.get(f"{url}/v1/models/0/base", headers=h0)
+    assert base.status_code == 200 and base.headers["content-type"] == "application/octet-stream"
+    assert base.content == (artifacts / "base.safetensors").read_bytes()
+    again = httpx.get(
+        f"{url}/v1/models/0/base", headers={**h0, "If-None-Match": base.headers["etag"]}
+    )
+    assert again.status_code == 304
+    head = httpx.get(f"{url}/v1/artifacts/head.safetensors", headers=h0)
+    assert head.status_code == 200  # the exported initial head is public
+    for bad in ("../manifest.json", "..%2Fmanifest.json", "state.db", "admin_token"):
+        assert httpx.get(f"{url}/v1/artifacts/{bad}", headers=h0).status_code == 404
+    # Three devices upload; one in float16. The round closes at target_clients.
+    updates, counts = [], [5, 20, 75]
+    for i, ((_, h), n) in enumerate(zip(devices, counts, strict=True)):
+        tensors = base_like(manifest, seed=i)
+        dtype = np.float16 if i == 1 else np.float32
+        if dtype is np.float16:
+            tensors = {k: v.astype(np.float16).astype(np.float32) for k, v in tensors.items()}
+        updates.append((tensors, n))
+        body = update_body(
+            tensors, n, 0, {"accuracy": 0.5 + i / 10, "train_loss": 1.0}, dtype=dtype
+        )
+        r = httpx.post(f"{url}/v1/rounds/1/updates", content=body, headers=h)
+        assert r.status_code == 202, r.text
+        assert r.json() == {"round": 1, "accepted": True, "received": i + 1}
+        if i == 0:
+            assert httpx.get(f"{url}/v1/task", headers=h).status_code == 204  # already counted
+            assert "retry-after" in httpx.get(f"{url}/v1/task", headers=h).headers
+    closed = _round(url, 1)
+    assert closed["state"] == "closed" and closed["result_version"] == 1 and closed["received"] == 3
+    acc = closed["metrics"]["accuracy"]
+    assert acc["mean"] == pytest.approx(0.6)
+    assert acc["weighted_mean"] == pytest.approx((0.5 * 5 + 0.6 * 20 + 0.7 * 75) / 100)
+    v1 = httpx.get(f"{url}/v1/models/1/base", headers=h0)
+    got = weights.st_load_bytes(v1.content) if hasattr(weights, "st_load_bytes") else None
+    from safetensors.numpy import load as st_load
+
+    got = st_load(v1.content)
+    total = sum(counts)
+    for name, _ in manifest.layout("base"):
+        ref = sum(n * t[name].astype(np.float64) for t, n in updates) / total
+        np.testing.assert_allclose(got[name], ref.astype(np.float32), rtol=1.2e-7, atol=1e-30)
+    status = httpx.get(f"{url}/v1/status").json()
+    assert status == {"state": "running", "round": 2, "model_version": 1, "rounds_total": 3,
+                      "rounds_closed": 1, "devices": 3}  # fmt: skip
+    assert httpx.get(f"{url}/v1/task", headers=h0).json()["model_version"] == 1
+    latest = httpx.get(f"{url}/v1/admin/models/latest/base", headers=admin())
+    assert latest.content == v1.content
+    # Stored updates of an aggregated version are gone; the version file stays.
+    assert not list((server.data_dir / "updates").glob("r1/*"))
+    assert (server.data_dir / "models" / "v1.safetensors").exists()
+    text = httpx.get(f"{url}/metrics").text
+    assert "fedper_updates_accepted_total 3" in text and "fedper_rounds_closed_total 1" in text
+    assert "/v1/rounds/{round_number}/updates" in httpx.get(f"{url}/openapi.json").text
+
+
+def _safetensors(header: dict, data: bytes) -> bytes:
+    h = json.dumps(header).encode()
+    return struct.pack("<Q", len(h)) + h + data
+
+
+def test_every_rejection_class_changes_nothing(server, manifest):
+    url = server.url
+    _, h = enroll(url)
+    good = base_like(manifest)
+    name0, shape0 = manifest.layout("base")[0]
+    head_name, head_shape = manifest.layout("head")[0]
+
+    def post(
+        body: bytes, headers: dict | None = None, round_number: int = 1, **kw
+    ) -> httpx.Response:
+        return httpx.post(f"{url}/v1/rounds/{round_number}/updates", content=body,
+                          headers=headers if headers is not None else h, **kw)  # fmt: skip
+
+    cases = [
+        (post(update_body(good), headers={}), 401, "unauthorized"),
+        (post(update_body(good), headers={"Authorization": "Bearer nope"}), 401, "unauthorized"),
+        (post(update_body(good), headers=admin()), 403, "forbidden"),
+        (post(update_body(good), round_number=7), 404, "not_found"),
+        (post(b"x" * (50 << 20)), 413, "payload_too_large"),
+        (post(b"not safetensors"), 400, "malformed_safetensors"),
+        (post(update_body(good)[:-5]), 400, "malformed_safetensors"),
+        (post(struct.pack("<Q", 5) + b"{nope"), 400, "malformed_safetensors"),
+        (post(_safetensors({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 99]}}, b"\0" * 8)),
+         400, "malformed_safetensors"),
+        (post(_safetensors({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
+                            "b": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}}, b"\0" * 8)),
+         400, "malformed_safetensors"),
+        (post(_safetensors({"a": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}}, b"\0" * 8)),
+         400, "malformed_safetensors"),
+        (post(_safetensors({"a": {"dtype": "F32", "shape": [3], "data_offsets": [0, 8]}}, b"\0" * 8)),
+         400, "malformed_safetensors"),
+        (post(update_body({**good, head_name: np.zeros(head_shape, np.float32)})), 422, "personal_tensor_in_upload"),
+        (post(update_body({k: v for k, v in good.items() if k != name0})), 422, "missing_tensor"),
+        (post(update_body({**good, "extra.weight": np.zeros(3, np.float32)})), 422, "unexpected_tensor"),
+        (post(update_body({**good, name0: np.zeros((1, *shape0), np.float32)})), 422, "wrong_shape"),
+        (post(weights.encode({**good, name0: np.zeros(shape0, np.int32)},
+                             {"num_samples": "3", "base_version": "0"}, dtype=None)), 422, "wrong_dtype"),
+        (post(update_body({**good, name0: np.full(shape0, np.nan, np.float32)})), 422, "non_finite"),
+        (post(update_body(good, num_samples=0)), 422, "num_samples_out_of_range"),
+        (post(update_body(good, num_samples=100001)), 422, "num_samples_out_of_range"),
+        (post(update_body(good, num_samples="3.5")), 422, "num_samples_out_of_range"),
+        (post(update_body(good, base_version="latest")), 422, "bad_metadata"),
+        (post(update_body(good, metrics={"Accuracy!": 0.5})), 422, "bad_metadata"),
+        (post(update_body(good, metrics={"accuracy": "nan"})), 422, "bad_metadata"),
+        (post(update_body(good, base_version=3)), 409, "stale_base_version"),
+    ]  # fmt: skip
+    for response, status, code in cases:
+        assert response.status_code == status, (code, response.text)
+        assert response.json()["code"] == code
+        assert response.json()["message"]
+
+    # A chunked body over the limit is refused too (no Content-Length).
+    def chunks():
+        for _ in range(60):
+            yield b"\0" * (1 << 20)
+
+    r = httpx.post(f"{url}/v1/rounds/1/updates", content=chunks(), headers=h)
+    assert r.status_code == 413 and r.json()["code"] == "payload_too_large"
+    # Nothing of the rejected uploads was kept: the round is untouched.
+    assert _round(url, 1)["received"] == 0
+    assert not [p for p in (server.data_dir / "updates").rglob("*") if p.is_file()]
+    ok = post(update_body(good))
+    assert ok.status_code == 202
+    dup = post(update_body(good))
+    assert dup.status_code == 409 and dup.json()["code"] == "duplicate_update"
+    # Device-only and operator-only endpoints.
+    assert httpx.get(f"{url}/v1/task", headers=admin()).status_code == 403
+    assert httpx.post(f"{url}/v1/admin/stop", headers=h).status_code == 403
+    assert httpx.get(f"{url}/v1/models/9/base", headers=h).status_code == 404
+    assert httpx.get(f"{url}/v1/rounds/9", headers=h).status_code == 404
+    bad_enroll = httpx.post(f"{url}/v1/devices", json={"enrollment_key": "wrong"})
+    assert bad_enroll.status_code == 401 and bad_enroll.json()["code"] == "unauthorized"
+    assert httpx.post(f"{url}/v1/devices", content=b"{not json").status_code == 400
+    assert _round(url, 1)["received"] == 1
+
+
+def test_round_not_open_revocation_and_stop(server, manifest):
+    url = server.url
+    devices = [enroll(url) for _ in range(4)]
+    for _, h in devices[:3]:
+        assert (
+            httpx.post(
+                f"{url}/v1/rounds/1/updates", content=update_body(base_like(manifest)), headers=h
+            ).status_code
+            == 202
+        )
+    late = httpx.post(
+        f"{url}/v1/rounds/1/updates",
+        content=update_body(base_like(manifest)),
+        headers=devices[3][1],
+    )
+    assert late.status_code == 409 and late.json()["code"] == "round_not_open"
+    device_id, h = devices[3]
+    assert (
+        httpx.post(f"{url}/v1/admin/devices/{device_id}/revoke", headers=admin()).status_code == 200
+    )
+    assert httpx.get(f"{url}/v1/task", headers=h).status_code == 401
+    assert httpx.post(f"{url}/v1/admin/stop", headers=admin()).status_code == 200
+    gone = httpx.get(f"{url}/v1/task", headers=devices[0][1])
+    assert gone.status_code == 410 and gone.json()["code"] == "run_finished"
+    assert httpx.get(f"{url}/v1/status").json()["state"] == "finished"
+
+
+def test_enrollment_is_rate_limited(artifacts, tmp_path):
+    with ServerProcess(artifacts, tmp_path / "data", enroll_per_minute=3) as s:
+        codes = [
+            httpx.post(f"{s.url}/v1/devices", json={"enrollment_key": ENROLL}).status_code
+            for _ in range(4)
+        ]
+        assert codes == [201, 201, 201, 429]
+        r = httpx.post(f"{s.url}/v1/devices", json={"enrollment_key": ENROLL})
+        assert r.json()["code"] == "rate_limited" and int(r.headers["retry-after"]) >= 1
+
+
+def test_kill_9_between_uploads_loses_nothing(artifacts, manifest, tmp_path):
+    data = tmp_path / "data"
+    s = ServerProcess(artifacts, data, target_clients=3, min_clients=3, round_timeout=0).start()
+    devices = [enroll(s.url) for _ in range(3)]
+    tensors = [base_like(manifest, seed=i) for i in range(3)]
+    for i in range(2):
+        r = httpx.post(
+            f"{s.url}/v1/rounds/1/updates",
+            content=update_body(tensors[i], 10 * (i + 1)),
+            headers=devices[i][1],
+        )
+        assert r.status_code == 202
+    s.kill()
+    s2 = ServerProcess(artifacts, data, target_clients=3, min_clients=3, round_timeout=0)
+    s2.port, s2.url = s.port, s.url
+    with s2.start():
+        assert _round(s2.url, 1)["received"] == 2  # both updates survived kill -9
+        dup = httpx.post(
+            f"{s2.url}/v1/rounds/1/updates",
+            content=update_body(tensors[0], 10),
+            headers=devices[0][1],
+        )
+        assert dup.json()["code"] == "duplicate_update"  # tokens still valid, still counted
+        r = httpx.post(
+            f"{s2.url}/v1/rounds/1/updates",
+            content=update_body(tensors[2], 30),
+            headers=devices[2][1],
+        )
+        assert r.status_code == 202 and r.json()["received"] == 3
+        from safetensors.numpy import load as st_load
+
+        v1 = st_load(httpx.get(f"{s2.url}/v1/models/1/base", headers=devices[0][1]).content)
+        name = manifest.layout("base")[0][0]
+        ref = (
+            sum(n * t[name].astype(np.float64) for n, t in zip((10, 20, 30), tensors, strict=True))
+            / 60
+        )
+        np.testing.assert_allclose(v1[name], ref, rtol=1.2e-7, atol=1e-30)
+
+
+def _wait_for(check, timeout: float = 15.0) -> None:
+    deadline = time.time() + timeout
+    while not check():
+        assert time.time() < deadline, "timed out"
+        time.sleep(0.1)
+
+
+def test_deadlines_close_or_abandon(artifacts, manifest, tmp_path):
+    with ServerProcess(
+        artifacts, tmp_path / "data", target_clients=5, min_clients=2, round_timeout=3
+    ) as s:
+        devices = [enroll(s.url) for _ in range(3)]
+        task = httpx.get(f"{s.url}/v1/task", headers=devices[0][1]).json()
+        assert task["deadline"].endswith("Z")
+        httpx.post(
+            f"{s.url}/v1/rounds/1/updates",
+            content=update_body(base_like(manifest)),
+            headers=devices[0][1],
+        )
+        # No request arrives meanwhile: the server's own timer abandons the round (1 < min_clients).
+        _wait_for(lambda: _round(s.url, 1)["state"] != "open")
+        r1 = _round(s.url, 1)
+        assert r1["state"] == "abandoned" and r1["result_version"] is None
+        r2 = _round(s.url, 2)
+        assert r2["model_version"] == 0 and r2["state"] == "open"
+        for _, h in devices[:2]:
+            assert (
+                httpx.post(
+                    f"{s.url}/v1/rounds/2/updates",
+                    content=update_body(base_like(manifest)),
+                    headers=h,
+                ).status_code
+                == 202
+            )
+        _wait_for(lambda: _round(s.url, 2)["state"] != "open")
+        assert _round(s.url, 2)["state"] == "closed" and _round(s.url, 2)["result_version"] == 1
+        assert _round(s.url, 3)["model_version"] == 1
+
+
+def test_refuses_another_export_and_keeps_secrets(artifacts, tmp_path):
+    data = tmp_path / "data"
+    s = ServerProcess(artifacts, data, secrets=False)
+    with s:
+        pass
+    log = s.log.read_text()
+    assert log.count("generated admin_token") == 1
+    token = (data / "admin_token").read_text().strip()
+    assert (data / "admin_token").stat().st_mode & 0o777 == 0o600
+    assert token in log and token not in json.dumps(list(data.iterdir()), default=str)
+    with ServerProcess(artifacts, data, secrets=False) as again:
+        pass
+    assert "generated" not in again.log.read_text()  # printed once only, at the first start
+    other = tmp_path / "other"
+    other.mkdir()
+    for f in artifacts.iterdir():
+        (other / f.name).write_bytes(f.read_bytes())
+    manifest = json.loads((other / "manifest.json").read_text())
+    manifest["training"]["learning_rate"] = 0.5
+    (other / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(RuntimeError, match="was made for another export"):
+        ServerProcess(other, data).start(timeout=30)
+
+
+def test_fifty_concurrent_width1_devices(tmp_path):
+    """50 devices upload MobileNet-V1 width-1.0 base updates at once: each accepted exactly
+    once, the aggregate is the weighted mean, and server memory does not grow with uploads."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from safetensors.numpy import load as st_load
+
+    from export.pipeline import write_server_only_export
+
+    artifacts = write_server_only_export(tmp_path / "artifacts", alpha=1.0)
+    manifest = read_manifest(artifacts)
+    n = 50
+    with ServerProcess(artifacts, tmp_path / "data", target_clients=n, min_clients=n, round_timeout=0,
+                       enroll_per_minute=1000) as s:  # fmt: skip
+        devices = [enroll(s.url) for _ in range(n)]
+        base = base_like(manifest, seed=0)
+        body0 = update_body(base)
+        rss_start = s.peak_rss_mb()
+
+        def upload(i: int) -> httpx.Response:
+            # Device i sends base + i, weighted by i + 1: the mean is known in closed form.
+            tensors = {k: v + np.float32(i) for k, v in base.items()}
+            body = update_body(tensors, num_samples=i + 1)
+            with httpx.Client(timeout=120) as client:
+                return client.post(
+                    f"{s.url}/v1/rounds/1/updates", content=body, headers=devices[i][1]
+                )
+
+        with ThreadPoolExecutor(max_workers=16) as pool:
+            first = list(pool.map(upload, range(10)))
+            rss_10 = s.peak_rss_mb()
+            rest = list(pool.map(upload, range(10, n)))
+        responses = first + rest
+        assert [r.status_code for r in responses] == [202] * n
+        assert sorted(r.json()["received"] for r in responses) == list(range(1, n + 1))
+        rss_50 = s.peak_rss_mb()
+        info = _round(s.url, 1)
+        assert info["state"] == "closed" and info["received"] == n
+        v1 = st_load(httpx.get(f"{s.url}/v1/models/1/base", headers=devices[0][1]).content)
+        weights_sum = sum(i + 1 for i in range(n))
+        shift = sum((i + 1) * i for i in range(n)) / weights_sum
+        for name, _ in manifest.layout("base")[:20]:
+            np.testing.assert_allclose(
+                v1[name], base[name].astype(np.float64) + shift, rtol=1e-6, atol=1e-6
+            )
+        # 40 more uploads of 8.7 MB each (350 MB) after the first 10: the server keeps at most
+        # a group of pending updates plus the (up to 16) bodies in flight, so its peak moves by
+        # less than 20 updates' worth.
+        update_mb = len(body0) / 2**20
+        print(
+            f"server peak RSS: start {rss_start:.0f} MB, after 10 {rss_10:.0f} MB, after 50 {rss_50:.0f} MB"
+        )
+        assert rss_50 - rss_10 < 20 * update_mb, (rss_start, rss_10, rss_50)
