@@ -17,9 +17,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--sizes", default="32,224")
     parser.add_argument("--alphas", default="0.25,1.0")
-    parser.add_argument(
-        "--variant", default=None, help="training graph variant (default: the export default)"
-    )
+    parser.add_argument("--variant", default=None, help="training graph variant (default: the export default)")
     args = parser.parse_args()
     rows = []
     for alpha in (float(a) for a in args.alphas.split(",")):

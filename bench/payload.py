@@ -22,9 +22,7 @@ def main() -> None:
         state = exchanged_state(model)
         base = {n: state[n].numpy() + np.float32(0.01) for n in split(model, 2).base}
         f32 = len(weights.encode(base, {"num_samples": "120", "base_version": "3"}))
-        f16 = len(
-            weights.encode(base, {"num_samples": "120", "base_version": "3"}, dtype=np.float16)
-        )
+        f16 = len(weights.encode(base, {"num_samples": "120", "base_version": "3"}, dtype=np.float16))
         as_json = len(json.dumps({n: t.tolist() for n, t in base.items()}).encode())
         row = {
             "alpha": alpha,

@@ -99,10 +99,7 @@ def measure(n: int, uploads: int, workdir: Path) -> dict[str, object]:
         write_server_only_export(artifacts, alpha=1.0)
     manifest = read_manifest(artifacts)
     rng = np.random.default_rng(0)
-    tensors = {
-        name: rng.standard_normal(shape).astype(np.float32)
-        for name, shape in manifest.layout("base")
-    }
+    tensors = {name: rng.standard_normal(shape).astype(np.float32) for name, shape in manifest.layout("base")}
     body = weights.encode(tensors, {"num_samples": "10", "base_version": "0"})
     port = _free_port()
     env = {

@@ -30,9 +30,7 @@ SIZES = "0.25/32/32,1.0/32/32,0.25/224/8"
 
 def _batch(input_size: int, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(0)
-    return torch.randn(batch, 3, input_size, input_size, generator=g), torch.randint(
-        0, 10, (batch,), generator=g
-    )
+    return torch.randn(batch, 3, input_size, input_size, generator=g), torch.randint(0, 10, (batch,), generator=g)
 
 
 def _time(step: object, steps: int) -> list[float]:
@@ -66,9 +64,7 @@ def run_eager(alpha: float, size: int, batch: int, threads: int, steps: int) -> 
     }
 
 
-def run_et(
-    pte: str, ptd: str, stats_json: str, size: int, batch: int, steps: int
-) -> dict[str, float]:
+def run_et(pte: str, ptd: str, stats_json: str, size: int, batch: int, steps: int) -> dict[str, float]:
     from executorch.extension.pybindings.portable_lib import _load_for_executorch
     from executorch.extension.training import TrainingModule, get_sgd_optimizer
 
@@ -101,9 +97,7 @@ def run_inference(pte: str, ptd: str, size: int, steps: int) -> dict[str, float]
 
 
 def _child(*args: str) -> dict[str, float]:
-    out = subprocess.run(
-        [sys.executable, "-m", "bench.train_step", "--child", *args], capture_output=True, text=True
-    )
+    out = subprocess.run([sys.executable, "-m", "bench.train_step", "--child", *args], capture_output=True, text=True)
     if out.returncode != 0:
         raise RuntimeError(out.stderr[-2000:])
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -132,9 +126,7 @@ def measure(alpha: float, size: int, batch: int, steps: int, workdir: Path) -> d
         result = _child("et", str(pte), str(ptd), str(stats), str(size), str(batch), str(n))
         row[f"executorch_{variant}"] = {**result, "export_s": export_s}
     for threads in (1, 2):
-        row[f"eager_{threads}thread"] = _child(
-            "eager", str(alpha), str(size), str(batch), str(threads), str(steps)
-        )
+        row[f"eager_{threads}thread"] = _child("eager", str(alpha), str(size), str(batch), str(threads), str(steps))
     inference = lower_inference_program(model, size)
     (workdir / "infer.pte").write_bytes(inference.program)
     (workdir / "infer.ptd").write_bytes(inference.weights)

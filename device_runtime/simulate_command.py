@@ -50,7 +50,5 @@ def simulate(args: argparse.Namespace) -> int:
             str(f["final_round"]),
         )
     Console().print(table)
-    console.print(
-        f"wrote {sim.out}/results.json, metrics.csv, plots ({time.perf_counter() - start:.0f} s)"
-    )
+    console.print(f"wrote {sim.out}/results.json, metrics.csv, plots ({time.perf_counter() - start:.0f} s)")
     return 0

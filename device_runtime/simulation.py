@@ -34,9 +34,7 @@ ALGORITHMS = ("fedper", "fedavg", "local")
 class SimulationConfig:
     """One simulated experiment; everything follows from these fields (and the data config)."""
 
-    algorithms: tuple[str, ...] = option(
-        ("fedper", "fedavg", "local"), "comma-separated: fedper, fedavg (kp=0), local"
-    )
+    algorithms: tuple[str, ...] = option(("fedper", "fedavg", "local"), "comma-separated: fedper, fedavg (kp=0), local")
     kp: int = option(2, "personal layers counted from the top (1 = classifier)")
     rounds: int = option(30, "federated rounds")
     local_epochs: int = option(2, "local epochs per round")
@@ -176,9 +174,7 @@ def _run_algorithm(
                 if fedavg is not None:
                     update = weights.to_numpy(trainer.get_tensors(shared))
                     fedavg.add(update, client.num_samples)
-            recorder.add(
-                ClientRecord(algorithm, rnd, cid, client.num_samples, acc, acc_after, loss)
-            )
+            recorder.add(ClientRecord(algorithm, rnd, cid, client.num_samples, acc, acc_after, loss))
         if fedavg is not None:
             global_shared = weights.to_torch(fedavg.result())
         if progress is not None:
@@ -186,9 +182,7 @@ def _run_algorithm(
     _write_state(sim.out / algorithm, global_shared, personal)
 
 
-def _write_state(
-    out: Path, shared: dict[str, torch.Tensor], personal: list[dict[str, torch.Tensor]]
-) -> None:
+def _write_state(out: Path, shared: dict[str, torch.Tensor], personal: list[dict[str, torch.Tensor]]) -> None:
     """final_base.safetensors (the aggregated tensors) and heads/client_NNN.safetensors."""
     if shared:
         weights.save(out / "final_base.safetensors", shared)
@@ -198,7 +192,4 @@ def _write_state(
 
 
 def _jsonable(d: dict[str, Any]) -> dict[str, Any]:
-    return {
-        k: (str(v) if isinstance(v, Path) else list(v) if isinstance(v, tuple) else v)
-        for k, v in d.items()
-    }
+    return {k: (str(v) if isinstance(v, Path) else list(v) if isinstance(v, tuple) else v) for k, v in d.items()}

@@ -104,13 +104,9 @@ def lower_training_program(step: nn.Module, input_size: int, max_batch: int) -> 
         use_linear_for_transposed_matmul(joint.graph_module)
         edge = to_edge(
             joint,
-            compile_config=EdgeCompileConfig(
-                _check_ir_validity=False, preserve_ops=[torch.ops.aten.linear.default]
-            ),
+            compile_config=EdgeCompileConfig(_check_ir_validity=False, preserve_ops=[torch.ops.aten.linear.default]),
         )
-        manager = edge.to_executorch(
-            ExecutorchBackendConfig(external_constants=True, external_mutable_weights=True)
-        )
+        manager = edge.to_executorch(ExecutorchBackendConfig(external_constants=True, external_mutable_weights=True))
     return _split_files(manager)
 
 

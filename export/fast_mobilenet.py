@@ -47,13 +47,9 @@ class FastMobileNetStep(nn.Module):
     def stat_names(self) -> list[str]:
         return running_stat_names(self.bn_paths)
 
-    def forward(
-        self, x: torch.Tensor, y: torch.Tensor, *stats: torch.Tensor
-    ) -> tuple[torch.Tensor, ...]:
+    def forward(self, x: torch.Tensor, y: torch.Tensor, *stats: torch.Tensor) -> tuple[torch.Tensor, ...]:
         if len(stats) != 2 * len(self.bn_paths):
-            raise ValueError(
-                f"expected {2 * len(self.bn_paths)} running statistics, got {len(stats)}"
-            )
+            raise ValueError(f"expected {2 * len(self.bn_paths)} running statistics, got {len(stats)}")
         batch = x.shape[0]
         if x.shape[2] % self.size_multiple or x.shape[3] % self.size_multiple:
             raise ValueError(
@@ -64,9 +60,7 @@ class FastMobileNetStep(nn.Module):
 
         def batch_norm(h: torch.Tensor, bn: nn.BatchNorm2d, relu: bool = True) -> torch.Tensor:
             i = len(updated)
-            out, mean, var, _, _ = batch_norm_relu(
-                h, bn.weight.clone(), bn.bias.clone(), bn.eps, relu, batch
-            )
+            out, mean, var, _, _ = batch_norm_relu(h, bn.weight.clone(), bn.bias.clone(), bn.eps, relu, batch)
             m = 0.1 if bn.momentum is None else bn.momentum
             updated.append((1 - m) * stats[i] + m * mean.detach())
             updated.append((1 - m) * stats[i + 1] + m * var.detach())

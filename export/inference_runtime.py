@@ -50,9 +50,7 @@ class OnnxInference:
         options.log_severity_level = 3  # initializers-as-inputs is deliberate; skip the warning
         if threads:
             options.intra_op_num_threads = threads
-        self._session = ort.InferenceSession(
-            str(model), options, providers=["CPUExecutionProvider"]
-        )
+        self._session = ort.InferenceSession(str(model), options, providers=["CPUExecutionProvider"])
         self._input = self._session.get_inputs()[0].name
         self._overridable = {i.name for i in self._session.get_overridable_initializers()}
         self._feeds: dict[str, np.ndarray] = {}

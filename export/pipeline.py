@@ -142,9 +142,7 @@ def run_export(config: ExportConfig, progress: Progress | None = None) -> Export
     with atomic_directory(config.out) as staging:
         if source is not None and config.from_dir is not None:
             for role in PROGRAM_ROLES:
-                shutil.copyfile(
-                    config.from_dir / source.artifacts[role], staging / ARTIFACT_FILES[role]
-                )
+                shutil.copyfile(config.from_dir / source.artifacts[role], staging / ARTIFACT_FILES[role])
             seconds["copy programs"] = time.perf_counter() - start
         else:
             t = time.perf_counter()
@@ -161,9 +159,7 @@ def run_export(config: ExportConfig, progress: Progress | None = None) -> Export
             seconds["inference program"] = time.perf_counter() - t
             t = time.perf_counter()
             say("exporting ONNX...")
-            (staging / ARTIFACT_FILES["onnx_model"]).write_bytes(
-                export_onnx(model, mcfg.input_size)
-            )
+            (staging / ARTIFACT_FILES["onnx_model"]).write_bytes(export_onnx(model, mcfg.input_size))
             seconds["onnx"] = time.perf_counter() - t
         manifest = write_weights_and_manifest(staging, model, mcfg, config, variant, norm, labels)
         write_manifest(staging, manifest)
@@ -193,12 +189,8 @@ def write_weights_and_manifest(
     state = exchanged_state(model)
     model_split = split(model, config.kp)
     step = training_step(model, variant)
-    weights.save(
-        directory / ARTIFACT_FILES["initial_base"], {n: state[n] for n in model_split.base}
-    )
-    weights.save(
-        directory / ARTIFACT_FILES["initial_head"], {n: state[n] for n in model_split.head}
-    )
+    weights.save(directory / ARTIFACT_FILES["initial_base"], {n: state[n] for n in model_split.base})
+    weights.save(directory / ARTIFACT_FILES["initial_head"], {n: state[n] for n in model_split.head})
     return Manifest(
         created_by=f"fedper {__version__}",
         model=ModelSpec(**mcfg.to_dict()),

@@ -32,9 +32,7 @@ def resolve_variant(requested: str, model: nn.Module, input_size: int) -> Varian
     supported = isinstance(model, MobileNetV1) and "linear_base" not in model._modules
     if requested == "fast":
         if not supported:
-            raise ValueError(
-                "the fast training graph supports MobileNet-V1 only; use --variant plain"
-            )
+            raise ValueError("the fast training graph supports MobileNet-V1 only; use --variant plain")
         return "fast"
     if requested != "auto":
         raise ValueError(f"unknown training-graph variant {requested!r}; choose from {VARIANTS}")
@@ -109,9 +107,7 @@ class TrainingStep(nn.Module):
         """Running statistics in input/output order: mean, var of each BN layer."""
         return running_stat_names(self.bn_paths)
 
-    def forward(
-        self, x: torch.Tensor, y: torch.Tensor, *stats: torch.Tensor
-    ) -> tuple[torch.Tensor, ...]:
+    def forward(self, x: torch.Tensor, y: torch.Tensor, *stats: torch.Tensor) -> tuple[torch.Tensor, ...]:
         if len(stats) != 2 * len(self._bns):
             raise ValueError(f"expected {2 * len(self._bns)} running statistics, got {len(stats)}")
         for i, bn in enumerate(self._bns):
@@ -125,9 +121,7 @@ class TrainingStep(nn.Module):
         return tuple(outputs)
 
 
-def training_step(
-    model: StagedModel, variant: Variant = "plain"
-) -> TrainingStep | FastMobileNetStep:
+def training_step(model: StagedModel, variant: Variant = "plain") -> TrainingStep | FastMobileNetStep:
     """The training module for ``model``; the exchanged names are checked to be preserved.
 
     ``plain`` keeps ``nn.Conv2d`` and autograd's backward; ``fast`` (MobileNet-V1 only) is
@@ -143,7 +137,5 @@ def training_step(
         raise ValueError(f"unknown training-graph variant {variant!r}")
     names = [n for n, _ in step.named_parameters()] + step.stat_names
     if sorted(names) != sorted(exchanged_names(model)):
-        raise AssertionError(
-            "the training graph does not carry exactly the model's exchanged tensors"
-        )
+        raise AssertionError("the training graph does not carry exactly the model's exchanged tensors")
     return step

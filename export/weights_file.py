@@ -18,9 +18,7 @@ def encode_ptd(tensors: Mapping[str, torch.Tensor]) -> bytes:
     entries: dict[str, DataEntry] = {}
     for name, tensor in tensors.items():
         t = tensor.detach().contiguous().cpu()
-        entries[name] = DataEntry(
-            buffer_index=len(buffers), alignment=16, tensor_layout=TensorLayout.from_tensor(t)
-        )
+        entries[name] = DataEntry(buffer_index=len(buffers), alignment=16, tensor_layout=TensorLayout.from_tensor(t))
         buffers.append(t.numpy().tobytes())
     cord: Cord = FlatTensorSerializer().serialize(DataPayload(buffers=buffers, named_data=entries))
     return bytes(cord)

@@ -71,9 +71,7 @@ class FedAvg:
             raise AggregationError(f"update names differ: missing {missing[:3]}, extra {extra[:3]}")
         for name, shape in self._shapes.items():
             if tuple(tensors[name].shape) != shape:
-                raise AggregationError(
-                    f"tensor {name!r} has shape {list(tensors[name].shape)}, expected {list(shape)}"
-                )
+                raise AggregationError(f"tensor {name!r} has shape {list(tensors[name].shape)}, expected {list(shape)}")
 
     def add(self, tensors: Mapping[str, np.ndarray], num_samples: int) -> None:
         """Fold one client's update in, weighted by its number of training examples."""

@@ -28,9 +28,7 @@ class EagerTrainer:
         if unknown:
             raise KeyError(f"unknown trainable tensors: {sorted(unknown)[:3]}")
         self._trainable = [p for n, p in self._params.items() if n in trainable_set]
-        self._frozen_stats = [
-            n for n in self._names if n not in self._params and n not in trainable_set
-        ]
+        self._frozen_stats = [n for n in self._names if n not in self._params and n not in trainable_set]
         self._loss = nn.CrossEntropyLoss()
         self._optimizer: torch.optim.SGD | None = None
 
@@ -46,9 +44,7 @@ class EagerTrainer:
                 target = self._state[name]
                 src = torch.as_tensor(value)
                 if tuple(src.shape) != tuple(target.shape):
-                    raise ValueError(
-                        f"tensor {name!r}: shape {list(src.shape)}, expected {list(target.shape)}"
-                    )
+                    raise ValueError(f"tensor {name!r}: shape {list(src.shape)}, expected {list(target.shape)}")
                 target.copy_(src)
 
     def get_tensors(self, names: Iterable[str]) -> dict[str, torch.Tensor]:

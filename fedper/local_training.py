@@ -49,7 +49,5 @@ def train(
 
 def evaluate(trainer: Trainer, x: torch.Tensor, y: torch.Tensor, batch_size: int = 256) -> float:
     """Top-1 accuracy of the eval-mode model with the trainer's current weights."""
-    logits = torch.cat(
-        [trainer.predict(x[i : i + batch_size]) for i in range(0, len(y), batch_size)]
-    )
+    logits = torch.cat([trainer.predict(x[i : i + batch_size]) for i in range(0, len(y), batch_size)])
     return accuracy(logits, y)

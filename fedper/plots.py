@@ -72,6 +72,4 @@ def plot_run(recorder: RunRecorder, out: Path, title: str = "") -> list[Path]:
 
 
 def _num_clients(recorder: RunRecorder) -> int:
-    return max(
-        (len(recorder.final(a).get("final_per_client", {})) for a in recorder.algorithms), default=1
-    )
+    return max((len(recorder.final(a).get("final_per_client", {})) for a in recorder.algorithms), default=1)

@@ -84,19 +84,14 @@ def check_layout(
         extra = [n for n in tensors if n not in want]
         if extra:
             raise WeightsError(
-                f"{source}: unexpected tensor(s) {', '.join(extra[:5])}"
-                + (" ..." if len(extra) > 5 else "")
+                f"{source}: unexpected tensor(s) {', '.join(extra[:5])}" + (" ..." if len(extra) > 5 else "")
             )
     for name, shape in want.items():
         got = tuple(tensors[name].shape)
         if got != tuple(shape):
-            raise WeightsError(
-                f"{source}: tensor {name!r} has shape {list(got)}, expected {list(shape)}"
-            )
+            raise WeightsError(f"{source}: tensor {name!r} has shape {list(got)}, expected {list(shape)}")
         if not np.issubdtype(tensors[name].dtype, np.floating):
-            raise WeightsError(
-                f"{source}: tensor {name!r} has dtype {tensors[name].dtype}, expected a float"
-            )
+            raise WeightsError(f"{source}: tensor {name!r} has dtype {tensors[name].dtype}, expected a float")
         if not np.isfinite(tensors[name]).all():
             raise WeightsError(f"{source}: tensor {name!r} contains NaN or Inf")
 

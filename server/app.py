@@ -162,12 +162,8 @@ def create_app(config: ServerConfig, state: ServerState | None = None) -> FastAP
             raise unauthorized("wrong enrollment key")
         platform = data.get("platform")
         device_id, token = f"d-{secrets.token_hex(8)}", new_token()
-        state.db.add_device(
-            device_id, token_hash(token), platform if isinstance(platform, str) else None
-        )
-        log.info(
-            json.dumps({"event": "device_enrolled", "device": device_id, "platform": platform})
-        )
+        state.db.add_device(device_id, token_hash(token), platform if isinstance(platform, str) else None)
+        log.info(json.dumps({"event": "device_enrolled", "device": device_id, "platform": platform}))
         return Enrolled(device_id=device_id, token=token)
 
     @app.get("/v1/task", responses={204: {"description": "no task now"}, **ERRORS})
@@ -191,9 +187,7 @@ def create_app(config: ServerConfig, state: ServerState | None = None) -> FastAP
         }  # fmt: skip
         return JSONResponse(body)
 
-    @app.get(
-        "/v1/models/{version}/base", responses={200: {"content": {OCTETS: {}}}, 304: {}, **ERRORS}
-    )
+    @app.get("/v1/models/{version}/base", responses={200: {"content": {OCTETS: {}}}, 304: {}, **ERRORS})
     def model_base(version: int, request: Request, _who: AnyCaller, state: State) -> Response:
         found = state.rounds.version_file(version)
         if found is None:
@@ -220,19 +214,13 @@ def create_app(config: ServerConfig, state: ServerState | None = None) -> FastAP
             }
         },
     )
-    async def upload(
-        round_number: int, request: Request, device_id: DeviceId, state: State
-    ) -> Accepted:
+    async def upload(round_number: int, request: Request, device_id: DeviceId, state: State) -> Accepted:
         try:
             if not state.rounds.round_exists(round_number):
                 raise not_found(f"round {round_number}")
             body = await _read_limited(request, state.max_upload_bytes)
-            parsed = await to_thread.run_sync(
-                validate, body, state.manifest, state.config.max_num_samples
-            )
-            received = await to_thread.run_sync(
-                state.rounds.accept, device_id, round_number, parsed, body
-            )
+            parsed = await to_thread.run_sync(validate, body, state.manifest, state.config.max_num_samples)
+            received = await to_thread.run_sync(state.rounds.accept, device_id, round_number, parsed, body)
         except ProtocolError as exc:
             state.metrics.reject(exc.code)
             log.info(json.dumps({"event": "upload_rejected", "device": device_id,
@@ -283,9 +271,7 @@ def create_app(config: ServerConfig, state: ServerState | None = None) -> FastAP
     @app.get("/metrics", response_class=PlainTextResponse)
     def metrics(state: State) -> str:
         snap = state.rounds.snapshot
-        return state.metrics.render(
-            snap.rounds_closed, snap.round, state.rounds.aggregation_seconds
-        )
+        return state.metrics.render(snap.rounds_closed, snap.round, state.rounds.aggregation_seconds)
 
     return app
 

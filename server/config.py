@@ -10,9 +10,7 @@ from fedper.config_cli import option
 
 @dataclass(frozen=True)
 class ServerConfig:
-    artifacts: Path = option(
-        Path("artifacts"), "export directory (from fedper export)", metavar="DIR"
-    )
+    artifacts: Path = option(Path("artifacts"), "export directory (from fedper export)", metavar="DIR")
     data_dir: Path = option(Path("server-data"), "where the server keeps its state", metavar="DIR")
     host: str = option("127.0.0.1", "address to listen on")
     port: int = option(8000, "port to listen on")

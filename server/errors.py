@@ -45,6 +45,4 @@ def too_large(limit: int) -> ProtocolError:
 
 async def protocol_error_handler(_request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, ProtocolError)
-    return JSONResponse(
-        {"code": exc.code, "message": exc.message}, status_code=exc.status, headers=exc.headers
-    )
+    return JSONResponse({"code": exc.code, "message": exc.message}, status_code=exc.status, headers=exc.headers)

@@ -38,10 +38,7 @@ class MetricsRegistry:
                 f"fedper_updates_accepted_total {self.accepted}",
                 "# TYPE fedper_updates_rejected_total counter",
             ]
-            lines += [
-                f'fedper_updates_rejected_total{{code="{c}"}} {n}'
-                for c, n in sorted(self.rejected.items())
-            ]
+            lines += [f'fedper_updates_rejected_total{{code="{c}"}} {n}' for c, n in sorted(self.rejected.items())]
             lines += [
                 "# TYPE fedper_bytes_received_total counter",
                 f"fedper_bytes_received_total {self.bytes_in}",

@@ -102,8 +102,7 @@ class RoundManager:
         timeout = self.config.round_timeout
         deadline = time.time() + timeout if timeout > 0 else None
         conn.execute(
-            "INSERT INTO rounds (round, state, model_version, opened_at, deadline) "
-            "VALUES (?, 'open', ?, ?, ?)",
+            "INSERT INTO rounds (round, state, model_version, opened_at, deadline) VALUES (?, 'open', ?, ?, ?)",
             (number, version, time.time(), deadline),
         )
 
@@ -158,15 +157,11 @@ class RoundManager:
     def _check_conflicts(self, device_id: str, number: int, upload: Upload) -> None:
         """409s in the protocol's order: duplicate, round not open, stale base version."""
         if self.db.has_update(number, device_id):
-            raise conflict(
-                "duplicate_update", f"this device already has an accepted update in round {number}"
-            )
+            raise conflict("duplicate_update", f"this device already has an accepted update in round {number}")
         current = self.db.latest_round()
         assert current is not None
         if number != current.round or current.state != "open" or self.snapshot.finished:
-            raise conflict(
-                "round_not_open", f"round {number} is not open (the open round is {current.round})"
-            )
+            raise conflict("round_not_open", f"round {number} is not open (the open round is {current.round})")
         if upload.base_version != current.model_version:
             raise conflict(
                 "stale_base_version",
@@ -198,8 +193,7 @@ class RoundManager:
                 (version, sha256_file(target), target.name, time.time(), number),
             )
             conn.execute(
-                "UPDATE rounds SET state = 'closed', closed_at = ?, result_version = ?, "
-                "metrics = ? WHERE round = ?",
+                "UPDATE rounds SET state = 'closed', closed_at = ?, result_version = ?, metrics = ? WHERE round = ?",
                 (time.time(), version, json.dumps(metrics), number),
             )
             conn.execute("UPDATE updates SET file = NULL WHERE round = ?", (number,))
@@ -255,12 +249,7 @@ class RoundManager:
             return
         with self._lock:
             current = self.db.latest_round()
-            if (
-                current is None
-                or current.state != "open"
-                or current.deadline is None
-                or now < current.deadline
-            ):
+            if current is None or current.state != "open" or current.deadline is None or now < current.deadline:
                 return
             if self.db.get_meta("state") == "finished":
                 return

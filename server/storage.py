@@ -173,11 +173,7 @@ class Database:
         ]
 
     def has_update(self, number: int, device_id: str) -> bool:
-        return bool(
-            self.query(
-                "SELECT 1 FROM updates WHERE round = ? AND device_id = ?", (number, device_id)
-            )
-        )
+        return bool(self.query("SELECT 1 FROM updates WHERE round = ? AND device_id = ?", (number, device_id)))
 
     def model_version(self, version: int) -> sqlite3.Row | None:
         rows = self.query("SELECT * FROM model_versions WHERE version = ?", (version,))

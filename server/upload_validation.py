@@ -58,9 +58,7 @@ def parse(body: bytes) -> tuple[list[_Entry], dict[str, str], int]:
     try:
         header = json.loads(body[8 : 8 + header_len].decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise bad_request(
-            "malformed_safetensors", f"the safetensors header is not JSON: {exc}"
-        ) from exc
+        raise bad_request("malformed_safetensors", f"the safetensors header is not JSON: {exc}") from exc
     if not isinstance(header, dict):
         raise bad_request("malformed_safetensors", "the safetensors header must be a JSON object")
     metadata = header.pop("__metadata__", {}) or {}
@@ -93,8 +91,7 @@ def parse(body: bytes) -> tuple[list[_Entry], dict[str, str], int]:
         if offsets[1] - offsets[0] != expected:
             raise bad_request(
                 "malformed_safetensors",
-                f"tensor {name!r}: {offsets[1] - offsets[0]} bytes do not match "
-                f"shape {shape} x {dtype}",
+                f"tensor {name!r}: {offsets[1] - offsets[0]} bytes do not match shape {shape} x {dtype}",
             )
         entries.append(_Entry(name, dtype, tuple(shape), offsets[0], offsets[1]))
     position = 0
@@ -159,14 +156,11 @@ def _metadata(metadata: dict[str, str], max_num_samples: int) -> tuple[int, int,
     if num_samples is None or not 1 <= num_samples <= max_num_samples:
         raise unprocessable(
             "num_samples_out_of_range",
-            f"num_samples must be an integer in 1..{max_num_samples}, "
-            f"got {metadata.get('num_samples')!r}",
+            f"num_samples must be an integer in 1..{max_num_samples}, got {metadata.get('num_samples')!r}",
         )
     base_version = integer("base_version")
     if base_version is None:
-        raise unprocessable(
-            "bad_metadata", "base_version must be the integer model version you trained from"
-        )
+        raise unprocessable("bad_metadata", "base_version must be the integer model version you trained from")
     metrics: dict[str, float] = {}
     for key, text in metadata.items():
         if key in ("num_samples", "base_version"):
@@ -175,15 +169,11 @@ def _metadata(metadata: dict[str, str], max_num_samples: int) -> tuple[int, int,
             raise unprocessable("bad_metadata", f"metadata key {key!r} is not allowed")
         name = key[len("metric.") :]
         if not METRIC_NAME.fullmatch(name):
-            raise unprocessable(
-                "bad_metadata", f"metric name {name!r} must match [a-z0-9_]{{1,64}}"
-            )
+            raise unprocessable("bad_metadata", f"metric name {name!r} must match [a-z0-9_]{{1,64}}")
         try:
             value = float(text)
         except ValueError as exc:
-            raise unprocessable(
-                "bad_metadata", f"metric {name!r} is not a number: {text!r}"
-            ) from exc
+            raise unprocessable("bad_metadata", f"metric {name!r} is not a number: {text!r}") from exc
         if not math.isfinite(value):
             raise unprocessable("bad_metadata", f"metric {name!r} is not finite")
         metrics[name] = value

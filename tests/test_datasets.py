@@ -139,9 +139,7 @@ def _flickr(tmp_path, workers):
     for worker, scores in workers.items():
         for i, s in enumerate(scores):
             name = f"farm1_{worker}_{i}.jpg"
-            Image.fromarray(rng.integers(0, 256, (40, 60, 3), dtype=np.uint8)).save(
-                tmp_path / "40K" / name
-            )
+            Image.fromarray(rng.integers(0, 256, (40, 60, 3), dtype=np.uint8)).save(tmp_path / "40K" / name)
             lines.append(f"{worker}, {name}, {s}")
     (tmp_path / flickr_aes.RATINGS_CSV).write_text("\n".join(lines) + "\n")
 
@@ -163,9 +161,7 @@ def test_flickr_aes_selects_workers_like_the_paper(tmp_path):
     assert ds.images.shape == (130, 32, 32, 3)
     assert sorted(np.bincount(ds.groups).tolist()) == [60, 70]
     assert ds.labels.min() == 0 and ds.labels.max() == 4
-    fed = load_federated(
-        DataConfig(dataset="flickr-aes", data_root=tmp_path, users=2, num_clients=2)
-    )
+    fed = load_federated(DataConfig(dataset="flickr-aes", data_root=tmp_path, users=2, num_clients=2))
     assert fed.partition == "user"
     with pytest.raises(DatasetError, match="only 2 workers"):
         load_dataset(DataConfig(dataset="flickr-aes", data_root=tmp_path, users=3))

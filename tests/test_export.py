@@ -19,9 +19,7 @@ def _eager(artifacts, trainable=None):
     manifest = read_manifest(artifacts)
     model = build_model(ModelConfig(**manifest.model.model_dump()))
     layout = manifest.layout("base") + manifest.layout("head")
-    init = weights.load_checked(
-        [artifacts / "base.safetensors", artifacts / "head.safetensors"], layout
-    )
+    init = weights.load_checked([artifacts / "base.safetensors", artifacts / "head.safetensors"], layout)
     trainer = EagerTrainer(model, trainable=trainable)
     trainer.set_tensors(init)
     return trainer, model
@@ -121,12 +119,8 @@ def test_new_weights_are_used_and_round_trip_exactly(artifacts, digits_batches):
     program = TrainingProgram(artifacts)
     eager, _ = _eager(artifacts)
     rng = torch.Generator().manual_seed(3)
-    base = {
-        n: t + 0.05 * torch.randn(t.shape, generator=rng) for n, t in program.get_base().items()
-    }
-    head = {
-        n: t + 0.05 * torch.randn(t.shape, generator=rng) for n, t in program.get_head().items()
-    }
+    base = {n: t + 0.05 * torch.randn(t.shape, generator=rng) for n, t in program.get_base().items()}
+    head = {n: t + 0.05 * torch.randn(t.shape, generator=rng) for n, t in program.get_head().items()}
     for n in head:
         if n.endswith("running_var"):
             head[n] = head[n].abs() + 0.5
@@ -138,9 +132,7 @@ def test_new_weights_are_used_and_round_trip_exactly(artifacts, digits_batches):
     eager.set_tensors({**base, **head})
     program.start_round(0.01, 0.0)
     eager.start_round(0.01, 0.0)
-    assert program.train_step(x[:16], y[:16]) == pytest.approx(
-        eager.train_step(x[:16], y[:16]), rel=1e-5
-    )
+    assert program.train_step(x[:16], y[:16]) == pytest.approx(eager.train_step(x[:16], y[:16]), rel=1e-5)
     # What get_base/get_head return, loaded into a fresh program, is the same state exactly.
     trained_base, trained_head = program.get_base(), program.get_head()
     fresh = TrainingProgram(artifacts)
@@ -184,9 +176,7 @@ def test_training_metadata_points_at_the_right_tensors(artifacts, digits_batches
     grads = module.named_gradients()
     # The head's gradients are far from any BN amplification: they must match tightly.
     for name in ("classifier.weight", "classifier.bias"):
-        torch.testing.assert_close(
-            grads[name], dict(model.named_parameters())[name].grad, rtol=1e-3, atol=1e-5
-        )
+        torch.testing.assert_close(grads[name], dict(model.named_parameters())[name].grad, rtol=1e-3, atol=1e-5)
 
     class Shifted:
         """A program whose gradient index is off by the number of BN statistics (the 1.5.1 bug)."""
@@ -207,9 +197,7 @@ def test_training_metadata_points_at_the_right_tensors(artifacts, digits_batches
 
 
 @pytest.mark.parametrize("evaluator", ["executorch", "onnx"])
-def test_inference_models_match_eager_and_use_the_current_weights(
-    artifacts, digits_batches, evaluator
-):
+def test_inference_models_match_eager_and_use_the_current_weights(artifacts, digits_batches, evaluator):
     x, _ = digits_batches
     program = TrainingProgram(artifacts, evaluator=evaluator)
     eager, _ = _eager(artifacts)
@@ -235,9 +223,7 @@ def test_repartition_reuses_programs(artifacts, tmp_path):
     for role in ("training_program", "training_weights", "inference_program", "onnx_model"):
         assert new.sha256[new.artifacts[role]] == old.sha256[old.artifacts[role]]
     assert new.tensors.head == [] and weights.load(out / "head.safetensors") == {}
-    assert new.base_names == [
-        n for n in old.base_names + old.head_names if n in set(new.base_names)
-    ]
+    assert new.base_names == [n for n in old.base_names + old.head_names if n in set(new.base_names)]
     assert len(new.base_names) == len(old.base_names) + len(old.head_names)
     assert report.manifest.kp == 0
     TrainingProgram(out)  # the same program serves kp=0

@@ -71,9 +71,7 @@ def test_batch_norm_relu_matches_batchnorm2d(relu):
         torch.zeros(c, dtype=torch.float64),
         torch.ones(c, dtype=torch.float64),
     )
-    ref = F.batch_norm(
-        x, running_mean, running_var, weight, bias, training=True, momentum=1.0, eps=1e-5
-    )
+    ref = F.batch_norm(x, running_mean, running_var, weight, bias, training=True, momentum=1.0, eps=1e-5)
     if relu:
         ref = torch.relu(ref)
     y, mean, var, _, _ = batch_norm_relu(_cm(x).view(c, -1), weight, bias, 1e-5, relu, b)
@@ -95,9 +93,7 @@ def test_fast_step_equals_plain_step_in_float64(input_size):
     assert plain.stat_names == fast.stat_names
     x = torch.randn(3, 3, input_size, input_size, dtype=torch.float64)
     y = torch.randint(0, 10, (3,))
-    stats = [
-        torch.rand(model.state_dict()[n].shape, dtype=torch.float64) + 0.5 for n in plain.stat_names
-    ]
+    stats = [torch.rand(model.state_dict()[n].shape, dtype=torch.float64) + 0.5 for n in plain.stat_names]
     a, b = plain(x, y, *stats), fast(x, y, *stats)
     for u, v in zip(a, b, strict=True):
         torch.testing.assert_close(u, v)
@@ -129,9 +125,7 @@ def test_graph_passes_keep_values():
         def forward(self, a, b):
             aten = torch.ops.aten
             c = aten.alias.default(a)
-            return aten.mm.default(c, aten.t.default(b)) + aten.mm.default(
-                c, aten.permute.default(b, [1, 0])
-            )
+            return aten.mm.default(c, aten.t.default(b)) + aten.mm.default(c, aten.permute.default(b, [1, 0]))
 
     gm = torch.fx.symbolic_trace(Net())
     a, b = torch.randn(3, 4), torch.randn(5, 4)

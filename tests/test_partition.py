@@ -58,9 +58,7 @@ def test_dirichlet_covers_everything_and_small_alpha_is_skewed():
     labels = _labels()
     parts = dirichlet(labels, 10, 0.1, np.random.default_rng(0))
     _assert_disjoint(parts, total=len(labels))
-    dominant = [
-        np.bincount(labels[p], minlength=10).max() / max(1, len(p)) for p in parts if len(p)
-    ]
+    dominant = [np.bincount(labels[p], minlength=10).max() / max(1, len(p)) for p in parts if len(p)]
     assert np.mean(dominant) > 0.5
     iid_parts = dirichlet(labels, 10, 1000.0, np.random.default_rng(0))
     dominant_iid = [np.bincount(labels[p], minlength=10).max() / len(p) for p in iid_parts]
@@ -108,7 +106,7 @@ def test_partition_of_a_dataset_gives_each_client_local_train_and_test():
     assert fed.partition == "classes"
     for i, c in enumerate(fed.clients):
         assert not set(c.train.tolist()) & set(c.test.tolist())
-        assert set(fed.client_test(i).labels.tolist()) <= set(
-            fed.client_train(i).labels.tolist()
-        ) | set(labels[c.test].tolist())
+        assert set(fed.client_test(i).labels.tolist()) <= set(fed.client_train(i).labels.tolist()) | set(
+            labels[c.test].tolist()
+        )
         assert len(np.unique(labels[np.concatenate([c.train, c.test])])) == 2

@@ -40,11 +40,7 @@ def test_full_protocol_flow_and_weighted_mean(server, manifest, artifacts):
     devices = [enroll(url) for _ in range(3)]
     _, h0 = devices[0]
     task = httpx.get(f"{url}/v1/task", headers=h0).json()
-    assert (
-        task["round"] == 1
-        and task["model_version"] == 0
-        and task["base_url"] == "/v1/models/0/base"
-    )
+    assert task["round"] == 1 and task["model_version"] == 0 and task["base_url"] == "/v1/models/0/base"
     assert task["config"] == {
         "local_epochs": 1,
         "batch_size": 32,
@@ -58,9 +54,7 @@ def test_full_protocol_flow_and_weighted_mean(server, manifest, artifacts):
     base = httpx.get(f"{url}/v1/models/0/base", headers=h0)
     assert base.status_code == 200 and base.headers["content-type"] == "application/octet-stream"
     assert base.content == (artifacts / "base.safetensors").read_bytes()
-    again = httpx.get(
-        f"{url}/v1/models/0/base", headers={**h0, "If-None-Match": base.headers["etag"]}
-    )
+    again = httpx.get(f"{url}/v1/models/0/base", headers={**h0, "If-None-Match": base.headers["etag"]})
     assert again.status_code == 304
     head = httpx.get(f"{url}/v1/artifacts/head.safetensors", headers=h0)
     assert head.status_code == 200  # the exported initial head is public
@@ -74,9 +68,7 @@ def test_full_protocol_flow_and_weighted_mean(server, manifest, artifacts):
         if dtype is np.float16:
             tensors = {k: v.astype(np.float16).astype(np.float32) for k, v in tensors.items()}
         updates.append((tensors, n))
-        body = update_body(
-            tensors, n, 0, {"accuracy": 0.5 + i / 10, "train_loss": 1.0}, dtype=dtype
-        )
+        body = update_body(tensors, n, 0, {"accuracy": 0.5 + i / 10, "train_loss": 1.0}, dtype=dtype)
         r = httpx.post(f"{url}/v1/rounds/1/updates", content=body, headers=h)
         assert r.status_code == 202, r.text
         assert r.json() == {"round": 1, "accepted": True, "received": i + 1}
@@ -123,9 +115,7 @@ def test_every_rejection_class_changes_nothing(server, manifest):
     name0, shape0 = manifest.layout("base")[0]
     head_name, head_shape = manifest.layout("head")[0]
 
-    def post(
-        body: bytes, headers: dict | None = None, round_number: int = 1, **kw
-    ) -> httpx.Response:
+    def post(body: bytes, headers: dict | None = None, round_number: int = 1, **kw) -> httpx.Response:
         return httpx.post(f"{url}/v1/rounds/{round_number}/updates", content=body,
                           headers=headers if headers is not None else h, **kw)  # fmt: skip
 
@@ -197,9 +187,7 @@ def test_round_not_open_revocation_and_stop(server, manifest):
     devices = [enroll(url) for _ in range(4)]
     for _, h in devices[:3]:
         assert (
-            httpx.post(
-                f"{url}/v1/rounds/1/updates", content=update_body(base_like(manifest)), headers=h
-            ).status_code
+            httpx.post(f"{url}/v1/rounds/1/updates", content=update_body(base_like(manifest)), headers=h).status_code
             == 202
         )
     late = httpx.post(
@@ -209,9 +197,7 @@ def test_round_not_open_revocation_and_stop(server, manifest):
     )
     assert late.status_code == 409 and late.json()["code"] == "round_not_open"
     device_id, h = devices[3]
-    assert (
-        httpx.post(f"{url}/v1/admin/devices/{device_id}/revoke", headers=admin()).status_code == 200
-    )
+    assert httpx.post(f"{url}/v1/admin/devices/{device_id}/revoke", headers=admin()).status_code == 200
     assert httpx.get(f"{url}/v1/task", headers=h).status_code == 401
     assert httpx.post(f"{url}/v1/admin/stop", headers=admin()).status_code == 200
     gone = httpx.get(f"{url}/v1/task", headers=devices[0][1])
@@ -221,10 +207,7 @@ def test_round_not_open_revocation_and_stop(server, manifest):
 
 def test_enrollment_is_rate_limited(artifacts, tmp_path):
     with ServerProcess(artifacts, tmp_path / "data", enroll_per_minute=3) as s:
-        codes = [
-            httpx.post(f"{s.url}/v1/devices", json={"enrollment_key": ENROLL}).status_code
-            for _ in range(4)
-        ]
+        codes = [httpx.post(f"{s.url}/v1/devices", json={"enrollment_key": ENROLL}).status_code for _ in range(4)]
         assert codes == [201, 201, 201, 429]
         r = httpx.post(f"{s.url}/v1/devices", json={"enrollment_key": ENROLL})
         assert r.json()["code"] == "rate_limited" and int(r.headers["retry-after"]) >= 1
@@ -263,10 +246,7 @@ def test_kill_9_between_uploads_loses_nothing(artifacts, manifest, tmp_path):
 
         v1 = st_load(httpx.get(f"{s2.url}/v1/models/1/base", headers=devices[0][1]).content)
         name = manifest.layout("base")[0][0]
-        ref = (
-            sum(n * t[name].astype(np.float64) for n, t in zip((10, 20, 30), tensors, strict=True))
-            / 60
-        )
+        ref = sum(n * t[name].astype(np.float64) for n, t in zip((10, 20, 30), tensors, strict=True)) / 60
         np.testing.assert_allclose(v1[name], ref, rtol=1.2e-7, atol=1e-30)
 
 
@@ -278,9 +258,7 @@ def _wait_for(check, timeout: float = 15.0) -> None:
 
 
 def test_deadlines_close_or_abandon(artifacts, manifest, tmp_path):
-    with ServerProcess(
-        artifacts, tmp_path / "data", target_clients=5, min_clients=2, round_timeout=3
-    ) as s:
+    with ServerProcess(artifacts, tmp_path / "data", target_clients=5, min_clients=2, round_timeout=3) as s:
         devices = [enroll(s.url) for _ in range(3)]
         task = httpx.get(f"{s.url}/v1/task", headers=devices[0][1]).json()
         assert task["deadline"].endswith("Z")
@@ -357,9 +335,7 @@ def test_fifty_concurrent_width1_devices(tmp_path):
             tensors = {k: v + np.float32(i) for k, v in base.items()}
             body = update_body(tensors, num_samples=i + 1)
             with httpx.Client(timeout=120) as client:
-                return client.post(
-                    f"{s.url}/v1/rounds/1/updates", content=body, headers=devices[i][1]
-                )
+                return client.post(f"{s.url}/v1/rounds/1/updates", content=body, headers=devices[i][1])
 
         with ThreadPoolExecutor(max_workers=16) as pool:
             first = list(pool.map(upload, range(10)))
@@ -375,14 +351,10 @@ def test_fifty_concurrent_width1_devices(tmp_path):
         weights_sum = sum(i + 1 for i in range(n))
         shift = sum((i + 1) * i for i in range(n)) / weights_sum
         for name, _ in manifest.layout("base")[:20]:
-            np.testing.assert_allclose(
-                v1[name], base[name].astype(np.float64) + shift, rtol=1e-6, atol=1e-6
-            )
+            np.testing.assert_allclose(v1[name], base[name].astype(np.float64) + shift, rtol=1e-6, atol=1e-6)
         # 40 more uploads of 8.7 MB each (350 MB) after the first 10: the server keeps at most
         # a group of pending updates plus the (up to 16) bodies in flight, so its peak moves by
         # less than 20 updates' worth.
         update_mb = len(body0) / 2**20
-        print(
-            f"server peak RSS: start {rss_start:.0f} MB, after 10 {rss_10:.0f} MB, after 50 {rss_50:.0f} MB"
-        )
+        print(f"server peak RSS: start {rss_start:.0f} MB, after 10 {rss_10:.0f} MB, after 50 {rss_50:.0f} MB")
         assert rss_50 - rss_10 < 20 * update_mb, (rss_start, rss_10, rss_50)

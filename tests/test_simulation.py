@@ -15,9 +15,7 @@ from fedper.models import ModelConfig, build_model, split
 @pytest.fixture(scope="module")
 def strongly_non_iid_run(tmp_path_factory) -> tuple[Path, dict]:
     out = tmp_path_factory.mktemp("sim")
-    sim = SimulationConfig(
-        algorithms=("fedper", "fedavg"), kp=2, rounds=5, local_epochs=1, threads=1, out=out
-    )
+    sim = SimulationConfig(algorithms=("fedper", "fedavg"), kp=2, rounds=5, local_epochs=1, threads=1, out=out)
     data = DataConfig(dataset="digits", num_clients=10, classes_per_client=2, seed=0)
     run(sim, data)
     return out, json.loads((out / "results.json").read_text())
@@ -77,9 +75,7 @@ def test_same_command_line_same_numbers(tmp_path):
     a = _tiny(tmp_path / "a")
     b = _tiny(tmp_path / "b")
     assert a["algorithms"] == b["algorithms"]
-    assert (tmp_path / "a" / "metrics.csv").read_text() == (
-        tmp_path / "b" / "metrics.csv"
-    ).read_text()
+    assert (tmp_path / "a" / "metrics.csv").read_text() == (tmp_path / "b" / "metrics.csv").read_text()
 
 
 def test_local_bn_keeps_statistics_on_clients(tmp_path):

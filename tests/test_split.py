@@ -40,9 +40,7 @@ def test_mobilenet_kp_semantics(mobilenet):
     kp4 = split(mobilenet, 4).head
     assert {n.split(".")[1] for n in kp4 if n.startswith("blocks.")} == {"10", "11", "12"}
     assert max_kp(mobilenet) == 14  # stem + 13 blocks + classifier; the stem always stays shared
-    assert split(mobilenet, 14).base == tuple(
-        n for n in exchanged_names(mobilenet) if n.startswith("stem.")
-    )
+    assert split(mobilenet, 14).base == tuple(n for n in exchanged_names(mobilenet) if n.startswith("stem."))
 
 
 def test_resnet_kp_semantics(resnet):

@@ -27,9 +27,7 @@ def test_split_files_merge_and_are_checked(tmp_path):
     t = _tensors()
     weights.save(tmp_path / "base.safetensors", {"a.weight": t["a.weight"]})
     weights.save(tmp_path / "head.safetensors", {"b.bias": t["b.bias"]})
-    merged = weights.load_checked(
-        [tmp_path / "base.safetensors", tmp_path / "head.safetensors"], LAYOUT
-    )
+    merged = weights.load_checked([tmp_path / "base.safetensors", tmp_path / "head.safetensors"], LAYOUT)
     assert list(merged) == ["a.weight", "b.bias"]
 
 
@@ -53,9 +51,7 @@ def test_layout_errors_name_the_file_and_tensor(tmp_path):
     with pytest.raises(weights.WeightsError, match="'b.bias' appears in both"):
         weights.load_checked([p, q], LAYOUT)
     (tmp_path / "junk.safetensors").write_bytes(b"\x05\x00\x00\x00\x00\x00\x00\x00{not")
-    with pytest.raises(
-        weights.WeightsError, match="junk.safetensors is not a valid safetensors file"
-    ):
+    with pytest.raises(weights.WeightsError, match="junk.safetensors is not a valid safetensors file"):
         weights.load(tmp_path / "junk.safetensors")
     weights.save(p, {**_tensors(), "a.weight": np.full((2, 3), np.nan, np.float32)})
     with pytest.raises(weights.WeightsError, match="NaN or Inf"):

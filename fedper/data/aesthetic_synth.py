@@ -146,9 +146,7 @@ def _feature_matrix(looks: np.ndarray, sources: np.ndarray) -> np.ndarray:
     return np.concatenate([unit, extreme, content - 1.0 / len(CATEGORIES)], axis=1)
 
 
-def _render(
-    photo: np.ndarray, a: dict[str, float], size: int, rng: np.random.Generator
-) -> np.ndarray:
+def _render(photo: np.ndarray, a: dict[str, float], size: int, rng: np.random.Generator) -> np.ndarray:
     h, w = photo.shape[:2]
     side = max(8, int(min(h, w) * a["zoom"]))
     # Crop centre: off_centre=0 is the photo centre, 1 the farthest the crop can go.

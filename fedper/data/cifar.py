@@ -68,9 +68,7 @@ def _find(root: Path, subdir: str, names: list[str]) -> Path:
     for candidate in (root / subdir, root):
         if all((candidate / n).is_file() for n in names):
             return candidate
-    raise DatasetError(
-        f"no CIFAR files under {root}: expected {', '.join(names)} in {root / subdir} or {root}"
-    )
+    raise DatasetError(f"no CIFAR files under {root}: expected {', '.join(names)} in {root / subdir} or {root}")
 
 
 def _decode_names(values: Any) -> tuple[str, ...]:

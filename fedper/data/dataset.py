@@ -36,13 +36,10 @@ class ImageDataset:
     def __post_init__(self) -> None:
         if self.images.ndim != 4 or self.images.shape[-1] != 3 or self.images.dtype != np.uint8:
             raise DatasetError(
-                f"{self.name}: images must be uint8 (N, H, W, 3), got "
-                f"{self.images.dtype} {self.images.shape}"
+                f"{self.name}: images must be uint8 (N, H, W, 3), got {self.images.dtype} {self.images.shape}"
             )
         if self.labels.shape != (len(self.images),):
-            raise DatasetError(
-                f"{self.name}: {len(self.images)} images but labels {self.labels.shape}"
-            )
+            raise DatasetError(f"{self.name}: {len(self.images)} images but labels {self.labels.shape}")
         if self.groups is not None and self.groups.shape != self.labels.shape:
             raise DatasetError(f"{self.name}: groups do not match labels")
         if len(self.labels) and (self.labels.min() < 0 or self.labels.max() >= len(self.classes)):

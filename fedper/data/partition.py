@@ -23,9 +23,7 @@ def iid(num_samples: int, num_clients: int, rng: np.random.Generator) -> list[np
     return [np.sort(part) for part in np.array_split(rng.permutation(num_samples), num_clients)]
 
 
-def classes_per_client(
-    labels: np.ndarray, num_clients: int, k: int, rng: np.random.Generator
-) -> list[np.ndarray]:
+def classes_per_client(labels: np.ndarray, num_clients: int, k: int, rng: np.random.Generator) -> list[np.ndarray]:
     """Each client draws k distinct classes; each class is split evenly among its drawers."""
     num_classes = int(labels.max()) + 1
     if not 1 <= k <= num_classes:
@@ -43,9 +41,7 @@ def classes_per_client(
     return [np.sort(np.concatenate(p)) for p in parts]
 
 
-def dirichlet(
-    labels: np.ndarray, num_clients: int, alpha: float, rng: np.random.Generator
-) -> list[np.ndarray]:
+def dirichlet(labels: np.ndarray, num_clients: int, alpha: float, rng: np.random.Generator) -> list[np.ndarray]:
     """Per class, client shares ~ Dirichlet(alpha): small alpha is strongly non-IID."""
     if alpha <= 0:
         raise DatasetError(f"Dirichlet alpha must be positive, got {alpha}")
@@ -60,24 +56,18 @@ def dirichlet(
     return [np.sort(np.concatenate(p)) for p in parts]
 
 
-def by_user(
-    groups: np.ndarray | None, num_clients: int, rng: np.random.Generator
-) -> list[np.ndarray]:
+def by_user(groups: np.ndarray | None, num_clients: int, rng: np.random.Generator) -> list[np.ndarray]:
     """One client per user (FLICKR-AES worker, aesthetic-synth user); users drawn with the seed."""
     if groups is None:
         raise DatasetError("the 'user' partition needs a dataset with owners (users)")
     users = np.unique(groups)
     if num_clients > len(users):
-        raise DatasetError(
-            f"{num_clients} clients requested but the dataset has {len(users)} users"
-        )
+        raise DatasetError(f"{num_clients} clients requested but the dataset has {len(users)} users")
     chosen = np.sort(rng.choice(users, size=num_clients, replace=False))
     return [np.flatnonzero(groups == u) for u in chosen]
 
 
-def train_test(
-    indices: np.ndarray, test_fraction: float, rng: np.random.Generator
-) -> ClientIndices:
+def train_test(indices: np.ndarray, test_fraction: float, rng: np.random.Generator) -> ClientIndices:
     """Split one client's samples into local train and test (at least one of each)."""
     if not 0 < test_fraction < 1:
         raise DatasetError(f"test fraction must be in (0, 1), got {test_fraction}")

@@ -41,9 +41,7 @@ class DataConfig:
     test_fraction: float = option(0.2, "share of each client's data kept as its local test split")
     image_size: int = option(32, "image side in pixels (the model's input size)")
     users: int = option(30, "aesthetic-synth users generated / FLICKR-AES workers drawn")
-    images_per_user: tuple[int, int] = option(
-        (100, 200), "aesthetic-synth images rated per user, N or MIN-MAX"
-    )
+    images_per_user: tuple[int, int] = option((100, 200), "aesthetic-synth images rated per user, N or MIN-MAX")
     seed: int = option(0, "seed for data generation, partitioning and training")
 
 
@@ -115,9 +113,7 @@ def load_dataset(config: DataConfig) -> ImageDataset:
 
 def resolve_partition(config: DataConfig, dataset: ImageDataset) -> str:
     if config.partition not in PARTITIONS:
-        raise DatasetError(
-            f"unknown partition {config.partition!r}; choose one of: {', '.join(PARTITIONS)}"
-        )
+        raise DatasetError(f"unknown partition {config.partition!r}; choose one of: {', '.join(PARTITIONS)}")
     if config.partition == "auto":
         return "user" if dataset.groups is not None else "classes"
     return config.partition
@@ -128,9 +124,7 @@ def partition(dataset: ImageDataset, config: DataConfig) -> FederatedData:
     kind = resolve_partition(config, dataset)
     rng = np.random.default_rng([config.seed, 10])
     if kind == "classes":
-        shares = classes_per_client(
-            dataset.labels, config.num_clients, config.classes_per_client, rng
-        )
+        shares = classes_per_client(dataset.labels, config.num_clients, config.classes_per_client, rng)
     elif kind == "dirichlet":
         shares = dirichlet(dataset.labels, config.num_clients, config.dirichlet_alpha, rng)
     elif kind == "iid":
@@ -140,9 +134,7 @@ def partition(dataset: ImageDataset, config: DataConfig) -> FederatedData:
     clients = []
     for i, share in enumerate(shares):
         try:
-            clients.append(
-                train_test(share, config.test_fraction, np.random.default_rng([config.seed, 11, i]))
-            )
+            clients.append(train_test(share, config.test_fraction, np.random.default_rng([config.seed, 11, i])))
         except DatasetError as exc:
             raise DatasetError(f"client {i}: {exc} (too many clients for this dataset?)") from exc
     return FederatedData(dataset=dataset, clients=tuple(clients), partition=kind)

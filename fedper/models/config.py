@@ -31,9 +31,7 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         if self.name not in MODEL_NAMES:
-            raise ValueError(
-                f"unknown model {self.name!r}; choose one of: {', '.join(MODEL_NAMES)}"
-            )
+            raise ValueError(f"unknown model {self.name!r}; choose one of: {', '.join(MODEL_NAMES)}")
         if self.num_classes < 2:
             raise ValueError(f"num_classes must be at least 2, got {self.num_classes}")
         if self.input_size < 32:

@@ -38,9 +38,7 @@ class ConvBN(nn.Module):
 
     def __init__(self, in_ch: int, out_ch: int, kernel: int, stride: int, groups: int = 1):
         super().__init__()
-        self.conv = nn.Conv2d(
-            in_ch, out_ch, kernel, stride=stride, padding=kernel // 2, groups=groups, bias=False
-        )
+        self.conv = nn.Conv2d(in_ch, out_ch, kernel, stride=stride, padding=kernel // 2, groups=groups, bias=False)
         self.bn = nn.BatchNorm2d(out_ch)
         self.relu = nn.ReLU(inplace=True)
 

@@ -39,9 +39,7 @@ class ResNet34(StagedModel, ResNet):
         return self.fc(torch.flatten(self.avgpool(x), 1))
 
     def stages(self) -> Sequence[Stage]:
-        blocks = [
-            b for stage in (self.layer1, self.layer2, self.layer3, self.layer4) for b in stage
-        ]
+        blocks = [b for stage in (self.layer1, self.layer2, self.layer3, self.layer4) for b in stage]
         return [self._stem, *blocks, self._top]
 
     def stage_groups(self) -> list[list[str]]:
