@@ -23,8 +23,7 @@ $(BENCH_INSTALLED): $(INSTALLED)
 	touch $@
 
 demo: $(INSTALLED)
-	$(BIN)/fedper simulate --dataset aesthetic-synth --clients 10 --rounds 15 --local-epochs 3 \
-		--algorithms fedper,fedavg --seed 0 --out $(DEMO_OUT)
+	$(BIN)/fedper demo --out $(DEMO_OUT)
 
 lint: $(INSTALLED)
 	$(BIN)/ruff check .

@@ -47,18 +47,14 @@ class TrainingProgram:
         spec = self.manifest.training_program
         self._method = spec.method
         self._stat_names = list(spec.bn_statistics)
-        self._shapes = {
-            t.name: tuple(t.shape) for t in self.manifest.tensors.base + self.manifest.tensors.head
-        }
+        self._shapes = {t.name: tuple(t.shape) for t in self.manifest.tensors.base + self.manifest.tensors.head}
         module = _load_for_executorch(
             str(self.directory / art["training_program"]),
             data_path=str(self.directory / art["training_weights"]),
         )
         self._module = TrainingModule(module)
         self._stats: dict[str, torch.Tensor] = {
-            n: torch.ones(self._shapes[n])
-            if n.endswith("running_var")
-            else torch.zeros(self._shapes[n])
+            n: torch.ones(self._shapes[n]) if n.endswith("running_var") else torch.zeros(self._shapes[n])
             for n in self._stat_names
         }
         # The runtime hands out its parameter tensors only after a first forward_backward.
@@ -101,9 +97,7 @@ class TrainingProgram:
                 if expected is None:
                     raise KeyError(f"the manifest has no tensor {name!r}")
                 if tuple(src.shape) != expected:
-                    raise ValueError(
-                        f"tensor {name!r}: shape {list(src.shape)}, expected {list(expected)}"
-                    )
+                    raise ValueError(f"tensor {name!r}: shape {list(src.shape)}, expected {list(expected)}")
                 if name in self._params:
                     self._params[name].copy_(src)
                 else:
@@ -132,9 +126,7 @@ class TrainingProgram:
             raise RuntimeError("call start_round() before train_step()")
         spec = self.manifest.training_program
         if not spec.min_batch <= len(x) <= spec.max_batch:
-            raise ValueError(
-                f"batch of {len(x)}; the program takes {spec.min_batch}..{spec.max_batch}"
-            )
+            raise ValueError(f"batch of {len(x)}; the program takes {spec.min_batch}..{spec.max_batch}")
         stats = [self._stats[n] for n in self._stat_names]
         outputs = self._module.forward_backward(self._method, (x.contiguous(), y.long(), *stats))
         for name, new in zip(self._stat_names, outputs[1:], strict=True):
@@ -178,7 +170,8 @@ class TrainingProgram:
         if self._evaluator is None:
             art = self.manifest.artifacts
             if self._evaluator_kind == "onnx":
-                self._evaluator = OnnxInference(self.directory / art["onnx_model"])
+                # As many threads as torch may use (one in a fleet worker).
+                self._evaluator = OnnxInference(self.directory / art["onnx_model"], threads=torch.get_num_threads())
             else:
                 self._evaluator = ExecuTorchInference(
                     self.directory / art["inference_program"],
@@ -190,9 +183,7 @@ class TrainingProgram:
         return self._evaluator
 
 
-def check_training_metadata(
-    module: Any, manifest: Manifest, params: Mapping[str, torch.Tensor]
-) -> None:
+def check_training_metadata(module: Any, manifest: Manifest, params: Mapping[str, torch.Tensor]) -> None:
     """Fail loudly if the program's gradient/parameter bookkeeping is off.
 
     ExecuTorch 1.5.1 miscounts these indices for programs with mutated buffers and then
@@ -203,8 +194,7 @@ def check_training_metadata(
     shapes = {t.name: tuple(t.shape) for t in manifest.tensors.base + manifest.tensors.head}
     if list(params) != spec.parameters:
         raise TrainingProgramError(
-            f"program parameters {list(params)[:3]}... differ from the manifest's "
-            f"{spec.parameters[:3]}..."
+            f"program parameters {list(params)[:3]}... differ from the manifest's {spec.parameters[:3]}..."
         )
     raw = module.model
     grad_index = raw.run_method("__et_training_gradients_index_" + spec.method, ())[0]
@@ -224,6 +214,4 @@ def _check_exact(tensors: Mapping[str, object], names: list[str], part: str) -> 
     if set(tensors) != set(names):
         missing = sorted(set(names) - set(tensors))
         extra = sorted(set(tensors) - set(names))
-        raise KeyError(
-            f"{part} tensors differ from the manifest: missing {missing[:3]}, extra {extra[:3]}"
-        )
+        raise KeyError(f"{part} tensors differ from the manifest: missing {missing[:3]}, extra {extra[:3]}")

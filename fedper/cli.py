@@ -48,12 +48,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"fedper {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     _simulate_parser(sub)
+    from device_runtime import commands as device_commands
     from export import export_command
     from fedper import report_command
     from server import serve_command
 
     export_command.add_parser(sub)
     serve_command.add_parser(sub)
+    device_commands.add_parsers(sub)
     report_command.add_parser(sub)
     return parser
 

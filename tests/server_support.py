@@ -46,9 +46,7 @@ class ServerProcess:
         for key, value in self.options.items():
             args += [f"--{key.replace('_', '-')}", str(value)]
         self.log_file = self.log.open("a")
-        self.proc = subprocess.Popen(
-            args, env=self.env, stdout=self.log_file, stderr=subprocess.STDOUT, text=True
-        )
+        self.proc = subprocess.Popen(args, env=self.env, stdout=self.log_file, stderr=subprocess.STDOUT, text=True)
         deadline = time.time() + timeout
         while time.time() < deadline:
             if self.proc.poll() is not None:
@@ -112,15 +110,21 @@ def update_body(
     return weights.encode(tensors, meta, dtype=dtype)
 
 
-def base_like(
-    manifest: Manifest, value: float | None = None, seed: int = 0
-) -> dict[str, np.ndarray]:
+def base_like(manifest: Manifest, value: float | None = None, seed: int = 0) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
     return {
-        n: (
-            np.full(s, value, np.float32)
-            if value is not None
-            else rng.standard_normal(s).astype(np.float32)
-        )
+        n: (np.full(s, value, np.float32) if value is not None else rng.standard_normal(s).astype(np.float32))
         for n, s in manifest.layout("base")
     }
+
+
+def decode_update(body: bytes) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+    """An update body's tensors and its metadata (safetensors header ``__metadata__``)."""
+    import json
+    import struct
+
+    from safetensors.numpy import load
+
+    (length,) = struct.unpack("<Q", body[:8])
+    metadata = json.loads(body[8 : 8 + length]).get("__metadata__", {})
+    return dict(load(body)), metadata

@@ -14,10 +14,9 @@ from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
-from PIL import Image, UnidentifiedImageError
 
 from fedper.data.dataset import DatasetError, ImageDataset
-from fedper.data.imaging import center_square, resize, to_rgb_uint8
+from fedper.data.imaging import read_photo
 
 RATINGS_CSV = "FLICKR-AES_image_labeled_by_each_worker.csv"
 IMAGE_DIR = "40K"
@@ -47,9 +46,7 @@ def read_ratings(path: Path) -> dict[str, list[tuple[str, int]]]:
             try:
                 score = int(float(score_text))
             except ValueError as exc:
-                raise DatasetError(
-                    f"{path}:{line_no}: score {score_text!r} is not a number"
-                ) from exc
+                raise DatasetError(f"{path}:{line_no}: score {score_text!r} is not a number") from exc
             if not 1 <= score <= 5:
                 raise DatasetError(f"{path}:{line_no}: score {score} outside 1..5")
             by_worker[worker].append((image, score))
@@ -82,13 +79,7 @@ def load(root: Path, num_workers: int = 30, seed: int = 0, image_size: int = 224
     images, labels, groups = [], [], []
     for gid, worker in enumerate(chosen):
         for name, score in ratings[worker]:
-            path = root / IMAGE_DIR / name
-            try:
-                with Image.open(path) as im:
-                    pixels = to_rgb_uint8(np.asarray(im.convert("RGB")))
-            except (OSError, UnidentifiedImageError) as exc:
-                raise DatasetError(f"cannot read FLICKR-AES image {path}: {exc}") from exc
-            images.append(resize(center_square(pixels), image_size))
+            images.append(read_photo(root / IMAGE_DIR / name, image_size, "FLICKR-AES image"))
             labels.append(score - 1)
             groups.append(gid)
     return ImageDataset(

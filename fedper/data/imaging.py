@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 from PIL import Image
 
@@ -30,3 +32,18 @@ def resize(img: np.ndarray, size: int) -> np.ndarray:
     """Resize an (H, W, 3) uint8 image to (size, size, 3) with antialiasing."""
     pil = Image.fromarray(img)
     return np.asarray(pil.resize((size, size), Image.Resampling.BILINEAR, reducing_gap=3.0))
+
+
+def read_photo(path: Path, size: int, what: str = "image") -> np.ndarray:
+    """A photo file as a ``size`` x ``size`` RGB uint8 array (center square), or a DatasetError
+    naming the file."""
+    from PIL import UnidentifiedImageError
+
+    from fedper.data.dataset import DatasetError
+
+    try:
+        with Image.open(path) as im:
+            pixels = to_rgb_uint8(np.asarray(im.convert("RGB")))
+    except (OSError, UnidentifiedImageError) as exc:
+        raise DatasetError(f"cannot read {what} {path}: {exc}") from exc
+    return resize(center_square(pixels), size)

@@ -1,0 +1,128 @@
+"""``fedper device``, ``fedper fleet`` and ``fedper demo``."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from fedper.config_cli import add_arguments, from_arguments, option
+from fedper.data import DataConfig
+
+
+@dataclass(frozen=True)
+class DeviceConfig:
+    server: str = option("http://127.0.0.1:8000", "server URL")
+    client_id: int = option(0, "which client of the partition this device is")
+    storage: Path = option(Path("device"), "this device's private storage directory")
+    engine: str = option("executorch", "training engine: the exported program, or eager PyTorch",
+                         choices=("executorch", "eager"))  # fmt: skip
+    evaluator: str = option("onnx", "exported model that scores the local test split (executorch engine)",
+                            choices=("onnx", "executorch"))  # fmt: skip
+    enrollment_key_file: Path | None = option(
+        None, "file holding the enrollment key (else FEDPER_ENROLLMENT_KEY)", metavar="FILE"
+    )
+    data_dir: Path | None = option(
+        None,
+        "the owner's labelled images (DIR/<label>/*.jpg) instead of a dataset share",
+        metavar="DIR",
+    )
+    max_rounds: int = option(0, "stop after this many rounds (0: until the run is finished)")
+
+
+def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    from device_runtime.demo import DemoConfig
+    from device_runtime.fleet import FleetConfig
+
+    p = sub.add_parser(
+        "device",
+        help="run one device (also on a real Linux board)",
+        description="One device: takes part in rounds until the run is finished, training the "
+        "exported program with its own data and keeping its personal head in --storage.",
+    )
+    add_arguments(p, DataConfig)
+    add_arguments(p, DeviceConfig)
+    p.set_defaults(run=device)
+    p = sub.add_parser(
+        "fleet",
+        help="emulate many devices against a running server",
+        description="Emulated devices in worker processes against a running `fedper serve`; "
+        "each has its own storage and data share (client i of --devices). Writes results.json, "
+        "metrics.csv and plots.",
+    )
+    add_arguments(p, DataConfig, skip=("num_clients",))
+    add_arguments(p, FleetConfig)
+    p.set_defaults(run=fleet)
+    p = sub.add_parser(
+        "demo",
+        help="the main job: export, serve, and run FedPer and FedAvg fleets; writes a report",
+        description="Exports a width-0.25 MobileNet-V1 for aesthetic-synth, starts the server, "
+        "runs a fleet of devices for FedPer (kp=2) and then FedAvg (kp=0) over HTTP, and writes "
+        "OUT/report.html and OUT/results.json.",
+    )
+    add_arguments(p, DemoConfig)
+    p.set_defaults(run=demo)
+
+
+def device(args: argparse.Namespace) -> int:
+    from device_runtime.client import ProtocolClient
+    from device_runtime.device import Device, DeviceOptions
+    from device_runtime.device_storage import DeviceStorage
+    from device_runtime.enrollment import enrollment_key
+    from device_runtime.local_data import from_folder, share
+
+    config = from_arguments(DeviceConfig, args)
+    data = from_arguments(DataConfig, args)
+    key = enrollment_key(config.enrollment_key_file)
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    if config.data_dir is not None:
+        owner_dir = config.data_dir
+
+        def local(manifest):  # type: ignore[no-untyped-def]
+            labels = manifest.output.labels or [str(i) for i in range(manifest.output.num_classes)]
+            return from_folder(owner_dir, labels, manifest.model.input_size, data.seed)
+    else:
+        loaded = share(data, config.client_id)
+
+        def local(manifest):  # type: ignore[no-untyped-def]
+            return loaded
+
+    def say(kind: str, info: dict[str, object]) -> None:
+        print(f"{kind} {info}", file=sys.stderr, flush=True)
+
+    client = ProtocolClient(config.server)
+    options = DeviceOptions(engine=config.engine, evaluator=config.evaluator,  # type: ignore[arg-type]
+                            seed=data.seed, client_id=config.client_id)  # fmt: skip
+    dev = Device(client, DeviceStorage(config.storage), local, options, key, say)
+    reports = dev.run(max_rounds=config.max_rounds or None)
+    print(f"device {dev.device_id}: {len(reports)} round(s) done", file=sys.stderr)
+    return 0
+
+
+def fleet(args: argparse.Namespace) -> int:
+    from device_runtime.enrollment import enrollment_key
+    from device_runtime.fleet import FleetConfig, run_fleet
+
+    config = from_arguments(FleetConfig, args)
+    data = from_arguments(DataConfig, args)
+    recorder = run_fleet(config, data, enrollment_key(config.enrollment_key_file))
+    out = config.out or config.storage / "results"
+    final = recorder.final(config.label)
+    if final:
+        print(f"{config.label}: final mean accuracy {final['final_mean_accuracy']:.4f} "
+              f"(round {final['final_round']}); wrote {out}", file=sys.stderr)  # fmt: skip
+    return 0
+
+
+def demo(args: argparse.Namespace) -> int:
+    from device_runtime.demo import DemoConfig, run_demo
+
+    config = from_arguments(DemoConfig, args)
+    run_demo(config)
+    return 0
+
+
+__all__ = ["DeviceConfig", "add_parsers", "dataclasses"]

@@ -1,0 +1,263 @@
+"""One device: what a phone does each round, with the exported program (or eager PyTorch).
+
+Round: task -> manifest/programs (once, cached by sha256) -> base (cached by ETag) -> load
+base + own head -> evaluate (``metric.accuracy``) -> train -> save head (atomic) -> upload
+the base only. The head never leaves this object except into the device's own storage.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+import torch
+
+from device_runtime.client import NoTask, ProtocolClient, RefusedError, RunFinishedError, Task
+from device_runtime.device_storage import DeviceStorage
+from device_runtime.local_data import LocalData
+from device_runtime.retry import TransientError
+from fedper import weights
+from fedper.local_training import TrainConfig, evaluate, train
+from fedper.manifest import MANIFEST_FILE, Manifest, read_manifest
+from fedper.trainer import Trainer
+
+Engine = Literal["executorch", "eager"]
+Evaluator = Literal["onnx", "executorch"]
+log = logging.getLogger("fedper.device")
+
+
+@dataclass(frozen=True)
+class DeviceOptions:
+    engine: Engine = "executorch"
+    # Which exported inference model scores the local test split (ExecuTorch engine only).
+    # ONNX Runtime takes batches; the ExecuTorch inference program is batch-1 and ~5x slower here.
+    evaluator: Evaluator = "onnx"
+    seed: int = 0
+    client_id: int = 0
+    dropout: float = 0.0  # chance per round of quitting mid-round (after evaluating)
+    straggler: float = 0.0  # chance per round of waiting ``straggler_delay`` before uploading
+    straggler_delay: float = 0.0
+    max_idle_wait: float = 5.0  # cap on Retry-After waits
+
+
+@dataclass(frozen=True)
+class RoundReport:
+    round: int
+    model_version: int
+    num_samples: int
+    accuracy: float
+    accuracy_after: float | None
+    train_loss: float | None
+    uploaded: bool
+    received: int | None
+
+
+Event = Callable[[str, dict[str, Any]], None]
+
+
+class Device:
+    def __init__(
+        self,
+        client: ProtocolClient,
+        storage: DeviceStorage,
+        data: Callable[[Manifest], LocalData],
+        options: DeviceOptions,
+        enrollment_key: str,
+        on_event: Event | None = None,
+        compute_lock: Any = None,
+        sleep: Callable[[float], None] = time.sleep,
+    ):
+        self.client, self.storage, self.options = client, storage, options
+        self._data_for = data
+        self._enrollment_key = enrollment_key
+        self._emit = on_event or (lambda _kind, _info: None)
+        self._lock = compute_lock
+        self._sleep = sleep
+        self._trainers: dict[str, tuple[Manifest, Trainer, tuple[torch.Tensor, ...]]] = {}
+        self._skip_round: int | None = None
+        self.device_id: str | None = None
+
+    # --- identity -----------------------------------------------------------------------
+
+    def ensure_enrolled(self) -> str:
+        saved = self.storage.credentials()
+        if saved is None:
+            device_id, token = self.client.enroll(self._enrollment_key)
+            self.storage.save_credentials(device_id, token)
+        else:
+            device_id, token = saved
+            self.client.token = token
+        self.device_id = device_id
+        return device_id
+
+    # --- the loop -----------------------------------------------------------------------
+
+    def run(self, max_rounds: int | None = None) -> list[RoundReport]:
+        """Take part in rounds until the run is finished (410) or ``max_rounds`` were done."""
+        self.ensure_enrolled()
+        reports: list[RoundReport] = []
+        while max_rounds is None or len(reports) < max_rounds:
+            try:
+                task = self.client.task()
+            except RunFinishedError:
+                self._emit("finished", {})
+                break
+            except TransientError as exc:
+                log.warning("device %s: %s; waiting", self.device_id, exc)
+                self._sleep(self.options.max_idle_wait)
+                continue
+            if isinstance(task, NoTask) or task.round == self._skip_round:
+                wait = task.retry_after if isinstance(task, NoTask) else self.options.max_idle_wait
+                self._sleep(min(wait, self.options.max_idle_wait))
+                continue
+            try:
+                report = self.run_round(task)
+            except TransientError as exc:
+                log.warning("device %s: round %d failed: %s", self.device_id, task.round, exc)
+                continue
+            except RefusedError as exc:
+                if exc.code in ("round_not_open", "stale_base_version"):
+                    self._skip_round = task.round  # too late for this round; wait for the next
+                    continue
+                raise
+            reports.append(report)
+        return reports
+
+    def run_round(self, task: Task) -> RoundReport:
+        manifest, trainer, (x, y, xt, yt) = self._prepare(task)
+        base = self._base(task, manifest)
+        sha = task.manifest_sha256
+        head = self.storage.load_head(sha)
+        rng = random.Random(hash((self.options.seed, self.options.client_id, task.round)))
+        with self._compute():
+            trainer.set_tensors(base)
+            if head is not None:
+                trainer.set_tensors(head)
+            else:  # first round: the exported initial head
+                trainer.set_tensors(self._initial_head(sha, manifest))
+            accuracy = evaluate(trainer, xt, yt)
+        self._emit("evaluated", {"round": task.round, "accuracy": accuracy})
+        if rng.random() < self.options.dropout:
+            self._skip_round = task.round
+            self._emit("dropped", {"round": task.round})
+            return RoundReport(task.round, task.model_version, len(y), accuracy, None, None, False, None)
+        config = _train_config(manifest, task.config)
+        self._emit("training", {"round": task.round})
+        with self._compute():
+            # The same batch order as `fedper simulate` gives client `client_id` in this round.
+            order = np.random.default_rng([self.options.seed, 21, task.round, self.options.client_id])
+            loss = train(trainer, x, y, config, order)
+            accuracy_after = evaluate(trainer, xt, yt)
+            head_after = trainer.get_tensors(manifest.head_names)
+            update = trainer.get_tensors(manifest.base_names)
+        self.storage.save_head(sha, head_after)  # before uploading: a crash keeps the head
+        if rng.random() < self.options.straggler:
+            self._sleep(self.options.straggler_delay)
+        metrics = {"accuracy": accuracy, "accuracy_after": accuracy_after}
+        if not np.isnan(loss):
+            metrics["train_loss"] = loss
+        body = weights.encode(
+            update,
+            {"num_samples": str(len(y)), "base_version": str(task.model_version),
+             **{f"metric.{k}": repr(float(v)) for k, v in metrics.items()}},
+        )  # fmt: skip
+        received = self.client.upload(task.round, body)
+        self.storage.mark_finished(task.round)
+        report = RoundReport(task.round, task.model_version, len(y), accuracy, accuracy_after,
+                             None if np.isnan(loss) else loss, True, received)  # fmt: skip
+        self._emit("uploaded", report.__dict__)
+        return report
+
+    # --- what a round needs ----------------------------------------------------------------
+
+    def _compute(self) -> Any:
+        import contextlib
+
+        return self._lock if self._lock is not None else contextlib.nullcontext()
+
+    def _prepare(self, task: Task) -> tuple[Manifest, Trainer, tuple[torch.Tensor, ...]]:
+        sha = task.manifest_sha256
+        if sha in self._trainers:
+            return self._trainers[sha]
+        pinned = self.storage.pinned_manifest()
+        directory = self.storage.artifact_dir(sha)
+        if not (directory / MANIFEST_FILE).exists():
+            (directory / MANIFEST_FILE).write_bytes(self.client.download_verified(task.manifest_url, sha))
+        manifest = read_manifest(directory, verify_files=False)
+        if pinned is not None and pinned != sha:
+            old = read_manifest(self.storage.artifact_dir(pinned), verify_files=False)
+            leaked = sorted(set(old.head_names) & set(manifest.base_names))
+            if leaked:
+                raise RefusedError(
+                    200, "manifest_conflict",
+                    f"the new manifest would upload tensors this device keeps personal, e.g. {leaked[0]!r}",
+                )  # fmt: skip
+        for name in set(manifest.artifacts.values()):
+            path = directory / name
+            if not path.exists() or _sha256(path) != manifest.sha256[name]:
+                path.write_bytes(self.client.download_verified(f"/v1/artifacts/{name}", manifest.sha256[name]))
+        self.storage.pin_manifest(sha)
+        with self._compute():  # the ExecuTorch runtime is not safe to load from two threads at once
+            trainer = make_trainer(self.options.engine, directory, manifest, self.options.evaluator)
+        data = self._data_for(manifest)
+        prepared = (manifest, trainer, data.tensors(manifest))
+        self._trainers[sha] = prepared
+        return prepared
+
+    def _base(self, task: Task, manifest: Manifest) -> dict[str, np.ndarray]:
+        path = self.storage.base_path(task.model_version)
+        etag = self.storage.base_etag(task.model_version) if path.exists() else None
+        body, new_etag = self.client.download(task.base_url, etag)
+        if body is not None:
+            self.storage.save_base(task.model_version, body, new_etag)
+        return weights.load_checked([path], manifest.layout("base"))
+
+    def _initial_head(self, sha: str, manifest: Manifest) -> dict[str, np.ndarray]:
+        path = self.storage.artifact_dir(sha) / manifest.artifacts["initial_head"]
+        return weights.load_checked([path], manifest.layout("head"))
+
+
+def make_trainer(engine: Engine, directory: Any, manifest: Manifest, evaluator: Evaluator = "onnx") -> Trainer:
+    """The exported program in the ExecuTorch runtime, or the same model and step in eager PyTorch."""
+    if engine == "executorch":
+        from export.training_program import TrainingProgram
+
+        return TrainingProgram(directory, manifest, evaluator=evaluator)
+    from fedper.eager_trainer import EagerTrainer
+    from fedper.models import ModelConfig, build_model
+
+    model = build_model(ModelConfig(**manifest.model.model_dump()))
+    trainable = manifest.head_names if manifest.training.trainable == "head" else None
+    trainer = EagerTrainer(model, trainable=trainable)
+    files = [
+        directory / manifest.artifacts["initial_base"],
+        directory / manifest.artifacts["initial_head"],
+    ]
+    trainer.set_tensors(weights.load_checked(files, manifest.layout("base") + manifest.layout("head")))
+    return trainer
+
+
+def _train_config(manifest: Manifest, overrides: dict[str, Any]) -> TrainConfig:
+    """The manifest's training defaults, overridden key by key by the task's config."""
+    d = manifest.training
+    return TrainConfig(
+        local_epochs=int(overrides.get("local_epochs", d.local_epochs)),
+        batch_size=min(int(overrides.get("batch_size", d.batch_size)), manifest.training_program.max_batch),
+        learning_rate=float(overrides.get("learning_rate", d.learning_rate)),
+        momentum=float(overrides.get("momentum", d.momentum)),
+    )
+
+
+def _sha256(path: Any) -> str:
+    from fedper.manifest import sha256_file
+
+    return sha256_file(path)
+
+
+__all__ = ["Device", "DeviceOptions", "RoundReport", "json"]
