@@ -8,7 +8,7 @@ INSTALLED := $(VENV)/.installed-test
 BENCH_INSTALLED := $(VENV)/.installed-bench
 DEMO_OUT ?= demo-out
 
-.PHONY: install demo test lint typecheck pytest bench clean
+.PHONY: install demo test lint typecheck pytest android-test bench clean
 
 install: $(INSTALLED)
 
@@ -35,10 +35,16 @@ typecheck: $(INSTALLED)
 pytest: $(INSTALLED)
 	$(BIN)/python -m pytest -q
 
-test: lint typecheck pytest
+# The Android app's plain-Java core, built and tested on the host JVM (a JDK and JUnit 4 from
+# Debian, installed first if missing).
+android-test: $(INSTALLED)
+	android_demo/core/ensure-jdk.sh
+	android_demo/core/host-test.sh $(abspath $(BIN))/python
+
+test: lint typecheck pytest android-test
 
 bench: $(BENCH_INSTALLED)
 	$(BIN)/python -m bench
 
 clean:
-	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache $(DEMO_OUT)
+	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache $(DEMO_OUT) android_demo/core/build

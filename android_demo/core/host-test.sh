@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Builds android_demo/core with the host JDK and runs its JUnit tests (what `make android-test` runs).
+# Usage: host-test.sh PYTHON   (a Python with fedper installed: the tests start `fedper serve`)
+set -euo pipefail
+cd "$(dirname "$0")"
+PYTHON=${1:?usage: host-test.sh PYTHON}
+JUNIT=${JUNIT_JAR:-/usr/share/java/junit4.jar}
+HAMCREST=${HAMCREST_JAR:-/usr/share/java/hamcrest-core.jar}
+for tool in javac java; do
+  command -v "$tool" >/dev/null || { echo "host-test.sh: $tool not found; install a JDK (apt-get install default-jdk-headless)" >&2; exit 1; }
+done
+for jar in "$JUNIT" "$HAMCREST"; do
+  [ -f "$jar" ] || { echo "host-test.sh: $jar not found; install JUnit 4 (apt-get install junit4)" >&2; exit 1; }
+done
+BUILD=build
+rm -rf "$BUILD"
+mkdir -p "$BUILD"
+javac --release 11 -Xlint:all -Werror -d "$BUILD/classes" $(find src/main/java -name '*.java')
+javac --release 11 -cp "$BUILD/classes:$JUNIT:$HAMCREST" -d "$BUILD/test-classes" $(find src/test/java -name '*.java')
+"$PYTHON" host_fixtures.py make "$BUILD/fixtures"
+TESTS=$(cd src/test/java && find . -name '*Test.java' | sed 's|^\./||; s|\.java$||; s|/|.|g' | sort)
+java -cp "$BUILD/classes:$BUILD/test-classes:$JUNIT:$HAMCREST" \
+  -Dfedper.python="$PYTHON" -Dfedper.fixtures="$PWD/$BUILD/fixtures" -Dfedper.script="$PWD/host_fixtures.py" \
+  org.junit.runner.JUnitCore $TESTS

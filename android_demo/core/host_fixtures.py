@@ -1,0 +1,91 @@
+"""Python's side of the Android core's host tests (run by host-test.sh, not by pytest).
+
+``host_fixtures.py make OUT``: a server-only export (real manifest and weights, placeholder
+programs) and a safetensors file written by Python's ``safetensors``.
+``host_fixtures.py verify FILE``: checks a file the Java codec wrote; exit 1 with the difference.
+``host_fixtures.py verify-ptd FILE``: checks a ``.ptd`` the Java side rewrote, with ExecuTorch's reader.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+from safetensors.numpy import load_file, save_file
+
+# The tensors both sides agree on (the Java tests hold the same numbers).
+EXPECTED_FROM_JAVA = {
+    "blocks.0.dw.conv.weight": np.array([[1.5, -2.25, 3.0e-8], [np.pi, -0.0, 1e30]], dtype=np.float32),
+    "classifier.bias": np.array([0.1, 0.2, 0.3], dtype=np.float32),
+}
+JAVA_METADATA = {"num_samples": "12", "base_version": "3", "metric.accuracy": "0.75"}
+
+
+def ptd_tensors() -> dict[str, np.ndarray]:
+    """What python_written.ptd holds; the Java test writes ``1 - 2 * value`` into each."""
+    return {
+        "stem.conv.weight": (np.arange(4 * 3 * 3 * 3, dtype=np.float32).reshape(4, 3, 3, 3) - 50) / 7,
+        "blocks.0.dw.bn.running_var": np.linspace(0.5, 2.0, 8, dtype=np.float32),
+        "classifier.bias": np.array([0.25, -0.5, 1e-3], dtype=np.float32),
+    }
+
+
+def make(out: Path) -> None:
+    from export.pipeline import write_server_only_export
+
+    out.mkdir(parents=True, exist_ok=True)
+    write_server_only_export(out / "artifacts", alpha=0.25, kp=2, seed=0)
+    tensors = {
+        "stem.conv.weight": (np.arange(24, dtype=np.float32).reshape(2, 3, 2, 2) - 7.5) / 3,
+        "half": np.array([0.5, -2.0, 65504.0, 6.1035156e-05, 5.96e-08], dtype=np.float16),
+        "scalar": np.array(42.0, dtype=np.float32),
+    }
+    save_file(tensors, str(out / "python_written.safetensors"), metadata={"note": "written by python", "n": "7"})
+    import torch
+
+    from export.weights_file import encode_ptd
+
+    (out / "python_written.ptd").write_bytes(encode_ptd({k: torch.from_numpy(v) for k, v in ptd_tensors().items()}))
+
+
+def verify_ptd(path: Path) -> int:
+    from export.weights_file import decode_ptd
+
+    got = decode_ptd(path.read_bytes())
+    for name, value in ptd_tensors().items():
+        want = (1 - 2 * value).astype(np.float32)
+        if got[name].numpy().tobytes() != want.tobytes():
+            print(f"{name}: {got[name]} != {want}")
+            return 1
+    return 0 if sorted(got) == sorted(ptd_tensors()) else 1
+
+
+def verify(path: Path) -> int:
+    tensors = load_file(str(path))
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="numpy") as f:
+        metadata = f.metadata()
+    if metadata != JAVA_METADATA:
+        print(f"metadata {metadata} != {JAVA_METADATA}")
+        return 1
+    if sorted(tensors) != sorted(EXPECTED_FROM_JAVA):
+        print(f"names {sorted(tensors)}")
+        return 1
+    for name, want in EXPECTED_FROM_JAVA.items():
+        got = tensors[name]
+        if got.dtype != np.float32 or got.shape != want.shape or got.tobytes() != want.tobytes():
+            print(f"{name}: {got!r} != {want!r}")
+            return 1
+    return 0
+
+
+if __name__ == "__main__":
+    command, target = sys.argv[1], Path(sys.argv[2])
+    if command == "make":
+        make(target)
+    elif command == "verify-ptd":
+        sys.exit(verify_ptd(target))
+    else:
+        sys.exit(verify(target))

@@ -1,0 +1,98 @@
+package org.fedper.core;
+
+import java.io.IOException;
+import java.nio.charset.StandardCharsets;
+import java.nio.file.Files;
+import java.nio.file.Path;
+import java.util.LinkedHashMap;
+import java.util.Map;
+
+/**
+ * The device's cache and identity, beside the head store: credentials, the pinned manifest,
+ * artifacts by sha256 and downloaded bases with their ETags. Same layout as the Python device.
+ */
+public final class DeviceStore {
+  private final Path root;
+  public final HeadStore heads;
+
+  public DeviceStore(Path root) {
+    this.root = root;
+    this.heads = new HeadStore(root.resolve("heads"));
+  }
+
+  public Path root() {
+    return root;
+  }
+
+  /** {deviceId, token}, or null before enrollment. */
+  public String[] credentials() throws IOException {
+    Path p = root.resolve("device.json");
+    if (!Files.exists(p)) {
+      return null;
+    }
+    Map<String, Object> m = Json.parseObject(new String(Files.readAllBytes(p), StandardCharsets.UTF_8));
+    return new String[] {String.valueOf(m.get("device_id")), String.valueOf(m.get("token"))};
+  }
+
+  public void saveCredentials(String deviceId, String token) throws IOException {
+    Map<String, Object> m = new LinkedHashMap<>();
+    m.put("device_id", deviceId);
+    m.put("token", token);
+    AtomicFiles.write(root.resolve("device.json"), Json.write(m).getBytes(StandardCharsets.UTF_8));
+  }
+
+  public String pinnedManifest() throws IOException {
+    Path p = root.resolve("pinned_manifest");
+    return Files.exists(p) ? new String(Files.readAllBytes(p), StandardCharsets.UTF_8).trim() : null;
+  }
+
+  public void pinManifest(String sha256) throws IOException {
+    AtomicFiles.write(root.resolve("pinned_manifest"), (sha256 + "\n").getBytes(StandardCharsets.UTF_8));
+  }
+
+  public Path artifactDir(String manifestSha256) throws IOException {
+    Path p = root.resolve("artifacts").resolve(manifestSha256);
+    Files.createDirectories(p);
+    return p;
+  }
+
+  public Path basePath(long version) {
+    return root.resolve("bases").resolve("v" + version + ".safetensors");
+  }
+
+  public String baseEtag(long version) throws IOException {
+    Path p = root.resolve("bases").resolve("v" + version + ".etag");
+    return Files.exists(p) && Files.exists(basePath(version))
+        ? new String(Files.readAllBytes(p), StandardCharsets.UTF_8).trim()
+        : null;
+  }
+
+  /** The newest model version on disk, or -1. */
+  public long latestBaseVersion() throws IOException {
+    Path dir = root.resolve("bases");
+    long latest = -1;
+    if (Files.isDirectory(dir)) {
+      try (java.util.stream.Stream<Path> files = Files.list(dir)) {
+        for (Path p : (Iterable<Path>) files::iterator) {
+          String n = p.getFileName().toString();
+          if (n.matches("v[0-9]+\\.safetensors")) {
+            latest = Math.max(latest, Long.parseLong(n.substring(1, n.indexOf('.'))));
+          }
+        }
+      }
+    }
+    return latest;
+  }
+
+  public void saveBase(long version, byte[] body, String etag) throws IOException {
+    AtomicFiles.write(basePath(version), body);
+    AtomicFiles.write(
+        root.resolve("bases").resolve("v" + version + ".etag"), etag.getBytes(StandardCharsets.UTF_8));
+    for (long old = version - 2; old >= 0; old--) { // keep the latest two versions
+      if (!Files.deleteIfExists(basePath(old))) {
+        break;
+      }
+      Files.deleteIfExists(root.resolve("bases").resolve("v" + old + ".etag"));
+    }
+  }
+}

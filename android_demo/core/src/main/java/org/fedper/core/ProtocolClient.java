@@ -1,0 +1,195 @@
+package org.fedper.core;
+
+import java.io.IOException;
+import java.nio.charset.StandardCharsets;
+import java.security.MessageDigest;
+import java.security.NoSuchAlgorithmException;
+import java.util.LinkedHashMap;
+import java.util.Map;
+import java.util.Random;
+
+/**
+ * The device side of PROTOCOL.md v1. Network errors and 5xx are retried with backoff and jitter;
+ * every other answer becomes a value or a ProtocolException carrying the server's code.
+ */
+public final class ProtocolClient {
+  private final String server;
+  private final HttpTransport http;
+  private final Backoff backoff;
+  private final Random rng;
+  private final Backoff.Sleeper sleeper;
+  private String token;
+
+  public ProtocolClient(
+      String server, HttpTransport http, Backoff backoff, Random rng, Backoff.Sleeper sleeper) {
+    this.server = server.endsWith("/") ? server.substring(0, server.length() - 1) : server;
+    this.http = http;
+    this.backoff = backoff;
+    this.rng = rng;
+    this.sleeper = sleeper;
+  }
+
+  public ProtocolClient(String server) {
+    this(server, new HttpTransport.UrlConnection(120_000), Backoff.standard(), new Random(), Backoff.Sleeper.REAL);
+  }
+
+  public void setToken(String token) {
+    this.token = token;
+  }
+
+  /** The answer to a GET /v1/task: a task, or how long to wait (204 + Retry-After). */
+  public static final class TaskOrWait {
+    public final Task task;
+    public final double retryAfterSeconds;
+
+    TaskOrWait(Task task, double retryAfterSeconds) {
+      this.task = task;
+      this.retryAfterSeconds = retryAfterSeconds;
+    }
+  }
+
+  /** A downloaded file, or null body when the cached copy's ETag is still current (304). */
+  public static final class Download {
+    public final byte[] body;
+    public final String etag;
+
+    Download(byte[] body, String etag) {
+      this.body = body;
+      this.etag = etag;
+    }
+  }
+
+  /** {deviceId, token}; the token is also kept for later calls. */
+  public String[] enroll(String enrollmentKey, String platform) throws ProtocolException, InterruptedException {
+    Map<String, Object> req = new LinkedHashMap<>();
+    req.put("enrollment_key", enrollmentKey);
+    req.put("platform", platform);
+    Map<String, String> headers = new LinkedHashMap<>();
+    headers.put("Content-Type", "application/json");
+    HttpTransport.Response r =
+        send("POST", "/v1/devices", headers, Json.write(req).getBytes(StandardCharsets.UTF_8));
+    if (r.status == 429) {
+      throw new ProtocolException.Transient("enrollment rate-limited");
+    }
+    if (r.status != 201) {
+      throw refused(r);
+    }
+    Map<String, Object> body = Json.parseObject(text(r));
+    token = String.valueOf(body.get("token"));
+    return new String[] {String.valueOf(body.get("device_id")), token};
+  }
+
+  public TaskOrWait task() throws ProtocolException, InterruptedException {
+    HttpTransport.Response r = send("GET", "/v1/task", auth(null), null);
+    if (r.status == 410) {
+      throw new ProtocolException.RunFinished();
+    }
+    if (r.status == 204) {
+      String retry = r.header("Retry-After");
+      return new TaskOrWait(null, retry == null ? 5.0 : Double.parseDouble(retry.trim()));
+    }
+    if (r.status != 200) {
+      throw refused(r);
+    }
+    return new TaskOrWait(new Task(Json.parseObject(text(r))), 0);
+  }
+
+  public Download download(String path, String etag) throws ProtocolException, InterruptedException {
+    Map<String, String> headers = auth(null);
+    if (etag != null) {
+      headers.put("If-None-Match", etag);
+    }
+    HttpTransport.Response r = send("GET", path, headers, null);
+    if (r.status == 304) {
+      return new Download(null, etag);
+    }
+    if (r.status != 200) {
+      throw refused(r);
+    }
+    String newEtag = r.header("ETag");
+    return new Download(r.body, newEtag == null ? "" : newEtag);
+  }
+
+  /** The file at path, checked against the sha256 the manifest (or task) promises. */
+  public byte[] downloadVerified(String path, String sha256) throws ProtocolException, InterruptedException {
+    byte[] body = download(path, null).body;
+    if (!sha256Hex(body).equals(sha256)) {
+      throw new ProtocolException(200, "sha256_mismatch", path + " does not match its sha256");
+    }
+    return body;
+  }
+
+  /** Accepted-so-far count, or -1 when the server already had this device's update (409 duplicate). */
+  public long upload(long round, byte[] body) throws ProtocolException, InterruptedException {
+    Map<String, String> headers = auth(null);
+    headers.put("Content-Type", "application/octet-stream");
+    HttpTransport.Response r = send("POST", "/v1/rounds/" + round + "/updates", headers, body);
+    if (r.status == 202) {
+      return ((Number) Json.parseObject(text(r)).get("received")).longValue();
+    }
+    ProtocolException refused = refused(r);
+    if ("duplicate_update".equals(refused.code)) {
+      return -1; // our earlier upload was counted; its 202 was lost
+    }
+    throw refused;
+  }
+
+  private Map<String, String> auth(Map<String, String> extra) {
+    Map<String, String> headers = new LinkedHashMap<>();
+    if (extra != null) {
+      headers.putAll(extra);
+    }
+    if (token != null) {
+      headers.put("Authorization", "Bearer " + token);
+    }
+    return headers;
+  }
+
+  private HttpTransport.Response send(String method, String path, Map<String, String> headers, byte[] body)
+      throws ProtocolException, InterruptedException {
+    String last = "";
+    for (int attempt = 0; attempt < backoff.attempts; attempt++) {
+      if (attempt > 0) {
+        sleeper.sleep(backoff.delaySeconds(attempt - 1, rng));
+      }
+      try {
+        HttpTransport.Response r = http.send(method, server + path, headers, body);
+        if (r.status < 500) {
+          return r;
+        }
+        last = r.status + " from " + path;
+      } catch (IOException ex) {
+        last = ex.toString();
+      }
+    }
+    throw new ProtocolException.Transient("gave up after " + backoff.attempts + " attempts: " + last);
+  }
+
+  private static ProtocolException refused(HttpTransport.Response r) {
+    try {
+      Map<String, Object> body = Json.parseObject(text(r));
+      return new ProtocolException(
+          r.status, String.valueOf(body.getOrDefault("code", "?")), String.valueOf(body.getOrDefault("message", "")));
+    } catch (IllegalArgumentException ex) {
+      String t = text(r);
+      return new ProtocolException(r.status, "?", t.length() > 200 ? t.substring(0, 200) : t);
+    }
+  }
+
+  private static String text(HttpTransport.Response r) {
+    return new String(r.body, StandardCharsets.UTF_8);
+  }
+
+  public static String sha256Hex(byte[] data) {
+    try {
+      byte[] d = MessageDigest.getInstance("SHA-256").digest(data);
+      StringBuilder out = new StringBuilder();
+      for (byte b : d) {
+        out.append(String.format("%02x", b));
+      }
+      return out.toString();
+    } catch (NoSuchAlgorithmException ex) {
+      throw new IllegalStateException(ex);
+    }
+  }
+}

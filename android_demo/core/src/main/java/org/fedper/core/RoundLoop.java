@@ -1,0 +1,265 @@
+package org.fedper.core;
+
+import java.io.IOException;
+import java.nio.charset.StandardCharsets;
+import java.nio.file.Files;
+import java.nio.file.Path;
+import java.util.ArrayList;
+import java.util.LinkedHashMap;
+import java.util.List;
+import java.util.Map;
+import java.util.Random;
+import java.util.function.Function;
+
+/**
+ * What a phone does each round, the same steps as the Python device (device_runtime/device.py):
+ * task, manifest and programs (once, verified by sha256, manifest pinned), base (by ETag), own
+ * head from the head store, evaluate, train, save the head (before uploading), upload the base.
+ */
+public final class RoundLoop {
+  /** One finished round, as the app shows it. */
+  public static final class Report {
+    public final long round;
+    public final long modelVersion;
+    public final int numSamples;
+    public final double accuracy;
+    public final double accuracyAfter;
+    public final double trainLoss;
+    public final long received;
+
+    Report(long round, long modelVersion, int numSamples, double accuracy, double accuracyAfter,
+        double trainLoss, long received) {
+      this.round = round;
+      this.modelVersion = modelVersion;
+      this.numSamples = numSamples;
+      this.accuracy = accuracy;
+      this.accuracyAfter = accuracyAfter;
+      this.trainLoss = trainLoss;
+      this.received = received;
+    }
+  }
+
+  private final ProtocolClient client;
+  private final DeviceStore store;
+  private final Function<Manifest, LocalData> data;
+  private final TrainerFactory trainers;
+  private final Backoff.Sleeper sleeper;
+  private final double maxIdleWaitSeconds;
+  private final long seed;
+  private String deviceId;
+  private long skipRound = -1;
+
+  /** Makes the engine once the programs are on disk (dir holds every artifact the manifest names). */
+  public interface TrainerFactory {
+    Trainer create(Path artifactDir, Manifest manifest) throws Exception;
+  }
+
+  public RoundLoop(ProtocolClient client, DeviceStore store, Function<Manifest, LocalData> data,
+      TrainerFactory trainers, Backoff.Sleeper sleeper, double maxIdleWaitSeconds, long seed) {
+    this.client = client;
+    this.store = store;
+    this.data = data;
+    this.trainers = trainers;
+    this.sleeper = sleeper;
+    this.maxIdleWaitSeconds = maxIdleWaitSeconds;
+    this.seed = seed;
+  }
+
+  /** Enrolls once; later runs reuse the stored token. */
+  public String ensureEnrolled(String enrollmentKey, String platform) throws Exception {
+    String[] saved = store.credentials();
+    if (saved == null) {
+      saved = client.enroll(enrollmentKey, platform);
+      store.saveCredentials(saved[0], saved[1]);
+    } else {
+      client.setToken(saved[1]);
+    }
+    deviceId = saved[0];
+    return deviceId;
+  }
+
+  public String deviceId() {
+    return deviceId;
+  }
+
+  /**
+   * Takes part in rounds until the run is finished (410) or maxRounds rounds were done. On a
+   * phone, WorkManager calls this with maxRounds = 1 whenever the phone is charging and idle.
+   */
+  public List<Report> run(int maxRounds) throws Exception {
+    List<Report> reports = new ArrayList<>();
+    while (maxRounds <= 0 || reports.size() < maxRounds) {
+      ProtocolClient.TaskOrWait next;
+      try {
+        next = client.task();
+      } catch (ProtocolException.RunFinished done) {
+        break;
+      } catch (ProtocolException.Transient ex) {
+        sleeper.sleep(maxIdleWaitSeconds);
+        continue;
+      }
+      if (next.task == null || next.task.round == skipRound) {
+        sleeper.sleep(Math.min(next.task == null ? next.retryAfterSeconds : maxIdleWaitSeconds, maxIdleWaitSeconds));
+        continue;
+      }
+      try {
+        reports.add(runRound(next.task));
+      } catch (ProtocolException.Transient ex) {
+        continue; // ask for a task again
+      } catch (ProtocolException ex) {
+        if ("round_not_open".equals(ex.code) || "stale_base_version".equals(ex.code)) {
+          skipRound = next.task.round; // too late for this round; wait for the next one
+          continue;
+        }
+        throw ex;
+      }
+    }
+    return reports;
+  }
+
+  private Trainer trainer;
+  private Manifest manifest;
+  private String trainerSha;
+
+  public Report runRound(Task task) throws Exception {
+    prepare(task);
+    Map<String, Tensor> base = base(task);
+    Map<String, Tensor> head = store.heads.load(task.manifestSha256);
+    if (head == null) {
+      head = initialHead(task.manifestSha256);
+    }
+    LocalData local = data.apply(manifest);
+    if (local.trainSize() < 2) {
+      throw new IllegalStateException("too few examples to train on (" + local.trainSize() + "); rate more photos");
+    }
+    trainer.setBase(base);
+    trainer.setHead(head);
+    double accuracy = trainer.evaluate(local.testSet());
+    TrainConfig config = manifest.trainConfig(task.config);
+    trainer.startRound(config);
+    Random order = new Random(seed * 1_000_003L + task.round);
+    double lossSum = 0;
+    int steps = 0;
+    for (int epoch = 0; epoch < config.localEpochs; epoch++) {
+      int[] perm = permutation(local.trainSize(), order);
+      for (int start = 0; start + 2 <= perm.length; start += config.batchSize) {
+        int end = Math.min(perm.length, start + config.batchSize);
+        if (end - start < 2) {
+          break; // a batch of one cannot train BatchNorm
+        }
+        int[] idx = new int[end - start];
+        System.arraycopy(perm, start, idx, 0, idx.length);
+        lossSum += trainer.trainStep(local.trainBatch(idx));
+        steps++;
+      }
+    }
+    double accuracyAfter = trainer.evaluate(local.testSet());
+    store.heads.save(task.manifestSha256, only(trainer.getHead(), manifest.headNames()));
+    Map<String, Tensor> update = only(trainer.getBase(), manifest.baseNames());
+    Map<String, String> meta = new LinkedHashMap<>();
+    meta.put("num_samples", Integer.toString(local.trainSize()));
+    meta.put("base_version", Long.toString(task.modelVersion));
+    meta.put("metric.accuracy", Double.toString(accuracy));
+    meta.put("metric.accuracy_after", Double.toString(accuracyAfter));
+    double loss = steps == 0 ? Double.NaN : lossSum / steps;
+    if (steps > 0) {
+      meta.put("metric.train_loss", Double.toString(loss));
+    }
+    long received = client.upload(task.round, Safetensors.write(update, meta));
+    return new Report(task.round, task.modelVersion, local.trainSize(), accuracy, accuracyAfter, loss, received);
+  }
+
+  private void prepare(Task task) throws Exception {
+    String sha = task.manifestSha256;
+    if (sha.equals(trainerSha)) {
+      return;
+    }
+    Path dir = store.artifactDir(sha);
+    Path manifestPath = dir.resolve("manifest.json");
+    if (!Files.exists(manifestPath)) {
+      AtomicFiles.write(manifestPath, client.downloadVerified(task.manifestUrl, sha));
+    }
+    Manifest m = Manifest.parse(new String(Files.readAllBytes(manifestPath), StandardCharsets.UTF_8));
+    String pinned = store.pinnedManifest();
+    if (pinned != null && !pinned.equals(sha)) {
+      Path old = store.artifactDir(pinned).resolve("manifest.json");
+      if (Files.exists(old)) {
+        Manifest before = Manifest.parse(new String(Files.readAllBytes(old), StandardCharsets.UTF_8));
+        for (String name : before.headNames()) {
+          if (m.base.containsKey(name)) {
+            throw new ProtocolException(200, "manifest_conflict",
+                "the new manifest would upload " + name + ", which this device keeps personal");
+          }
+        }
+      }
+    }
+    for (String name : new java.util.LinkedHashSet<>(m.artifacts.values())) {
+      Path file = dir.resolve(name);
+      String want = m.sha256.get(name);
+      if (!Files.exists(file) || !ProtocolClient.sha256Hex(Files.readAllBytes(file)).equals(want)) {
+        AtomicFiles.write(file, client.downloadVerified("/v1/artifacts/" + name, want));
+      }
+    }
+    store.pinManifest(sha);
+    manifest = m;
+    trainer = trainers.create(dir, m);
+    trainerSha = sha;
+  }
+
+  private Map<String, Tensor> base(Task task) throws Exception {
+    String etag = store.baseEtag(task.modelVersion);
+    ProtocolClient.Download d = client.download(task.baseUrl, etag);
+    if (d.body != null) {
+      store.saveBase(task.modelVersion, d.body, d.etag);
+    }
+    Map<String, Tensor> base = Safetensors.read(Files.readAllBytes(store.basePath(task.modelVersion))).tensors;
+    checkLayout(base, manifest.base, "base of model version " + task.modelVersion);
+    return base;
+  }
+
+  private Map<String, Tensor> initialHead(String sha) throws IOException {
+    Path p = store.artifactDir(sha).resolve(manifest.artifacts.get("initial_head"));
+    Map<String, Tensor> head = Safetensors.read(Files.readAllBytes(p)).tensors;
+    checkLayout(head, manifest.head, "the exported initial head");
+    return head;
+  }
+
+  static void checkLayout(Map<String, Tensor> tensors, Map<String, long[]> expected, String what) {
+    for (Map.Entry<String, long[]> e : expected.entrySet()) {
+      Tensor t = tensors.get(e.getKey());
+      if (t == null) {
+        throw new IllegalArgumentException(what + " lacks tensor " + e.getKey());
+      }
+      if (!java.util.Arrays.equals(t.shape(), e.getValue())) {
+        throw new IllegalArgumentException(what + ": tensor " + e.getKey() + " has shape "
+            + java.util.Arrays.toString(t.shape()) + ", expected " + java.util.Arrays.toString(e.getValue()));
+      }
+    }
+  }
+
+  private static Map<String, Tensor> only(Map<String, Tensor> tensors, List<String> names) {
+    Map<String, Tensor> out = new LinkedHashMap<>();
+    for (String n : names) {
+      Tensor t = tensors.get(n);
+      if (t == null) {
+        throw new IllegalStateException("the trainer did not return tensor " + n);
+      }
+      out.put(n, t);
+    }
+    return out;
+  }
+
+  private static int[] permutation(int n, Random rng) {
+    int[] p = new int[n];
+    for (int k = 0; k < n; k++) {
+      p[k] = k;
+    }
+    for (int k = n - 1; k > 0; k--) {
+      int j = rng.nextInt(k + 1);
+      int tmp = p[k];
+      p[k] = p[j];
+      p[j] = tmp;
+    }
+    return p;
+  }
+}

@@ -1,0 +1,105 @@
+package org.fedper.core;
+
+import static org.junit.Assert.assertEquals;
+import static org.junit.Assert.assertNull;
+import static org.junit.Assert.assertThrows;
+import static org.junit.Assert.assertTrue;
+
+import java.io.IOException;
+import java.nio.charset.StandardCharsets;
+import java.util.ArrayDeque;
+import java.util.ArrayList;
+import java.util.Collections;
+import java.util.Deque;
+import java.util.LinkedHashMap;
+import java.util.List;
+import java.util.Map;
+import java.util.Random;
+import org.junit.Test;
+
+/** Retries, Retry-After, 409 duplicate_update and 410, against scripted answers. */
+public class ProtocolClientTest {
+  /** Answers from a script; an entry of null means "connection refused". */
+  static final class Scripted implements HttpTransport {
+    final Deque<Response> answers = new ArrayDeque<>();
+    final List<String> calls = new ArrayList<>();
+
+    Scripted then(int status, String body, String... headers) {
+      Map<String, String> h = new LinkedHashMap<>();
+      for (int k = 0; k < headers.length; k += 2) {
+        h.put(headers[k].toLowerCase(), headers[k + 1]);
+      }
+      answers.add(new Response(status, h, body.getBytes(StandardCharsets.UTF_8)));
+      return this;
+    }
+
+    Scripted thenRefused() {
+      answers.add(new Response(-1, Collections.emptyMap(), new byte[0]));
+      return this;
+    }
+
+    @Override
+    public Response send(String method, String url, Map<String, String> headers, byte[] body) throws IOException {
+      calls.add(method + " " + url + " " + headers.getOrDefault("If-None-Match", ""));
+      Response r = answers.removeFirst();
+      if (r.status == -1) {
+        throw new IOException("connection refused");
+      }
+      return r;
+    }
+  }
+
+  private final List<Double> slept = new ArrayList<>();
+
+  private ProtocolClient client(Scripted http) {
+    return new ProtocolClient("http://server", http, new Backoff(0.5, 30, 4), new Random(0), slept::add);
+  }
+
+  @Test
+  public void retriesNetworkErrorsAnd5xxWithGrowingJitteredWaits() throws Exception {
+    Scripted http = new Scripted().thenRefused().then(503, "{}").thenRefused()
+        .then(200, "{\"round\":3,\"model_version\":2,\"deadline\":null,\"base_url\":\"/v1/models/2/base\","
+            + "\"manifest_url\":\"/v1/artifacts/manifest.json\",\"manifest_sha256\":\"x\",\"config\":{\"local_epochs\":2}}");
+    ProtocolClient.TaskOrWait t = client(http).task();
+    assertEquals(3, t.task.round);
+    assertEquals(2L, ((Number) t.task.config.get("local_epochs")).longValue());
+    assertEquals(3, slept.size());
+    for (int k = 0; k < 3; k++) {
+      assertTrue(slept.get(k) >= 0 && slept.get(k) <= 0.5 * Math.pow(2, k));
+    }
+  }
+
+  @Test
+  public void givesUpAfterTheLastAttemptAsTransient() {
+    Scripted http = new Scripted().thenRefused().thenRefused().thenRefused().thenRefused();
+    assertThrows(ProtocolException.Transient.class, () -> client(http).task());
+    assertEquals(4, http.calls.size());
+  }
+
+  @Test
+  public void noTaskWaitsRetryAfterAndGoneEndsTheRun() throws Exception {
+    Scripted http = new Scripted().then(204, "", "Retry-After", "7")
+        .then(410, "{\"code\":\"run_finished\",\"message\":\"done\"}");
+    ProtocolClient c = client(http);
+    ProtocolClient.TaskOrWait wait = c.task();
+    assertNull(wait.task);
+    assertEquals(7.0, wait.retryAfterSeconds, 0);
+    assertThrows(ProtocolException.RunFinished.class, c::task);
+  }
+
+  @Test
+  public void duplicateUpdateIsDoneAndOtherRefusalsCarryTheCode() throws Exception {
+    Scripted http = new Scripted()
+        .then(409, "{\"code\":\"duplicate_update\",\"message\":\"already\"}")
+        .then(422, "{\"code\":\"personal_tensor_in_upload\",\"message\":\"classifier.weight\"}")
+        .then(304, "")
+        .then(200, "abc", "ETag", "\"e1\"");
+    ProtocolClient c = client(http);
+    assertEquals(-1, c.upload(1, new byte[8]));
+    ProtocolException ex = assertThrows(ProtocolException.class, () -> c.upload(1, new byte[8]));
+    assertEquals("personal_tensor_in_upload", ex.code);
+    assertNull(c.download("/v1/models/1/base", "\"e0\"").body);
+    assertTrue(http.calls.get(2).endsWith("\"e0\""));
+    assertThrows(ProtocolException.class, () -> c.downloadVerified("/v1/artifacts/x", "0".repeat(64)));
+  }
+}
