@@ -97,7 +97,15 @@ def device(args: argparse.Namespace) -> int:
     options = DeviceOptions(engine=config.engine, evaluator=config.evaluator,  # type: ignore[arg-type]
                             seed=data.seed, client_id=config.client_id)  # fmt: skip
     dev = Device(client, DeviceStorage(config.storage), local, options, key, say)
-    reports = dev.run(max_rounds=config.max_rounds or None)
+    from device_runtime.client import RefusedError
+    from device_runtime.retry import TransientError
+
+    try:
+        reports = dev.run(max_rounds=config.max_rounds or None)
+    except TransientError as exc:
+        raise ConnectionError(f"cannot reach the server at {config.server}: {exc}") from exc
+    except RefusedError as exc:
+        raise ValueError(f"the server at {config.server} refused this device: {exc}") from exc
     print(f"device {dev.device_id}: {len(reports)} round(s) done", file=sys.stderr)
     return 0
 
