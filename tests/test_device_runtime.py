@@ -308,4 +308,4 @@ def test_demo_report_is_self_contained_and_says_what_the_numbers_mean(tmp_path):
     for r in results["rounds"]["fedavg"]:
         r["accuracy"]["mean"] = 0.9
     results["demo"]["comparison"] = compare(results)
-    assert "did not beat FedAvg clearly" in render_report(DemoConfig(), results, tmp_path)
+    assert "did not beat FedAvg in this run" in render_report(DemoConfig(), results, tmp_path)
