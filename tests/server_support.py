@@ -41,6 +41,8 @@ class ServerProcess:
         self.log = data_dir.parent / f"server-{self.port}.log"
 
     def start(self, timeout: float = 60) -> ServerProcess:
+        if self.proc is not None and self.proc.poll() is None:
+            raise RuntimeError("already started (use either start() or `with`, not both)")
         args = [sys.executable, "-m", "fedper.cli", "serve", "--artifacts", str(self.artifacts),
                 "--data-dir", str(self.data_dir), "--port", str(self.port)]  # fmt: skip
         for key, value in self.options.items():

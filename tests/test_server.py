@@ -228,7 +228,7 @@ def test_kill_9_between_uploads_loses_nothing(artifacts, manifest, tmp_path):
     s.kill()
     s2 = ServerProcess(artifacts, data, target_clients=3, min_clients=3, round_timeout=0)
     s2.port, s2.url = s.port, s.url
-    with s2.start():
+    with s2:
         assert _round(s2.url, 1)["received"] == 2  # both updates survived kill -9
         dup = httpx.post(
             f"{s2.url}/v1/rounds/1/updates",
