@@ -19,6 +19,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -55,13 +56,14 @@ def run_eager(alpha: float, size: int, batch: int, threads: int, steps: int) -> 
         torch.nn.functional.cross_entropy(model(x), y).backward()
         opt.step()
 
+    return _measure(step, steps)
+
+
+def _measure(step: Callable[[], None], steps: int) -> dict[str, float]:
+    """Median ms per step, with the memory held before the timed steps and at the peak."""
     setup = current_rss_mb()
     times = _time(step, steps)
-    return {
-        "ms": 1000 * statistics.median(times),
-        "peak_rss_mb": peak_rss_mb(),
-        "rss_setup_mb": setup,
-    }
+    return {"ms": 1000 * statistics.median(times), "peak_rss_mb": peak_rss_mb(), "rss_setup_mb": setup}
 
 
 def run_et(pte: str, ptd: str, stats_json: str, size: int, batch: int, steps: int) -> dict[str, float]:
@@ -78,13 +80,7 @@ def run_et(pte: str, ptd: str, stats_json: str, size: int, batch: int, steps: in
         module.forward_backward("forward", (x, y, *stats))
         opt.step(module.named_gradients())
 
-    setup = current_rss_mb()
-    times = _time(step, steps)
-    return {
-        "ms": 1000 * statistics.median(times),
-        "peak_rss_mb": peak_rss_mb(),
-        "rss_setup_mb": setup,
-    }
+    return _measure(step, steps)
 
 
 def run_inference(pte: str, ptd: str, size: int, steps: int) -> dict[str, float]:

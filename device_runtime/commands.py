@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import logging
 import sys
 from dataclasses import dataclass
@@ -68,27 +67,27 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
 
 
 def device(args: argparse.Namespace) -> int:
-    from device_runtime.client import ProtocolClient
+    from device_runtime.client import ProtocolClient, RefusedError
     from device_runtime.device import Device, DeviceOptions
     from device_runtime.device_storage import DeviceStorage
     from device_runtime.enrollment import enrollment_key
-    from device_runtime.local_data import from_folder, share
+    from device_runtime.local_data import LocalData, from_folder, share
+    from device_runtime.retry import TransientError
+    from fedper.manifest import Manifest
 
     config = from_arguments(DeviceConfig, args)
     data = from_arguments(DataConfig, args)
     key = enrollment_key(config.enrollment_key_file)
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
-    if config.data_dir is not None:
-        owner_dir = config.data_dir
+    owner_dir = config.data_dir
+    loaded = share(data, config.client_id) if owner_dir is None else None
 
-        def local(manifest):  # type: ignore[no-untyped-def]
-            labels = manifest.output.labels or [str(i) for i in range(manifest.output.num_classes)]
-            return from_folder(owner_dir, labels, manifest.model.input_size, data.seed)
-    else:
-        loaded = share(data, config.client_id)
-
-        def local(manifest):  # type: ignore[no-untyped-def]
+    def local(manifest: Manifest) -> LocalData:
+        if loaded is not None:
             return loaded
+        assert owner_dir is not None
+        labels = manifest.output.labels or [str(i) for i in range(manifest.output.num_classes)]
+        return from_folder(owner_dir, labels, manifest.model.input_size, data.seed)
 
     def say(kind: str, info: dict[str, object]) -> None:
         print(f"{kind} {info}", file=sys.stderr, flush=True)
@@ -97,8 +96,6 @@ def device(args: argparse.Namespace) -> int:
     options = DeviceOptions(engine=config.engine, evaluator=config.evaluator,  # type: ignore[arg-type]
                             seed=data.seed, client_id=config.client_id)  # fmt: skip
     dev = Device(client, DeviceStorage(config.storage), local, options, key, say)
-    from device_runtime.client import RefusedError
-    from device_runtime.retry import TransientError
 
     try:
         reports = dev.run(max_rounds=config.max_rounds or None)
@@ -131,6 +128,3 @@ def demo(args: argparse.Namespace) -> int:
     config = from_arguments(DemoConfig, args)
     run_demo(config)
     return 0
-
-
-__all__ = ["DeviceConfig", "add_parsers", "dataclasses"]

@@ -7,7 +7,7 @@ the base only. The head never leaves this object except into the device's own st
 
 from __future__ import annotations
 
-import json
+import contextlib
 import logging
 import random
 import time
@@ -24,7 +24,7 @@ from device_runtime.local_data import LocalData
 from device_runtime.retry import TransientError
 from fedper import weights
 from fedper.local_training import TrainConfig, evaluate, train
-from fedper.manifest import MANIFEST_FILE, Manifest, read_manifest
+from fedper.manifest import MANIFEST_FILE, Manifest, read_manifest, sha256_file
 from fedper.trainer import Trainer
 
 Engine = Literal["executorch", "eager"]
@@ -177,8 +177,6 @@ class Device:
     # --- what a round needs ----------------------------------------------------------------
 
     def _compute(self) -> Any:
-        import contextlib
-
         return self._lock if self._lock is not None else contextlib.nullcontext()
 
     def _prepare(self, task: Task) -> tuple[Manifest, Trainer, tuple[torch.Tensor, ...]]:
@@ -200,7 +198,7 @@ class Device:
                 )  # fmt: skip
         for name in set(manifest.artifacts.values()):
             path = directory / name
-            if not path.exists() or _sha256(path) != manifest.sha256[name]:
+            if not path.exists() or sha256_file(path) != manifest.sha256[name]:
                 path.write_bytes(self.client.download_verified(f"/v1/artifacts/{name}", manifest.sha256[name]))
         self.storage.pin_manifest(sha)
         with self._compute():  # the ExecuTorch runtime is not safe to load from two threads at once
@@ -252,12 +250,3 @@ def _train_config(manifest: Manifest, overrides: dict[str, Any]) -> TrainConfig:
         learning_rate=float(overrides.get("learning_rate", d.learning_rate)),
         momentum=float(overrides.get("momentum", d.momentum)),
     )
-
-
-def _sha256(path: Any) -> str:
-    from fedper.manifest import sha256_file
-
-    return sha256_file(path)
-
-
-__all__ = ["Device", "DeviceOptions", "RoundReport", "json"]

@@ -13,7 +13,6 @@ import multiprocessing as mp
 import os
 import queue
 import threading
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -210,6 +209,3 @@ def run_fleet(fleet: FleetConfig, data: DataConfig, enrollment_key: str, recorde
 
 def _jsonable(d: dict[str, Any]) -> dict[str, Any]:
     return {k: (str(v) if isinstance(v, Path) else list(v) if isinstance(v, tuple) else v) for k, v in d.items()}
-
-
-__all__ = ["FleetConfig", "run_fleet", "time"]

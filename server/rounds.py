@@ -19,8 +19,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from fedper import weights
 from fedper.aggregate import FedAvg
 from fedper.atomic_write import atomic_write_bytes, fsync_directory
@@ -319,6 +317,3 @@ def _iso(timestamp: float | None) -> str | None:
     if timestamp is None:
         return None
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(timestamp))
-
-
-__all__ = ["RoundManager", "Snapshot", "np"]

@@ -17,28 +17,17 @@ def _cm(x):
     return x.permute(1, 0, 2, 3).contiguous()
 
 
-@pytest.mark.parametrize("shape", [(2, 5, 6, 7), (3, 4, 2, 2), (1, 8, 1, 5), (2, 3, 9, 1)])
-def test_depthwise_stride1_matches_conv2d(shape):
+@pytest.mark.parametrize(
+    ("stride", "shape"),
+    [(1, (2, 5, 6, 7)), (1, (3, 4, 2, 2)), (1, (1, 8, 1, 5)), (1, (2, 3, 9, 1)),
+     (2, (2, 5, 8, 6)), (2, (3, 2, 2, 2)), (2, (1, 4, 14, 14))],
+)  # fmt: skip
+def test_depthwise_matches_conv2d(stride, shape):
     b, c, h, w = shape
     x = torch.randn(b, c, h, w, dtype=torch.float64, requires_grad=True)
     weight = torch.randn(c, 1, 3, 3, dtype=torch.float64, requires_grad=True)
-    ref = F.conv2d(x, weight, padding=1, groups=c)
-    out, _ = depthwise3x3(_cm(x), weight)
-    torch.testing.assert_close(out, _cm(ref))
-    g = torch.randn_like(ref)
-    gx, gw = torch.autograd.grad(ref, (x, weight), g)
-    fx, fw = torch.autograd.grad(out, (x, weight), _cm(g))
-    torch.testing.assert_close(fx, gx)
-    torch.testing.assert_close(fw, gw)
-
-
-@pytest.mark.parametrize("shape", [(2, 5, 8, 6), (3, 2, 2, 2), (1, 4, 14, 14)])
-def test_depthwise_stride2_matches_conv2d(shape):
-    b, c, h, w = shape
-    x = torch.randn(b, c, h, w, dtype=torch.float64, requires_grad=True)
-    weight = torch.randn(c, 1, 3, 3, dtype=torch.float64, requires_grad=True)
-    ref = F.conv2d(x, weight, stride=2, padding=1, groups=c)
-    out, _ = depthwise3x3_s2(_cm(x), weight)
+    ref = F.conv2d(x, weight, stride=stride, padding=1, groups=c)
+    out, _ = (depthwise3x3 if stride == 1 else depthwise3x3_s2)(_cm(x), weight)
     torch.testing.assert_close(out, _cm(ref))
     g = torch.randn_like(ref)
     gx, gw = torch.autograd.grad(ref, (x, weight), g)
