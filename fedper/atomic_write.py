@@ -8,6 +8,7 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import BinaryIO
 
 
 def fsync_directory(path: Path) -> None:
@@ -19,14 +20,20 @@ def fsync_directory(path: Path) -> None:
         os.close(fd)
 
 
-def atomic_write_bytes(path: Path, data: bytes, mode: int = 0o644) -> None:
-    """Replace ``path`` with ``data`` so readers see the old file or the new one, never half."""
+@contextlib.contextmanager
+def atomic_writer(path: Path, mode: int = 0o644) -> Iterator[BinaryIO]:
+    """Yield an open temporary file beside ``path`` that replaces it only if the block succeeds.
+
+    For writers that stream (a file too large to build in memory first); on exit the file is
+    flushed, fsynced and renamed over ``path``, and the directory fsynced. On an exception
+    ``path`` is untouched and the temporary file removed.
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(data)
+            yield f
             f.flush()
             os.fsync(f.fileno())
         os.chmod(tmp, mode)
@@ -36,6 +43,12 @@ def atomic_write_bytes(path: Path, data: bytes, mode: int = 0o644) -> None:
             os.unlink(tmp)
         raise
     fsync_directory(path.parent)
+
+
+def atomic_write_bytes(path: Path, data: bytes, mode: int = 0o644) -> None:
+    """Replace ``path`` with ``data`` so readers see the old file or the new one, never half."""
+    with atomic_writer(path, mode) as f:
+        f.write(data)
 
 
 def atomic_write_text(path: Path, text: str, mode: int = 0o644) -> None:

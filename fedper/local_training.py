@@ -7,7 +7,6 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from fedper.metrics import accuracy
 from fedper.trainer import Trainer
 
 MIN_BATCH = 2  # BatchNorm cannot train on one example
@@ -21,6 +20,13 @@ class TrainConfig:
     batch_size: int = 32
     learning_rate: float = 0.01
     momentum: float = 0.9
+
+
+def accuracy(logits: torch.Tensor, labels: torch.Tensor) -> float:
+    """Fraction of correct top-1 predictions."""
+    if labels.numel() == 0:
+        raise ValueError("accuracy of an empty set is undefined")
+    return float((logits.argmax(dim=1) == labels).float().mean().item())
 
 
 def batches(num_samples: int, batch_size: int, rng: np.random.Generator) -> list[np.ndarray]:

@@ -1,19 +1,15 @@
-"""Client metrics and their summaries across clients (the numbers FedPer is judged by)."""
+"""Summaries of client metrics across clients (the numbers FedPer is judged by).
+
+numpy only: the aggregation server summarizes the metrics devices report, without torch.
+"""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 import numpy as np
-import torch
-
-
-def accuracy(logits: torch.Tensor, labels: torch.Tensor) -> float:
-    """Fraction of correct top-1 predictions."""
-    if labels.numel() == 0:
-        raise ValueError("accuracy of an empty set is undefined")
-    return float((logits.argmax(dim=1) == labels).float().mean().item())
 
 
 @dataclass(frozen=True)
@@ -29,18 +25,34 @@ class Summary:
         return asdict(self)
 
 
+def _scaled(x: np.ndarray) -> tuple[np.ndarray, int]:
+    """x / 2**e with every |value| at most 1, and e (0 if they already are).
+
+    Scaling by a power of two is exact, and so commutes with every rounding in a mean or a
+    std: the statistics of the scaled values, scaled back, are bit-identical to the direct
+    ones, but their sums, products and squares cannot overflow to inf.
+    """
+    peak = float(np.max(np.abs(x), initial=0.0))
+    if peak <= 1.0 or not math.isfinite(peak):
+        return x, 0
+    exponent = math.frexp(peak)[1]
+    return np.ldexp(x, -exponent), exponent
+
+
 def summarize(values: Sequence[float], weights: Sequence[float] | None = None) -> Summary:
     if len(values) == 0:
         raise ValueError("no values to summarize")
-    v = np.asarray(values, dtype=np.float64)
-    w = np.ones_like(v) if weights is None else np.asarray(weights, dtype=np.float64)
-    if w.shape != v.shape:
-        raise ValueError(f"{len(values)} values but {len(w)} weights")
-    if (w < 0).any() or w.sum() <= 0:
+    raw = np.asarray(values, dtype=np.float64)
+    raw_w = np.ones_like(raw) if weights is None else np.asarray(weights, dtype=np.float64)
+    if raw_w.shape != raw.shape:
+        raise ValueError(f"{len(values)} values but {len(raw_w)} weights")
+    v, e = _scaled(raw)
+    w, _ = _scaled(raw_w)  # the weighted mean does not depend on the weights' scale
+    if (w < 0).any() or not w.sum() > 0:
         raise ValueError("weights must be non-negative with a positive sum")
     return Summary(
-        mean=float(v.mean()),
-        weighted_mean=float((v * w).sum() / w.sum()),
-        std=float(v.std()),
+        mean=math.ldexp(float(v.mean()), e),
+        weighted_mean=math.ldexp(float((v * w).sum() / w.sum()), e),
+        std=math.ldexp(float(v.std()), e),
         count=len(v),
     )

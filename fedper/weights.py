@@ -1,35 +1,144 @@
-"""Named-tensor files (safetensors) with validation against an expected layout."""
+"""Named-tensor files (safetensors) with validation against an expected layout.
+
+Importing this module does not import torch: the aggregation server runs without it.
+"""
 
 from __future__ import annotations
 
+import io
+import json
+import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, BinaryIO, TypeGuard
 
 import numpy as np
-import torch
 from safetensors import SafetensorError
 from safetensors.numpy import load as st_load_bytes
-from safetensors.numpy import save as st_save_bytes
 
-from fedper.atomic_write import atomic_write_bytes
+from fedper.atomic_write import atomic_writer
+
+if TYPE_CHECKING:
+    import torch
 
 TensorSpec = tuple[str, tuple[int, ...]]
+
+# numpy dtype -> safetensors dtype, in the order the library lays tensors out (it sorts by
+# its dtype enum, largest first, then by name).
+_DTYPES = {
+    "uint64": "U64",
+    "int64": "I64",
+    "float64": "F64",
+    "complex64": "C64",
+    "float32": "F32",
+    "uint32": "U32",
+    "int32": "I32",
+    "float16": "F16",
+    "uint16": "U16",
+    "int16": "I16",
+    "int8": "I8",
+    "uint8": "U8",
+    "bool": "BOOL",
+}
+_RANK = {name: rank for rank, name in enumerate(_DTYPES)}
+_METADATA_KEY = "__metadata__"
 
 
 class WeightsError(ValueError):
     """A weights file that does not match what the model expects."""
 
 
+def _is_torch(t: object) -> TypeGuard[torch.Tensor]:
+    """A torch tensor can only exist if torch was imported, so this never imports it."""
+    module = sys.modules.get("torch")
+    return module is not None and isinstance(t, module.Tensor)
+
+
 def to_numpy(tensors: Mapping[str, torch.Tensor | np.ndarray]) -> dict[str, np.ndarray]:
     out: dict[str, np.ndarray] = {}
     for name, t in tensors.items():
-        arr = t.detach().cpu().numpy() if isinstance(t, torch.Tensor) else np.asarray(t)
-        out[name] = np.ascontiguousarray(arr)
+        out[name] = _contiguous(t.detach().cpu().numpy() if _is_torch(t) else np.asarray(t))
     return out
 
 
+def _contiguous(arr: np.ndarray) -> np.ndarray:
+    """``arr`` itself when C-contiguous, else a copy (np.ascontiguousarray would turn a scalar into shape (1,))."""
+    return arr if arr.flags.c_contiguous else np.ascontiguousarray(arr)
+
+
 def to_torch(tensors: Mapping[str, np.ndarray]) -> dict[str, torch.Tensor]:
+    import torch  # only the trainers need it; the server never calls this
+
     return {name: torch.from_numpy(np.array(a, copy=True)) for name, a in tensors.items()}
+
+
+def _layout(tensors: Mapping[str, np.ndarray]) -> list[str]:
+    """The library's tensor order: by dtype (largest first), then by name."""
+    for name, arr in tensors.items():
+        if arr.dtype.name not in _DTYPES:
+            raise ValueError(f"tensor {name!r}: dtype {arr.dtype} cannot be stored in safetensors")
+        if name == _METADATA_KEY:
+            raise ValueError(f"{_METADATA_KEY!r} cannot name a tensor")
+    return sorted(tensors, key=lambda name: (_RANK[tensors[name].dtype.name], name))
+
+
+def _header(tensors: Mapping[str, np.ndarray], order: list[str], metadata: Mapping[str, str] | None) -> bytes:
+    """Length prefix and JSON header, byte for byte as the library writes them."""
+    header: dict[str, object] = {}
+    if metadata is not None:
+        if not all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()):
+            raise ValueError("safetensors metadata keys and values must be strings")
+        header[_METADATA_KEY] = dict(metadata)
+    offset = 0
+    for name in order:
+        arr = tensors[name]
+        header[name] = {
+            "dtype": _DTYPES[arr.dtype.name],
+            "shape": list(arr.shape),
+            "data_offsets": [offset, offset + arr.nbytes],
+        }
+        offset += arr.nbytes
+    text = json.dumps(header, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+    text += b" " * (-len(text) % 8)  # the library pads the header to a multiple of 8 with spaces
+    return len(text).to_bytes(8, "little") + text
+
+
+def write_to(f: BinaryIO, tensors: Mapping[str, np.ndarray], metadata: Mapping[str, str] | None = None) -> int:
+    """Write a safetensors file to ``f`` tensor by tensor; returns the number of bytes written.
+
+    Byte-identical to ``safetensors.numpy.save(tensors, metadata)``, except that several
+    metadata keys keep the mapping's order (the library's hash map varies it from run to run)
+    and that no tensors with ``{}`` metadata give a valid header (safetensors 0.8 writes one
+    it cannot load).
+    The library's ``save`` copies every tensor into one bytes object first, doubling peak memory
+    for a server holding many uploads in flight; the header is small, so we write it ourselves
+    and then each tensor's own buffer, copying only a non-contiguous or big-endian tensor.
+    """
+    order = _layout(tensors)
+    written = _write_all(f, memoryview(_header(tensors, order, metadata)))
+    for name in order:
+        arr = _contiguous(np.asarray(tensors[name]))
+        if arr.dtype.byteorder == ">" or (arr.dtype.byteorder == "=" and sys.byteorder == "big"):
+            arr = arr.astype(arr.dtype.newbyteorder("<"))
+        written += _write_all(f, arr.reshape(-1).view(np.uint8).data)
+    return written
+
+
+def _write_all(f: BinaryIO, data: memoryview) -> int:
+    """An unbuffered file may take only part of a large write."""
+    done = 0
+    while done < len(data):
+        done += f.write(data[done:])
+    return done
+
+
+def _as_arrays(
+    tensors: Mapping[str, torch.Tensor | np.ndarray], dtype: np.dtype | type | None
+) -> dict[str, np.ndarray]:
+    arrays = to_numpy(tensors)
+    if dtype is not None:
+        arrays = {k: v.astype(dtype, copy=False) for k, v in arrays.items()}
+    return arrays
 
 
 def encode(
@@ -38,10 +147,9 @@ def encode(
     dtype: np.dtype | type | None = np.float32,
 ) -> bytes:
     """Serialize named tensors to safetensors bytes (float32 unless told otherwise)."""
-    arrays = to_numpy(tensors)
-    if dtype is not None:
-        arrays = {k: v.astype(dtype, copy=False) for k, v in arrays.items()}
-    return bytes(st_save_bytes(arrays, metadata=dict(metadata) if metadata else None))
+    buffer = io.BytesIO()
+    write_to(buffer, _as_arrays(tensors, dtype), metadata or None)
+    return buffer.getvalue()
 
 
 def save(
@@ -49,8 +157,10 @@ def save(
     tensors: Mapping[str, torch.Tensor | np.ndarray],
     metadata: Mapping[str, str] | None = None,
 ) -> None:
-    """Write a safetensors file atomically."""
-    atomic_write_bytes(Path(path), encode(tensors, metadata))
+    """Write a float32 safetensors file atomically, streaming it (no second copy in memory)."""
+    arrays = _as_arrays(tensors, np.float32)
+    with atomic_writer(Path(path)) as f:
+        write_to(f, arrays, metadata or None)
 
 
 def load(path: Path) -> dict[str, np.ndarray]:

@@ -61,11 +61,28 @@ def test_float16_updates_are_accumulated_exactly():
     np.testing.assert_allclose(out["a"], ref, rtol=1.2e-7, atol=1e-30)
 
 
+def test_read_only_float16_and_float32_views_on_bytes_are_accepted():
+    rng = np.random.default_rng(6)
+    u16, u32 = _update(rng, np.float16), _update(rng)
+    # As the server holds an upload: read-only arrays over the received bytes.
+    r16 = {n: np.frombuffer(a.tobytes(), np.float16).reshape(a.shape) for n, a in u16.items()}
+    r32 = {n: np.frombuffer(a.tobytes(), np.float32).reshape(a.shape) for n, a in u32.items()}
+    assert not r16["b.weight"].flags.writeable
+    agg = FedAvg(LAYOUT)
+    agg.add(r16, 5)
+    agg.add(r32, 2)
+    out = agg.result()
+    for name, _ in LAYOUT:
+        ref = (5 * u16[name].astype(np.float64) + 2 * u32[name].astype(np.float64)) / 7
+        np.testing.assert_allclose(out[name], ref, rtol=1.2e-7, atol=1e-30)
+    np.testing.assert_array_equal(r16["b.weight"], u16["b.weight"])  # inputs untouched
+
+
 def test_many_updates_fold_in_groups_and_memory_stays_fixed():
     rng = np.random.default_rng(5)
     pool = [_update(rng) for _ in range(3)]
     agg = FedAvg(LAYOUT)
-    buffers = agg._flat.data_ptr(), agg._flat.numel()
+    buffers = agg._flat.ctypes.data, agg._flat.size
     weights = [int(n) for n in rng.integers(1, 50, size=19)]  # not a multiple of the group
     for i, n in enumerate(weights):
         agg.add(pool[i % 3], n)
@@ -73,7 +90,7 @@ def test_many_updates_fold_in_groups_and_memory_stays_fixed():
     out = agg.result()
     ref = sum(n * pool[i % 3]["b.weight"].astype(np.float64) for i, n in enumerate(weights))
     np.testing.assert_allclose(out["b.weight"], ref / sum(weights), rtol=1.2e-7, atol=1e-30)
-    assert (agg._flat.data_ptr(), agg._flat.numel()) == buffers
+    assert (agg._flat.ctypes.data, agg._flat.size) == buffers
 
 
 def test_equal_updates_give_back_the_same_tensor():
@@ -95,6 +112,10 @@ def test_bad_updates_are_refused():
         agg.add({k: v for k, v in good.items() if k != "a"}, 1)
     with pytest.raises(AggregationError, match="shape"):
         agg.add({**good, "a": np.zeros((4, 3), np.float32)}, 1)
+    with pytest.raises(AggregationError, match="floating point"):
+        agg.add({**good, "b.weight": np.zeros(70000, np.int32)}, 1)
+    with pytest.raises(AggregationError, match="floating point"):
+        agg.add({**good, "a": np.zeros((3, 4), np.int64)}, 1)
     with pytest.raises(AggregationError, match="no updates"):
         agg.result()
     assert agg.count == 0
