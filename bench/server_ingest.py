@@ -6,7 +6,15 @@ uploads); the round closes (aggregation included) with the last one. Reported: a
 updates/s, p50/p99 upload latency, the server's peak RSS, and the bytes/s of the same
 uploads to a minimal uvicorn handler that only reads the body (measured in the same run).
 
-Usage: python -m bench.server_ingest [--devices 1,10,50] [--uploads 100]
+Also the server's resident memory when idle (after start, before any upload) and its start
+time (process launch to the first answered ``/v1/health``). ``--serve-args ''`` and
+``--name`` measure an older server for a before/after comparison.
+
+Then, in process (no HTTP), the median time of each step of one upload: checking, writing
+the server's canonical file, committing (``--no-phases`` skips it; ``--devices ''`` runs
+only it).
+
+Usage: python -m bench.server_ingest [--devices 1,10,50] [--uploads 100] [--serve-args ARGS] [--name NAME]
 """
 
 from __future__ import annotations
@@ -25,7 +33,7 @@ import numpy as np
 
 from bench.common import write_results
 
-ADMIN, ENROLL = "bench-admin", "bench-enroll"
+ADMIN, ENROLL = "bench-admin-token-0123456789abcdefghij", "bench-enroll"
 
 MINIMAL_APP = """
 import uvicorn
@@ -62,9 +70,10 @@ def _wait(url: str, proc: subprocess.Popen[bytes]) -> None:
     raise RuntimeError("server did not start")
 
 
-def _peak_rss_mb(pid: int) -> float:
+def _rss_mb(pid: int, field: str = "VmHWM") -> float:
+    """VmHWM: peak resident set size so far; VmRSS: resident now."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
+        if line.startswith(f"{field}:"):
             return int(line.split()[1]) / 1024
     return float("nan")
 
@@ -89,7 +98,7 @@ def _run_uploads(url: str, devices: list[dict[str, str]], body: bytes, concurren
     return time.perf_counter() - start, latencies
 
 
-def measure(n: int, uploads: int, workdir: Path) -> dict[str, object]:
+def measure(n: int, uploads: int, workdir: Path, serve_args: list[str]) -> dict[str, object]:
     from export.pipeline import write_server_only_export
     from fedper import weights
     from fedper.manifest import read_manifest
@@ -107,21 +116,25 @@ def measure(n: int, uploads: int, workdir: Path) -> dict[str, object]:
         "FEDPER_ENROLLMENT_KEY": ENROLL,
         **dict(__import__("os").environ),
     }
+    launched = time.perf_counter()
     server = subprocess.Popen(
         [sys.executable, "-m", "fedper.cli", "serve", "--artifacts", str(artifacts), "--data-dir",
          str(workdir / f"data-{n}"), "--port", str(port), "--target-clients", str(uploads),
-         "--min-clients", "1", "--rounds", "2", "--round-timeout", "0", "--enroll-per-minute", "100000"],
+         "--min-clients", "1", "--rounds", "2", "--round-timeout", "0", "--enroll-per-minute", "100000",
+         *serve_args],
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
     url = f"http://127.0.0.1:{port}"
     try:
         _wait(f"{url}/v1/health", server)
+        start_s = time.perf_counter() - launched
+        idle_rss = _rss_mb(server.pid, "VmRSS")
         devices = []
         for _ in range(uploads):
             token = httpx.post(f"{url}/v1/devices", json={"enrollment_key": ENROLL}).json()["token"]
             devices.append({"Authorization": f"Bearer {token}"})
         seconds, latencies = _run_uploads(url, devices, body, n, "/v1/rounds/1/updates")
-        rss = _peak_rss_mb(server.pid)
+        rss = _rss_mb(server.pid)
     finally:
         server.terminate()
         server.wait()
@@ -144,30 +157,84 @@ def measure(n: int, uploads: int, workdir: Path) -> dict[str, object]:
         "p50_ms": 1000 * statistics.median(latencies),
         "p99_ms": 1000 * float(np.percentile(latencies, 99)),
         "server_peak_rss_mb": rss,
+        "server_idle_rss_mb": idle_rss,
+        "server_start_s": start_s,
         "minimal_handler_bytes_per_s": count * nbytes / plain_s,
         "vs_minimal_handler": plain_s / seconds,
     }
+
+
+def per_upload_phases(workdir: Path, uploads: int = 20) -> dict[str, float]:
+    """Median milliseconds of each step of one width-1.0 upload in process (no HTTP): checking
+    (strict header, the library's reading, data and finiteness), writing the canonical file
+    (with fsync), and the commit under the round lock."""
+    import os
+
+    from export.pipeline import write_server_only_export
+    from fedper import weights
+    from fedper.manifest import read_manifest
+    from server.config import ServerConfig
+    from server.state import open_state
+    from server.upload_validation import validate
+
+    os.environ.setdefault("FEDPER_ADMIN_TOKEN", ADMIN)
+    os.environ.setdefault("FEDPER_ENROLLMENT_KEY", ENROLL)
+    artifacts = write_server_only_export(workdir / "artifacts-phases", alpha=1.0)
+    manifest = read_manifest(artifacts)
+    rng = np.random.default_rng(0)
+    tensors = {name: rng.standard_normal(shape).astype(np.float32) for name, shape in manifest.layout("base")}
+    body = weights.encode(tensors, {"num_samples": "10", "base_version": "0"})
+    config = ServerConfig(artifacts=artifacts, data_dir=workdir / "data-phases", target_clients=uploads + 1,
+                          round_timeout=0)  # fmt: skip
+    state = open_state(config)
+    times: dict[str, list[float]] = {"check": [], "write_canonical": [], "commit": []}
+    for i in range(uploads):
+        state.db.add_device(f"d-{i}", f"hash-{i}", None)
+        path = workdir / "body.safetensors"
+        path.write_bytes(body)
+        t0 = time.perf_counter()
+        upload = validate(path, manifest, config.max_num_samples)
+        t1 = time.perf_counter()
+        staged = state.rounds.stage(f"d-{i}", 1, upload)
+        t2 = time.perf_counter()
+        state.rounds.commit(staged)
+        t3 = time.perf_counter()
+        for key, seconds in zip(times, (t1 - t0, t2 - t1, t3 - t2), strict=True):
+            times[key].append(1000 * seconds)
+    state.db.close()
+    return {key: statistics.median(values) for key, values in times.items()}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--devices", default="1,10,50")
     parser.add_argument("--uploads", type=int, default=100)
+    parser.add_argument(
+        "--serve-args",
+        default="--max-inflight-uploads 64",
+        help="extra options of fedper serve (50 uploads at once need more than the default 32 in flight)",
+    )
+    parser.add_argument("--no-phases", action="store_true", help="skip the in-process per-upload timing")
+    parser.add_argument("--name", default="server_ingest", help="results file name (bench/results/NAME.json)")
     args = parser.parse_args()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        for n in (int(x) for x in args.devices.split(",")):
-            row = measure(n, args.uploads, Path(tmp))
+        for n in (int(x) for x in args.devices.split(",") if x.strip()):
+            row = measure(n, args.uploads, Path(tmp), args.serve_args.split())
             rows.append(row)
             print(
                 f"N={n:3d}: {row['updates_per_s']:.1f} updates/s ({row['bytes_per_s'] / 1e6:.0f} MB/s), "
                 f"p50 {row['p50_ms']:.0f} ms, p99 {row['p99_ms']:.0f} ms, server peak RSS "
-                f"{row['server_peak_rss_mb']:.0f} MB; minimal handler "
+                f"{row['server_peak_rss_mb']:.0f} MB (idle {row['server_idle_rss_mb']:.0f} MB, "
+                f"start {row['server_start_s']:.1f} s); minimal handler "
                 f"{row['minimal_handler_bytes_per_s'] / 1e6:.0f} MB/s -> "
                 f"{100 * row['vs_minimal_handler']:.0f}% of the transport's limit",  # type: ignore[operator]
                 flush=True,
             )
-    print("wrote", write_results("server_ingest", {"rows": rows}))
+        phases = {} if args.no_phases else per_upload_phases(Path(tmp))
+    if phases:
+        print("per upload, in process (median ms): " + ", ".join(f"{k} {v:.1f}" for k, v in phases.items()))
+    print("wrote", write_results(args.name, {"rows": rows, "per_upload_ms": phases}))
 
 
 if __name__ == "__main__":

@@ -136,6 +136,10 @@ class ProtocolClient:
         )  # fmt: skip
         if r.status_code == 202:
             return int(r.json()["received"])
+        if r.status_code == 410:
+            raise RunFinishedError()
+        if r.status_code == 408:
+            raise TransientError("the upload did not arrive within the server's upload deadline")
         refused = self._refused(r)
         if refused.code == "duplicate_update":
             return None  # our earlier upload was counted (its 202 was lost): done

@@ -40,13 +40,20 @@ def _simulate(args: argparse.Namespace) -> int:
     return simulate(args)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only_serve: bool = False) -> argparse.ArgumentParser:
+    """Every subcommand; with ``only_serve``, just ``serve``, whose process must not import the
+    training stack (torch: ~1 GB and seconds at start) that the other commands' options pull in."""
     parser = argparse.ArgumentParser(
         prog="fedper",
         description="Personalized federated learning (FedPer) for on-device models.",
     )
     parser.add_argument("--version", action="version", version=f"fedper {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    if only_serve:
+        from server import serve_command as serve_only
+
+        serve_only.add_parser(sub)
+        return parser
     _simulate_parser(sub)
     from device_runtime import commands as device_commands
     from export import export_command
@@ -61,7 +68,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    command = next((a for a in argv if not a.startswith("-")), None)
+    parser = build_parser(only_serve=command == "serve")
     args = parser.parse_args(argv)
     run: Command = args.run
     try:

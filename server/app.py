@@ -7,35 +7,41 @@ import contextlib
 import json
 import logging
 import secrets
-import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
 from anyio import to_thread
 from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse
+from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from fedper import __version__
-from server.auth import AnyCaller, DeviceId, Operator, State
+from server import strict_json
+from server.auth import AnyCaller, DeviceId, Operator, State, check_not_throttled, client_address, failed
 from server.config import ServerConfig
 from server.credentials import new_token, same_secret, token_hash
 from server.errors import (
+    ClientDisconnectedError,
+    InternalErrorMiddleware,
     ProtocolError,
     bad_request,
+    client_disconnected_handler,
     not_found,
     protocol_error_handler,
-    too_large,
-    unauthorized,
+    rate_limited,
+    run_finished,
 )
+from server.request_body import read_small, streamed_to_file
+from server.rounds import iso_time
 from server.state import ServerState, open_state
 from server.upload_validation import validate
 
 log = logging.getLogger("fedper.server")
 JSON_LIMIT = 64 * 1024
+MAX_PLATFORM_LENGTH = 128
 OCTETS = "application/octet-stream"
 
 
@@ -71,33 +77,46 @@ ERRORS: dict[int | str, dict[str, Any]] = {
     }
     for code, text in {
         400: "malformed body", 401: "missing/unknown token", 403: "wrong role", 404: "unknown",
-        409: "conflict", 410: "run finished", 413: "too large", 422: "wrong content",
-        429: "rate limited",
+        408: "body too slow", 409: "conflict", 410: "run finished", 413: "too large", 422: "wrong content",
+        429: "rate limited", 500: "server fault (internal_error, with a request_id)",
+        503: "too many uploads in flight (server_busy)",
     }.items()
 }  # fmt: skip
 
 
-async def _read_limited(request: Request, limit: int) -> bytes:
-    """The body, refused with 413 as soon as it exceeds ``limit`` (chunked bodies too)."""
-    length = request.headers.get("content-length")
-    if length is not None and length.isdigit() and int(length) > limit:
-        raise too_large(limit)
-    chunks, total = [], 0
-    async for chunk in request.stream():
-        total += len(chunk)
-        if total > limit:
-            raise too_large(limit)
-        chunks.append(chunk)
-    return b"".join(chunks)
+@contextlib.contextmanager
+def _upload_slot(state: ServerState) -> Iterator[None]:
+    """One of ``--max-inflight-uploads``, or 503 ``server_busy`` (nothing is read or stored)."""
+    if state.uploads_in_flight >= state.config.max_inflight_uploads:
+        raise ProtocolError(503, "server_busy", "the server is receiving as many uploads as it can; retry later",
+                            {"Retry-After": str(state.config.retry_after)})  # fmt: skip
+    state.uploads_in_flight += 1  # only touched on the event loop: no lock needed
+    try:
+        yield
+    finally:
+        state.uploads_in_flight -= 1
 
 
 def _file_response(path: Path, sha256: str, request: Request, state: ServerState) -> Response:
     etag = f'"{sha256}"'
     if etag in [t.strip() for t in request.headers.get("if-none-match", "").split(",")]:
         return Response(status_code=304, headers={"ETag": etag})
-    data = path.read_bytes()
-    state.metrics.sent(len(data))
-    return Response(data, media_type=OCTETS, headers={"ETag": etag})
+    state.metrics.sent(path.stat().st_size)
+    return FileResponse(path, media_type=OCTETS, headers={"ETag": etag})
+
+
+def _enrollment(body: bytes) -> tuple[object, str | None]:
+    """(enrollment_key, platform) from an enrollment body, or a 400."""
+    try:
+        data = strict_json.loads(body)
+    except strict_json.JsonError as exc:
+        raise bad_request("malformed_json", f"the body is not valid JSON: {exc}") from exc
+    if not isinstance(data, dict):
+        raise bad_request("malformed_json", "the body must be a JSON object")
+    platform = data.get("platform")
+    if platform is not None and not (isinstance(platform, str) and len(platform) <= MAX_PLATFORM_LENGTH):
+        raise bad_request("bad_request", f"platform must be a string of at most {MAX_PLATFORM_LENGTH} characters")
+    return data.get("enrollment_key"), platform
 
 
 def create_app(config: ServerConfig, state: ServerState | None = None) -> FastAPI:
@@ -106,15 +125,15 @@ def create_app(config: ServerConfig, state: ServerState | None = None) -> FastAP
         app.state.fedper = state or await to_thread.run_sync(open_state, config)
         interval = max(0.05, min(1.0, config.round_timeout / 20)) if config.round_timeout else 1.0
 
-        async def enforce_deadlines() -> None:
+        async def apply_clock() -> None:
             while True:
                 await asyncio.sleep(interval)
                 try:
-                    await to_thread.run_sync(app.state.fedper.rounds.check_deadline)
-                except Exception:  # keep enforcing; the error is logged
-                    log.exception("deadline check failed")
+                    await to_thread.run_sync(app.state.fedper.rounds.tick)
+                except Exception:  # keep ticking; the error is logged
+                    log.exception(json.dumps({"event": "tick_failed"}))
 
-        task = asyncio.create_task(enforce_deadlines())
+        task = asyncio.create_task(apply_clock())
         try:
             yield
         finally:
@@ -128,11 +147,13 @@ def create_app(config: ServerConfig, state: ServerState | None = None) -> FastAP
         "on-device and upload only the base; the server aggregates with sample-weighted FedAvg.",
         lifespan=lifespan,
     )
+    app.add_middleware(InternalErrorMiddleware)
     app.add_exception_handler(ProtocolError, protocol_error_handler)
+    app.add_exception_handler(ClientDisconnectedError, client_disconnected_handler)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_r: Request, exc: StarletteHTTPException) -> JSONResponse:
-        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "bad_request")
         return JSONResponse({"code": code, "message": str(exc.detail)}, status_code=exc.status_code)
 
     @app.exception_handler(RequestValidationError)
@@ -145,24 +166,16 @@ def create_app(config: ServerConfig, state: ServerState | None = None) -> FastAP
 
     @app.post("/v1/devices", status_code=201, response_model=Enrolled, responses=ERRORS)
     async def enroll(request: Request, state: State) -> Enrolled:
-        client = request.client.host if request.client else "unknown"
-        allowed, wait = state.limiter.allow(client)
-        if not allowed:
-            raise ProtocolError(429, "rate_limited", "too many enrollments from this address",
-                                {"Retry-After": str(wait)})  # fmt: skip
-        body = await _read_limited(request, JSON_LIMIT)
-        try:
-            data = json.loads(body)
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise bad_request("malformed_json", f"the body is not JSON: {exc}") from exc
-        if not isinstance(data, dict):
-            raise bad_request("malformed_json", "the body must be a JSON object")
-        key = data.get("enrollment_key")
+        check_not_throttled(request, state)
+        body = await read_small(request, JSON_LIMIT, state.config.upload_timeout)
+        key, platform = _enrollment(body)
         if not isinstance(key, str) or not same_secret(key, state.secrets.enrollment_key):
-            raise unauthorized("wrong enrollment key")
-        platform = data.get("platform")
+            raise failed(request, state, "wrong enrollment key")
+        allowed, wait = state.limiter.allow(client_address(request))
+        if not allowed:
+            raise rate_limited("too many enrollments from this address", wait)
         device_id, token = f"d-{secrets.token_hex(8)}", new_token()
-        state.db.add_device(device_id, token_hash(token), platform if isinstance(platform, str) else None)
+        await to_thread.run_sync(state.db.add_device, device_id, token_hash(token), platform)
         log.info(json.dumps({"event": "device_enrolled", "device": device_id, "platform": platform}))
         return Enrolled(device_id=device_id, token=token)
 
@@ -170,7 +183,7 @@ def create_app(config: ServerConfig, state: ServerState | None = None) -> FastAP
     def task(device_id: DeviceId, state: State) -> Response:
         snap = state.rounds.snapshot
         if snap.finished:
-            raise ProtocolError(410, "run_finished", "the run is finished")
+            raise run_finished()
         retry = {"Retry-After": str(state.config.retry_after)}
         if snap.state != "open" or state.db.has_update(snap.round, device_id):
             return Response(status_code=204, headers=retry)
@@ -178,7 +191,7 @@ def create_app(config: ServerConfig, state: ServerState | None = None) -> FastAP
         body = {
             "round": snap.round,
             "model_version": snap.model_version,
-            "deadline": _iso(snap.deadline),
+            "deadline": iso_time(snap.deadline),
             "base_url": f"/v1/models/{snap.model_version}/base",
             "manifest_url": "/v1/artifacts/manifest.json",
             "manifest_sha256": state.manifest_sha256,
@@ -198,7 +211,7 @@ def create_app(config: ServerConfig, state: ServerState | None = None) -> FastAP
     def artifact(name: str, request: Request, _who: AnyCaller, state: State) -> Response:
         path = state.artifact_path(name)
         if path is None:
-            raise not_found(f"artifact {name!r}")
+            raise not_found(f"artifact {name[:80]!r}")
         sha = state.manifest_sha256 if name == "manifest.json" else state.manifest.sha256[name]
         return _file_response(path, sha, request, state)
 
@@ -215,18 +228,31 @@ def create_app(config: ServerConfig, state: ServerState | None = None) -> FastAP
         },
     )
     async def upload(round_number: int, request: Request, device_id: DeviceId, state: State) -> Accepted:
+        """The checks run in the protocol's order: 410, 503, 404, 413, 408, 400, 422, 409."""
+        rounds, c = state.rounds, state.config
         try:
-            if not state.rounds.round_exists(round_number):
-                raise not_found(f"round {round_number}")
-            body = await _read_limited(request, state.max_upload_bytes)
-            parsed = await to_thread.run_sync(validate, body, state.manifest, state.config.max_num_samples)
-            received = await to_thread.run_sync(state.rounds.accept, device_id, round_number, parsed, body)
+            if rounds.snapshot.finished:
+                raise run_finished()
+            with _upload_slot(state):
+                if not rounds.round_exists(round_number):
+                    raise not_found(f"round {round_number}")
+                async with streamed_to_file(request, state.max_upload_bytes, c.upload_timeout, rounds.store) as body:
+                    size = body.stat().st_size
+                    base = await to_thread.run_sync(rounds.round_base, round_number) if c.max_update_norm else None
+                    parsed = await to_thread.run_sync(
+                        validate, body, state.manifest, c.max_num_samples, base, c.max_update_norm
+                    )
+                staged = await to_thread.run_sync(rounds.stage, device_id, round_number, parsed)
+                try:
+                    received = await to_thread.run_sync(rounds.commit, staged)
+                finally:
+                    rounds.discard(staged)  # a no-op once committed (the file was renamed away)
         except ProtocolError as exc:
             state.metrics.reject(exc.code)
             log.info(json.dumps({"event": "upload_rejected", "device": device_id,
                                  "round": round_number, "code": exc.code}))  # fmt: skip
             raise
-        state.metrics.accept(len(body))
+        state.metrics.accept(size)
         log.info(json.dumps({"event": "update_accepted", "device": device_id,
                              "round": round_number, "received": received}))  # fmt: skip
         return Accepted(round=round_number, accepted=True, received=received)
@@ -253,9 +279,10 @@ def create_app(config: ServerConfig, state: ServerState | None = None) -> FastAP
     @app.post("/v1/admin/devices/{device_id}/revoke", responses=ERRORS)
     def revoke(device_id: str, _op: Operator, state: State) -> dict[str, Any]:
         if not state.db.revoke_device(device_id):
-            raise not_found(f"device {device_id!r}")
-        log.info(json.dumps({"event": "device_revoked", "device": device_id}))
-        return {"device_id": device_id, "revoked": True}
+            raise not_found(f"device {device_id[:80]!r}")
+        withdrawn = state.rounds.withdraw(device_id)
+        log.info(json.dumps({"event": "device_revoked", "device": device_id, "update_withdrawn": withdrawn}))
+        return {"device_id": device_id, "revoked": True, "update_withdrawn": withdrawn}
 
     @app.post("/v1/admin/stop", responses=ERRORS)
     def stop(_op: Operator, state: State) -> dict[str, Any]:
@@ -271,12 +298,8 @@ def create_app(config: ServerConfig, state: ServerState | None = None) -> FastAP
     @app.get("/metrics", response_class=PlainTextResponse)
     def metrics(state: State) -> str:
         snap = state.rounds.snapshot
-        return state.metrics.render(snap.rounds_closed, snap.round, state.rounds.aggregation_seconds)
+        return state.metrics.render(
+            snap.rounds_closed, snap.round, state.rounds.aggregation_seconds, state.uploads_in_flight
+        )
 
     return app
-
-
-def _iso(timestamp: float | None) -> str | None:
-    if timestamp is None:
-        return None
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(timestamp))

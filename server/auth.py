@@ -1,4 +1,11 @@
-"""Typed request dependencies: who is calling (a device, the operator), from the bearer token."""
+"""Typed request dependencies: who is calling (a device, the operator), from the bearer token.
+
+Failed authentications are counted per client address. An address over the limit gets 429
+before its credential is compared with the admin token or the enrollment key, so guessing
+gains nothing; a valid device token still works from it (device tokens are 256 random
+bits: telling a valid one from a throttled guess gives nothing away), so honest phones
+behind the same address keep training.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +15,7 @@ from typing import Annotated, Literal
 from fastapi import Depends, Request
 
 from server.credentials import same_secret, token_hash
-from server.errors import forbidden, unauthorized
+from server.errors import forbidden, rate_limited, unauthorized
 from server.state import ServerState
 
 
@@ -26,6 +33,22 @@ class Caller:
     device_id: str | None = None
 
 
+def client_address(request: Request) -> str:
+    """The peer's address, or the one a trusted proxy reported (uvicorn applies only those)."""
+    return request.client.host if request.client else "unknown"
+
+
+def check_not_throttled(request: Request, state: ServerState) -> None:
+    wait = state.auth_failures.blocked(client_address(request))
+    if wait:
+        raise rate_limited("too many failed authentications from this address", wait)
+
+
+def failed(request: Request, state: ServerState, message: str) -> Exception:
+    state.auth_failures.record(client_address(request))
+    return unauthorized(message)
+
+
 def _bearer(request: Request) -> str:
     header = request.headers.get("authorization", "")
     scheme, _, token = header.partition(" ")
@@ -36,14 +59,15 @@ def _bearer(request: Request) -> str:
 
 def caller(request: Request, state: State) -> Caller:
     token = _bearer(request)
+    row = state.db.device_by_token_hash(token_hash(token))
+    if row is not None and not row["revoked"] and same_secret(row["token_hash"], token_hash(token)):
+        return Caller("device", str(row["id"]))
+    check_not_throttled(request, state)
     if same_secret(token, state.secrets.admin_token):
         return Caller("operator")
-    row = state.db.device_by_token_hash(token_hash(token))
-    if row is None or not same_secret(row["token_hash"], token_hash(token)):
-        raise unauthorized("unknown token")
-    if row["revoked"]:
-        raise unauthorized("this device has been revoked")
-    return Caller("device", str(row["id"]))
+    if row is not None and row["revoked"]:
+        raise failed(request, state, "this device has been revoked")
+    raise failed(request, state, "unknown token")
 
 
 AnyCaller = Annotated[Caller, Depends(caller)]

@@ -26,6 +26,19 @@ class ServerConfig:
     max_num_samples: int = option(100_000, "largest num_samples an update may claim")
     retry_after: int = option(5, "seconds idle devices are told to wait (Retry-After)")
     enroll_per_minute: int = option(30, "enrollments allowed per client address per minute")
+    auth_failures_per_minute: int = option(
+        20, "failed authentications (wrong token or enrollment key) per client address per minute before 429"
+    )
+    forwarded_allow_ips: str = option(
+        "", "comma-separated proxy addresses whose X-Forwarded-For is trusted (default: none; '*': any)"
+    )
+    upload_timeout: float = option(120.0, "seconds a request body may take to arrive before 408")
+    header_timeout: float = option(10.0, "seconds a client may take to send a request's headers")
+    keep_alive_timeout: int = option(5, "seconds an idle keep-alive connection stays open")
+    max_inflight_uploads: int = option(32, "uploads received at once; more get 503 server_busy")
+    max_update_norm: float = option(
+        0.0, "largest L2 distance of an update from the round's base, over all base tensors (0: no bound)"
+    )
 
     def __post_init__(self) -> None:
         if self.rounds < 1:
@@ -36,3 +49,17 @@ class ServerConfig:
             raise ValueError("--round-timeout must be >= 0")
         if self.max_num_samples < 1:
             raise ValueError("--max-num-samples must be >= 1")
+        positive = {
+            "--upload-timeout": self.upload_timeout, "--header-timeout": self.header_timeout,
+            "--keep-alive-timeout": self.keep_alive_timeout, "--max-inflight-uploads": self.max_inflight_uploads,
+            "--enroll-per-minute": self.enroll_per_minute, "--auth-failures-per-minute": self.auth_failures_per_minute,
+        }  # fmt: skip
+        for flag, value in positive.items():
+            if not value > 0:
+                raise ValueError(f"{flag} must be > 0, got {value}")
+        if not self.max_update_norm >= 0:
+            raise ValueError("--max-update-norm must be >= 0 (0: no bound)")
+
+    @property
+    def trusted_proxies(self) -> list[str]:
+        return [a.strip() for a in self.forwarded_allow_ips.split(",") if a.strip()]

@@ -1,9 +1,21 @@
-"""Protocol errors: every 4xx/5xx answer carries a stable ``code`` and a ``message``."""
+"""Protocol errors: every 4xx/5xx answer is JSON with a stable ``code`` and a ``message``.
+
+Faults of the server itself answer 500 ``internal_error`` with a ``request_id`` that the log
+line carrying the traceback also holds; a client that went away mid-request costs one INFO
+line, not a traceback.
+"""
 
 from __future__ import annotations
 
+import json
+import logging
+import secrets
+
 from fastapi import Request
 from fastapi.responses import JSONResponse
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+log = logging.getLogger("fedper.server")
 
 
 class ProtocolError(Exception):
@@ -13,6 +25,10 @@ class ProtocolError(Exception):
         self.code = code
         self.message = message
         self.headers = headers or {}
+
+
+class ClientDisconnectedError(Exception):
+    """The client disconnected before its request body arrived: nobody to answer."""
 
 
 def unauthorized(message: str = "missing or unknown token") -> ProtocolError:
@@ -43,6 +59,54 @@ def too_large(limit: int) -> ProtocolError:
     return ProtocolError(413, "payload_too_large", f"the body is larger than {limit} bytes")
 
 
+def run_finished() -> ProtocolError:
+    return ProtocolError(410, "run_finished", "the run is finished")
+
+
+def rate_limited(message: str, retry_after: int) -> ProtocolError:
+    return ProtocolError(429, "rate_limited", message, {"Retry-After": str(retry_after)})
+
+
 async def protocol_error_handler(_request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, ProtocolError)
     return JSONResponse({"code": exc.code, "message": exc.message}, status_code=exc.status, headers=exc.headers)
+
+
+async def client_disconnected_handler(request: Request, _exc: Exception) -> JSONResponse:
+    client = request.client.host if request.client else "unknown"
+    log.info(json.dumps({"event": "client_disconnected", "path": request.url.path, "client": client}))
+    return JSONResponse({"code": "bad_request", "message": "the client disconnected"}, status_code=400)
+
+
+class InternalErrorMiddleware:
+    """Outermost layer: an unhandled exception becomes 500 ``internal_error`` (JSON, with a
+    ``request_id``) and one ERROR log entry with the traceback, instead of a plain-text body."""
+
+    def __init__(self, app: ASGIApp):
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def tracking_send(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracking_send)
+        except Exception:
+            request_id = secrets.token_hex(8)
+            log.exception(json.dumps({"event": "internal_error", "request_id": request_id,
+                                      "method": scope.get("method"), "path": scope.get("path")}))  # fmt: skip
+            if started:  # too late for a status: the connection is cut instead
+                return
+            response = JSONResponse(
+                {"code": "internal_error", "message": "the server failed; report the request_id to its operator",
+                 "request_id": request_id},
+                status_code=500,
+            )  # fmt: skip
+            await response(scope, receive, send)

@@ -27,7 +27,7 @@ class MetricsRegistry:
         with self._lock:
             self.bytes_out += nbytes
 
-    def render(self, rounds_closed: int, current_round: int, aggregation_seconds: float) -> str:
+    def render(self, rounds_closed: int, current_round: int, aggregation_seconds: float, in_flight: int) -> str:
         with self._lock:
             lines = [
                 "# TYPE fedper_rounds_closed_total counter",
@@ -46,5 +46,7 @@ class MetricsRegistry:
                 f"fedper_bytes_sent_total {self.bytes_out}",
                 "# TYPE fedper_aggregation_seconds_total counter",
                 f"fedper_aggregation_seconds_total {aggregation_seconds:.6f}",
+                "# TYPE fedper_uploads_in_flight gauge",
+                f"fedper_uploads_in_flight {in_flight}",
             ]
         return "\n".join(lines) + "\n"

@@ -1,29 +1,64 @@
-"""Per-address rate limit for enrollment (the enrollment key ships inside apps: not a secret)."""
+"""Per-address sliding-window limits: enrollments, and failed authentications.
+
+The enrollment key ships inside apps (not a secret), and the admin token must not be
+guessable at network speed, so both are limited per client address (the peer's, or the
+one a trusted proxy reports). The number of addresses tracked is bounded, so rotating
+addresses costs the attacker the limit, not the server its memory.
+"""
 
 from __future__ import annotations
 
 import threading
 import time
-from collections import defaultdict, deque
+from collections import OrderedDict, deque
+
+MAX_ADDRESSES = 100_000
 
 
 class RateLimiter:
-    """At most ``limit`` events per ``window`` seconds per key (sliding window)."""
+    """At most ``limit`` events per ``window`` seconds per key."""
 
-    def __init__(self, limit: int, window: float = 60.0):
+    def __init__(self, limit: int, window: float = 60.0, max_keys: int = MAX_ADDRESSES):
         self.limit = limit
         self.window = window
-        self._events: dict[str, deque[float]] = defaultdict(deque)
+        self.max_keys = max_keys
+        self._events: OrderedDict[str, deque[float]] = OrderedDict()
         self._lock = threading.Lock()
 
+    def _recent(self, key: str, now: float) -> deque[float]:
+        events = self._events.get(key)
+        if events is None:
+            events = self._events[key] = deque()
+            while len(self._events) > self.max_keys:
+                self._events.popitem(last=False)
+        while events and events[0] <= now - self.window:
+            events.popleft()
+        return events
+
+    def _wait(self, events: deque[float], now: float) -> int:
+        return max(1, int(events[0] + self.window - now) + 1)
+
     def allow(self, key: str, now: float | None = None) -> tuple[bool, int]:
-        """(allowed, seconds to wait if not)."""
+        """Count one event if under the limit: (allowed, seconds to wait if not)."""
         now = time.monotonic() if now is None else now
         with self._lock:
-            events = self._events[key]
-            while events and events[0] <= now - self.window:
-                events.popleft()
+            events = self._recent(key, now)
             if len(events) >= self.limit:
-                return False, max(1, int(events[0] + self.window - now) + 1)
+                return False, self._wait(events, now)
             events.append(now)
             return True, 0
+
+    def blocked(self, key: str, now: float | None = None) -> int:
+        """Seconds to wait if ``key`` is at the limit, else 0 (counts nothing)."""
+        now = time.monotonic() if now is None else now
+        with self._lock:
+            if key not in self._events:
+                return 0
+            events = self._recent(key, now)
+            return self._wait(events, now) if len(events) >= self.limit else 0
+
+    def record(self, key: str, now: float | None = None) -> None:
+        """Count one event, whatever the limit."""
+        now = time.monotonic() if now is None else now
+        with self._lock:
+            self._recent(key, now).append(now)

@@ -1,40 +1,50 @@
-"""Rounds: the state machine of PROTOCOL.md v1, durable in SQLite and the blob directory.
+"""Rounds: the state machine of PROTOCOL.md, durable in SQLite (:mod:`server.storage`) and
+the blob folders (:mod:`server.update_store`).
 
-Uploads are parsed and validated outside any lock, written to a temporary file and
-fsynced outside the lock too; only the final checks, the rename, the database insert and
-the fold into the streaming FedAvg happen under the round lock. Closing a round writes
-and fsyncs model version v+1, then records it and opens the next round in one
-transaction. Readers (tasks, status, downloads) use an immutable snapshot and never wait
-for an aggregation.
+A round is ``open`` until it becomes ``closed`` (aggregated into version v+1), ``abandoned``
+(deadline with fewer than ``min_clients``) or ``stopped`` (operator); the run is
+``running`` until ``rounds_total`` rounds closed or the operator stopped it. Every
+transition is one transaction, and the in-memory :class:`Snapshot` is re-read from the
+database after every commit, whether the commit or what followed it failed or not: memory
+never runs ahead of or behind the database. Time comes from an injected clock.
+
+An upload goes through two steps so that a rejected one leaves nothing behind: ``stage``
+checks the 409 conditions and writes the canonical file into ``tmp/`` (outside the lock);
+``commit`` checks them again under the lock, then renames the file into the round's
+folder, records it, folds it into the streaming FedAvg, and closes the round if it is full.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from fedper import weights
 from fedper.aggregate import FedAvg
-from fedper.atomic_write import atomic_write_bytes, fsync_directory
+from fedper.atomic_write import atomic_write_bytes
 from fedper.manifest import Manifest, sha256_file
 from fedper.metrics import summarize
 from server.config import ServerConfig
-from server.errors import conflict
-from server.storage import Database, Round
+from server.errors import conflict, run_finished, unauthorized
+from server.storage import Database, StoredUpdate
+from server.update_store import UpdateStore
 from server.upload_validation import Upload
 
 log = logging.getLogger("fedper.server")
+Clock = Callable[[], float]
 
 
 @dataclass(frozen=True)
 class Snapshot:
-    """What readers need, replaced atomically whenever the state changes."""
+    """What readers need, replaced whole after every commit."""
 
     finished: bool
     round: int
@@ -45,120 +55,138 @@ class Snapshot:
     rounds_closed: int
 
 
+@dataclass(frozen=True)
+class Staged:
+    """An upload that passed every check, written to a temporary canonical file."""
+
+    device_id: str
+    round: int
+    upload: Upload
+    temp: Path
+
+
 class RoundManager:
-    def __init__(self, config: ServerConfig, manifest: Manifest, db: Database, data_dir: Path):
+    def __init__(
+        self,
+        config: ServerConfig,
+        manifest: Manifest,
+        db: Database,
+        data_dir: Path,
+        clock: Clock = time.time,
+    ):
         self.config = config
-        self.manifest = manifest
         self.db = db
-        self.data_dir = data_dir
+        self.clock = clock
         self.models_dir = data_dir / "models"
-        self.updates_dir = data_dir / "updates"
         self._layout = manifest.layout("base")
-        self._lock = threading.Lock()
-        self._accumulator: FedAvg | None = None
-        self._closing = False
+        self.store = UpdateStore(data_dir, self._layout)
+        self._lock = threading.RLock()
+        self._accumulator: FedAvg | None = None  # of the open round; rebuilt from its files when None
+        self._bases: dict[int, dict[str, np.ndarray]] = {}  # model versions, for the update bound
         self.snapshot = Snapshot(False, 0, "open", 0, None, 0, 0)
         self.aggregation_seconds = 0.0
 
     # --- start and resume ---------------------------------------------------------------
 
     def start(self, initial_base: Path) -> None:
-        """Open round 1 on version 0 at first start; otherwise resume exactly where we were."""
+        """Open round 1 on version 0 at first start; otherwise resume where the database says."""
         self.models_dir.mkdir(parents=True, exist_ok=True)
-        self.updates_dir.mkdir(parents=True, exist_ok=True)
         with self._lock:
             if self.db.model_version(0) is None:
                 target = self.models_dir / "v0.safetensors"
+                weights.load_checked([initial_base], self._layout)  # served as is, so it must load
                 atomic_write_bytes(target, initial_base.read_bytes())
+                now = self.clock()
                 with self.db.transaction() as conn:
-                    conn.execute(
-                        "INSERT INTO model_versions (version, sha256, file, created_at, "
-                        "from_round) VALUES (0, ?, ?, ?, NULL)",
-                        (sha256_file(target), target.name, time.time()),
-                    )
-                    self._open_round(conn, 1, 0)
+                    self.db.insert_version(conn, 0, sha256_file(target), target.name, now, None)
+                    self.db.open_round(conn, 1, 0, now, self._deadline(now))
                     self.db.set_meta(conn, "state", "running")
                 log.info(json.dumps({"event": "round_opened", "round": 1, "model_version": 0}))
             current = self.db.latest_round()
             assert current is not None
-            if current.state == "open":
-                self._accumulator = self._rebuild(current)
+            open_round = current.round if current.state == "open" and not self._finished() else None
+            if open_round is not None:
+                self._load_open_round(open_round)
+            referenced = {u.file for u in self.db.updates(open_round)} if open_round is not None else set()
+            self.store.remove_leftovers(open_round, {f for f in referenced if f is not None})
             self._refresh()
-        self.check_deadline()  # a deadline that passed while we were down applies now
+        self.tick()  # a deadline that passed while we were down, or a full round not yet closed
 
-    def _rebuild(self, current: Round) -> FedAvg:
-        """The open round's accumulator, from the updates stored before a restart."""
+    def _load_open_round(self, number: int) -> None:
+        """The open round's accumulator from its stored updates, read with the loader; a file it
+        refuses is quarantined and its row removed, so the round's count is recomputed."""
         acc = FedAvg(self._layout)
-        for update in self.db.updates(current.round):
-            if update.file is None:
+        for update in self.db.updates(number):
+            try:
+                if update.file is None:
+                    raise FileNotFoundError("no file recorded")
+                tensors = self.store.load(update.file)
+            except (weights.WeightsError, OSError) as exc:
+                if update.file is not None:
+                    self.store.quarantine(update.file, str(exc))
+                with self.db.transaction() as conn:
+                    self.db.delete_update(conn, number, update.device_id)
+                log.warning(json.dumps({"event": "update_dropped", "round": number, "device": update.device_id,
+                                        "reason": str(exc)[:300]}))  # fmt: skip
                 continue
-            tensors = weights.load(self.updates_dir / update.file)
             acc.add(tensors, update.num_samples)
-        return acc
+        self._accumulator = acc
 
-    def _open_round(self, conn: Any, number: int, version: int) -> None:
-        timeout = self.config.round_timeout
-        deadline = time.time() + timeout if timeout > 0 else None
-        conn.execute(
-            "INSERT INTO rounds (round, state, model_version, opened_at, deadline) VALUES (?, 'open', ?, ?, ?)",
-            (number, version, time.time(), deadline),
-        )
+    def _deadline(self, now: float) -> float | None:
+        return now + self.config.round_timeout if self.config.round_timeout > 0 else None
+
+    def _finished(self) -> bool:
+        return self.db.get_meta("state") == "finished"
 
     def _refresh(self) -> None:
+        """The snapshot, read from the database (called after every commit, also after failures)."""
         current = self.db.latest_round()
         assert current is not None
-        received = len(self.db.updates(current.round)) if current.state == "open" else 0
         self.snapshot = Snapshot(
-            finished=self.db.get_meta("state") == "finished",
+            finished=self._finished(),
             round=current.round,
             state=current.state,
             model_version=current.model_version,
             deadline=current.deadline,
-            received=received,
+            received=self.db.count_updates(current.round) if current.state == "open" else 0,
             rounds_closed=self.db.count_closed_rounds(),
         )
 
+    def _open_accumulator(self, number: int) -> FedAvg:
+        if self._accumulator is None:
+            acc = FedAvg(self._layout)
+            for update in self.db.updates(number):
+                if update.file is not None:
+                    acc.add(self.store.load(update.file), update.num_samples)
+            self._accumulator = acc
+        return self._accumulator
+
     # --- uploads ------------------------------------------------------------------------
 
-    def accept(self, device_id: str, number: int, upload: Upload, body: bytes) -> int:
-        """Store and fold one validated update; returns how many the round has now."""
-        round_dir = self.updates_dir / f"r{number}"
-        round_dir.mkdir(parents=True, exist_ok=True)
-        final = round_dir / f"{device_id}.safetensors"
-        temp = round_dir / f".{device_id}.{os.getpid()}.{threading.get_ident()}.tmp"
-        with temp.open("wb") as f:  # durable before we answer 202, written outside the lock
-            f.write(body)
-            f.flush()
-            os.fsync(f.fileno())
-        try:
-            with self._lock:
-                self._check_conflicts(device_id, number, upload)
-                os.replace(temp, final)
-                fsync_directory(round_dir)
-                with self.db.transaction() as conn:
-                    conn.execute(
-                        "INSERT INTO updates (round, device_id, num_samples, base_version, file, "
-                        "metrics, received_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                        (number, device_id, upload.num_samples, upload.base_version,
-                         f"r{number}/{final.name}", json.dumps(upload.metrics), time.time()),
-                    )  # fmt: skip
-                assert self._accumulator is not None
-                self._accumulator.add(upload.tensors, upload.num_samples)
-                received = self.snapshot.received + 1
-                self.snapshot = _replace(self.snapshot, received=received)
-                if received >= self.config.target_clients:
-                    self._close(number, "target reached")
-                return received
-        finally:
-            temp.unlink(missing_ok=True)
+    def round_exists(self, number: int) -> bool:
+        return 1 <= number <= self.snapshot.round
 
-    def _check_conflicts(self, device_id: str, number: int, upload: Upload) -> None:
-        """409s in the protocol's order: duplicate, round not open, stale base version."""
+    def round_base(self, number: int) -> dict[str, np.ndarray]:
+        """The base that round ``number`` trains (float64, for the update bound)."""
+        info = self.db.round(number)
+        if info is None:
+            raise KeyError(number)
+        version = info.model_version
+        if version not in self._bases:
+            found = self.version_file(version)
+            assert found is not None
+            self._bases = {version: {k: v.astype(np.float64) for k, v in weights.load(found[0]).items()}}
+        return self._bases[version]
+
+    def check_conflicts(self, device_id: str, number: int, upload: Upload) -> None:
+        """410, then the 409s in the protocol's order: duplicate, round not open, stale base version."""
+        if self._finished():
+            raise run_finished()
         if self.db.has_update(number, device_id):
             raise conflict("duplicate_update", f"this device already has an accepted update in round {number}")
         current = self.db.latest_round()
         assert current is not None
-        if number != current.round or current.state != "open" or self.snapshot.finished:
+        if number != current.round or current.state != "open":
             raise conflict("round_not_open", f"round {number} is not open (the open round is {current.round})")
         if upload.base_version != current.model_version:
             raise conflict(
@@ -167,102 +195,152 @@ class RoundManager:
                 f"version {upload.base_version}",
             )
 
-    def round_exists(self, number: int) -> bool:
-        return 1 <= number <= self.snapshot.round
+    def stage(self, device_id: str, number: int, upload: Upload) -> Staged:
+        """Check the conflicts, then write the canonical file (outside the lock: the slow part)."""
+        self.check_conflicts(device_id, number, upload)
+        return Staged(device_id, number, upload, self.store.write_canonical(upload.tensors, upload.metadata()))
 
-    # --- closing, abandoning, finishing --------------------------------------------------
+    def commit(self, staged: Staged) -> int:
+        """Record a staged upload (or refuse it, removing its file); returns the round's count."""
+        try:
+            with self._lock:
+                if self.db.device_revoked(staged.device_id):
+                    raise unauthorized("this device has been revoked")
+                self.check_conflicts(staged.device_id, staged.round, staged.upload)
+                acc = self._open_accumulator(staged.round)
+                try:
+                    relative = self.store.commit(staged.temp, staged.round, staged.device_id)
+                    update = StoredUpdate(staged.round, staged.device_id, staged.upload.num_samples,
+                                          staged.upload.base_version, relative, staged.upload.metrics)  # fmt: skip
+                    with self.db.transaction() as conn:
+                        self.db.insert_update(conn, update, self.clock())
+                    acc.add(staged.upload.tensors, staged.upload.num_samples)
+                except BaseException:
+                    self._accumulator = None  # whatever happened, rebuild it from the database
+                    raise
+                finally:
+                    self._refresh()
+                received = self.snapshot.received
+                if received >= self.config.target_clients:
+                    self._try_close(staged.round, "target reached")
+                return received
+        finally:
+            self.store.remove(staged.temp)
+
+    def discard(self, staged: Staged) -> None:
+        self.store.remove(staged.temp)
+
+    # --- closing, abandoning, stopping ----------------------------------------------------
+
+    def _try_close(self, number: int, reason: str) -> None:
+        """Close; a failure is logged and retried at the next tick (the update that filled the
+        round is stored either way, so its device gets its 202)."""
+        try:
+            self._close(number, reason)
+        except Exception:
+            log.exception(json.dumps({"event": "round_close_failed", "round": number}))
 
     def _close(self, number: int, reason: str) -> None:
         """Aggregate, write version v+1 durably, then record it and open the next round."""
         start = time.perf_counter()
         current = self.db.round(number)
-        assert current is not None and self._accumulator is not None
+        assert current is not None and current.state == "open"
         updates = self.db.updates(number)
-        base = self._accumulator.result()
+        base = self._open_accumulator(number).result()
         version = current.model_version + 1
         target = self.models_dir / f"v{version}.safetensors"
         weights.save(target, base)  # temp file, fsync, rename, fsync directory
         metrics = round_metrics(updates)
         finished = self.db.count_closed_rounds() + 1 >= self.config.rounds
-        with self.db.transaction() as conn:
-            conn.execute(
-                "INSERT OR REPLACE INTO model_versions "
-                "(version, sha256, file, created_at, from_round) VALUES (?, ?, ?, ?, ?)",
-                (version, sha256_file(target), target.name, time.time(), number),
-            )
-            conn.execute(
-                "UPDATE rounds SET state = 'closed', closed_at = ?, result_version = ?, metrics = ? WHERE round = ?",
-                (time.time(), version, json.dumps(metrics), number),
-            )
-            conn.execute("UPDATE updates SET file = NULL WHERE round = ?", (number,))
-            if finished:
-                self.db.set_meta(conn, "state", "finished")
-            else:
-                self._open_round(conn, number + 1, version)
-        self._delete_update_files(number)
-        self._accumulator = None if finished else FedAvg(self._layout)
+        now = self.clock()
+        try:
+            with self.db.transaction() as conn:
+                self.db.insert_version(conn, version, sha256_file(target), target.name, now, number)
+                self.db.end_round(conn, number, "closed", now, version, metrics)
+                if finished:
+                    self.db.set_meta(conn, "state", "finished")
+                else:
+                    self.db.open_round(conn, number + 1, version, now, self._deadline(now))
+        finally:
+            self._refresh()
+        self._accumulator = None
+        self.store.remove_round(number)
         self.aggregation_seconds += time.perf_counter() - start
-        self._refresh()
         log.info(json.dumps({
             "event": "round_closed", "round": number, "reason": reason, "updates": len(updates),
-            "model_version": version, "seconds": round(time.perf_counter() - start, 3),
-            "finished": finished,
+            "model_version": version, "seconds": round(time.perf_counter() - start, 3), "finished": finished,
         }))  # fmt: skip
 
-    def _abandon(self, number: int) -> None:
-        current = self.db.round(number)
-        assert current is not None
-        with self.db.transaction() as conn:
-            conn.execute(
-                "UPDATE rounds SET state = 'abandoned', closed_at = ? WHERE round = ?",
-                (time.time(), number),
-            )
-            conn.execute("UPDATE updates SET file = NULL WHERE round = ?", (number,))
-            self._open_round(conn, number + 1, current.model_version)
-        self._delete_update_files(number)
-        self._accumulator = FedAvg(self._layout)
-        self._refresh()
-        log.info(
-            json.dumps(
-                {
-                    "event": "round_abandoned",
-                    "round": number,
-                    "model_version": current.model_version,
-                }
-            )
-        )
+    def _abandon(self, number: int, version: int) -> None:
+        now = self.clock()
+        try:
+            with self.db.transaction() as conn:
+                self.db.end_round(conn, number, "abandoned", now)
+                self.db.open_round(conn, number + 1, version, now, self._deadline(now))
+        finally:
+            self._refresh()
+        self._accumulator = None
+        self.store.remove_round(number)
+        log.info(json.dumps({"event": "round_abandoned", "round": number, "model_version": version}))
 
-    def _delete_update_files(self, number: int) -> None:
-        round_dir = self.updates_dir / f"r{number}"
-        if round_dir.exists():
-            for file in round_dir.iterdir():
-                file.unlink(missing_ok=True)
-            round_dir.rmdir()
-
-    def check_deadline(self, now: float | None = None) -> None:
-        """Close (>= min_clients) or abandon a round whose deadline has passed."""
+    def tick(self) -> None:
+        """Apply the clock: close (>= min_clients) or abandon a round past its deadline, and close
+        a full round whose closing failed earlier."""
         snap = self.snapshot
-        now = time.time() if now is None else now
-        if snap.finished or snap.state != "open" or snap.deadline is None or now < snap.deadline:
+        now = self.clock()
+        due = snap.deadline is not None and now >= snap.deadline
+        if snap.finished or snap.state != "open" or not (due or snap.received >= self.config.target_clients):
             return
         with self._lock:
             current = self.db.latest_round()
-            if current is None or current.state != "open" or current.deadline is None or now < current.deadline:
+            if current is None or current.state != "open" or self._finished():
                 return
-            if self.db.get_meta("state") == "finished":
-                return
-            if len(self.db.updates(current.round)) >= self.config.min_clients:
-                self._close(current.round, "deadline")
-            else:
-                self._abandon(current.round)
+            received = self.db.count_updates(current.round)
+            if received >= self.config.target_clients:
+                self._try_close(current.round, "target reached")
+            elif current.deadline is not None and now >= current.deadline:
+                if received >= self.config.min_clients:
+                    self._try_close(current.round, "deadline")
+                else:
+                    self._abandon(current.round, current.model_version)
 
     def stop(self) -> None:
-        """Finish the run now (operator)."""
+        """Finish the run now (operator): the open round is recorded as stopped, not aggregated."""
         with self._lock:
-            with self.db.transaction() as conn:
-                self.db.set_meta(conn, "state", "finished")
-            self._refresh()
-        log.info(json.dumps({"event": "run_stopped", "round": self.snapshot.round}))
+            current = self.db.latest_round()
+            assert current is not None
+            stopped = current.state == "open" and not self._finished()
+            try:
+                with self.db.transaction() as conn:
+                    if stopped:
+                        self.db.end_round(conn, current.round, "stopped", self.clock())
+                    self.db.set_meta(conn, "state", "finished")
+            finally:
+                self._refresh()
+            self._accumulator = None
+            if stopped:
+                self.store.remove_round(current.round)
+        log.info(json.dumps({"event": "run_stopped", "round": current.round}))
+
+    def withdraw(self, device_id: str) -> bool:
+        """Take a (revoked) device's update out of the open round; True if it had one."""
+        with self._lock:
+            current = self.db.latest_round()
+            assert current is not None
+            if current.state != "open" or not self.db.has_update(current.round, device_id):
+                return False
+            files = [u.file for u in self.db.updates(current.round) if u.device_id == device_id]
+            try:
+                with self.db.transaction() as conn:
+                    self.db.delete_update(conn, current.round, device_id)
+            finally:
+                self._refresh()
+            self._accumulator = None  # rebuilt from the remaining files: exact, no subtraction
+            for file in files:
+                if file is not None:
+                    self.store.remove_file(file)
+        log.info(json.dumps({"event": "update_withdrawn", "round": current.round, "device": device_id}))
+        return True
 
     # --- readers ------------------------------------------------------------------------
 
@@ -286,34 +364,23 @@ class RoundManager:
             "min_clients": self.config.min_clients,
             "target_clients": self.config.target_clients,
             "result_version": r.result_version,
-            "deadline": _iso(r.deadline),
+            "deadline": iso_time(r.deadline),
             "metrics": metrics,
         }
 
 
-def round_metrics(updates: list[Any]) -> dict[str, dict[str, float]]:
+def round_metrics(updates: list[StoredUpdate]) -> dict[str, dict[str, float]]:
     """Per metric name: mean, sample-weighted mean and std across the round's devices."""
     names = sorted({name for u in updates for name in u.metrics})
     out = {}
     for name in names:
         pairs = [(u.metrics[name], u.num_samples) for u in updates if name in u.metrics]
         s = summarize([v for v, _ in pairs], [n for _, n in pairs])
-        out[name] = {
-            "mean": s.mean,
-            "weighted_mean": s.weighted_mean,
-            "std": s.std,
-            "count": s.count,
-        }
+        out[name] = {"mean": s.mean, "weighted_mean": s.weighted_mean, "std": s.std, "count": s.count}
     return out
 
 
-def _replace(snapshot: Snapshot, **changes: Any) -> Snapshot:
-    from dataclasses import replace
-
-    return replace(snapshot, **changes)
-
-
-def _iso(timestamp: float | None) -> str | None:
+def iso_time(timestamp: float | None) -> str | None:
     if timestamp is None:
         return None
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(timestamp))

@@ -28,6 +28,7 @@ def serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from server.app import create_app
+    from server.http_protocol import protocol_class
     from server.state import StartupError, open_state
 
     config = from_arguments(ServerConfig, args)
@@ -51,5 +52,15 @@ def serve(args: argparse.Namespace) -> int:
         file=sys.stderr,
         flush=True,
     )
-    uvicorn.run(create_app(config, state), host=config.host, port=config.port, log_level="warning")
+    trusted = config.trusted_proxies
+    uvicorn.run(
+        create_app(config, state),
+        host=config.host,
+        port=config.port,
+        log_level="warning",
+        http=protocol_class(config.header_timeout),
+        proxy_headers=bool(trusted),  # uvicorn would otherwise trust X-Forwarded-For from 127.0.0.1
+        forwarded_allow_ips=trusted or None,
+        timeout_keep_alive=config.keep_alive_timeout,
+    )
     return 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -11,7 +12,7 @@ from server.config import ServerConfig
 from server.credentials import Secrets, load_or_create
 from server.metrics_registry import MetricsRegistry
 from server.rate_limit import RateLimiter
-from server.rounds import RoundManager
+from server.rounds import Clock, RoundManager
 from server.storage import Database
 
 log = logging.getLogger("fedper.server")
@@ -25,9 +26,11 @@ class ServerState:
     secrets: Secrets
     db: Database
     rounds: RoundManager
-    limiter: RateLimiter
+    limiter: RateLimiter  # enrollments per address
+    auth_failures: RateLimiter  # failed authentications per address
     metrics: MetricsRegistry
     max_upload_bytes: int
+    uploads_in_flight: int = 0
 
     def artifact_path(self, name: str) -> Path | None:
         """Only files the manifest names (and the manifest itself); never a path."""
@@ -37,11 +40,14 @@ class ServerState:
         return self.config.artifacts / name
 
 
+MIN_ADMIN_TOKEN_LENGTH = 32
+
+
 class StartupError(RuntimeError):
     """The server cannot start on this data directory / export."""
 
 
-def open_state(config: ServerConfig) -> ServerState:
+def open_state(config: ServerConfig, clock: Clock = time.time) -> ServerState:
     from fedper.manifest import sha256_file
 
     try:
@@ -63,7 +69,14 @@ def open_state(config: ServerConfig) -> ServerState:
             f"{manifest_sha[:12]}...): use a new --data-dir or the original --artifacts"
         )
     secrets = load_or_create(data_dir)
-    rounds = RoundManager(config, manifest, db, data_dir)
+    if len(secrets.admin_token) < MIN_ADMIN_TOKEN_LENGTH:
+        db.close()
+        raise StartupError(
+            f"the admin token is {len(secrets.admin_token)} characters long; use at least "
+            f"{MIN_ADMIN_TOKEN_LENGTH} random ones (python -c 'import secrets; print(secrets.token_urlsafe(32))'), "
+            "or unset FEDPER_ADMIN_TOKEN and delete the data directory's admin_token to have one generated"
+        )
+    rounds = RoundManager(config, manifest, db, data_dir, clock)
     initial_base = config.artifacts / manifest.artifacts["initial_base"]
     rounds.start(initial_base)
     v0 = rounds.version_file(0)
@@ -77,6 +90,7 @@ def open_state(config: ServerConfig) -> ServerState:
         db=db,
         rounds=rounds,
         limiter=RateLimiter(config.enroll_per_minute),
+        auth_failures=RateLimiter(config.auth_failures_per_minute),
         metrics=MetricsRegistry(),
         max_upload_bytes=limit,
     )

@@ -7,6 +7,10 @@ Data directory layout::
     admin_token, enrollment_key  generated secrets (mode 0600), unless given by environment
     models/v<N>.safetensors      aggregated base of model version N (v0 = the export's)
     updates/r<R>/<device>.safetensors   accepted updates of the open round (deleted once aggregated)
+    tmp/                         request bodies and files being written (emptied at start)
+    quarantine/                  stored updates that could not be loaded at start (for inspection)
+
+All SQL of the server lives here.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+SQLITE_MAX = 2**63 - 1  # larger Python ints cannot be bound as SQLite integers: no such row
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS devices (
@@ -39,7 +44,7 @@ CREATE TABLE IF NOT EXISTS model_versions (
 );
 CREATE TABLE IF NOT EXISTS rounds (
     round INTEGER PRIMARY KEY,
-    state TEXT NOT NULL CHECK (state IN ('open', 'closed', 'abandoned')),
+    state TEXT NOT NULL CHECK (state IN ('open', 'closed', 'abandoned', 'stopped')),
     model_version INTEGER NOT NULL,
     opened_at REAL NOT NULL,
     deadline REAL,
@@ -94,7 +99,25 @@ class Database:
             self._conn.execute("PRAGMA journal_mode=WAL")
             self._conn.execute("PRAGMA synchronous=FULL")  # a committed 202 survives power loss
             self._conn.execute("PRAGMA foreign_keys=ON")
+            self._migrate()
             self._conn.executescript(SCHEMA)
+
+    def _migrate(self) -> None:
+        """Data directories of protocol revision 1.0 cannot record a ``stopped`` round: widen the check."""
+        rows = list(self._conn.execute("SELECT sql FROM sqlite_master WHERE type = 'table' AND name = 'rounds'"))
+        if not rows or "'stopped'" in rows[0]["sql"]:
+            return
+        rounds_schema = SCHEMA[SCHEMA.index("CREATE TABLE IF NOT EXISTS rounds") :].split(";")[0]
+        self._conn.execute("BEGIN IMMEDIATE")
+        try:
+            self._conn.execute("ALTER TABLE rounds RENAME TO rounds_rev10")
+            self._conn.execute(rounds_schema)
+            self._conn.execute("INSERT INTO rounds SELECT * FROM rounds_rev10")
+            self._conn.execute("DROP TABLE rounds_rev10")
+        except BaseException:
+            self._conn.execute("ROLLBACK")
+            raise
+        self._conn.execute("COMMIT")
 
     def close(self) -> None:
         with self._lock:
@@ -145,9 +168,14 @@ class Database:
     def count_devices(self) -> int:
         return int(self.query("SELECT COUNT(*) AS n FROM devices")[0]["n"])
 
+    def device_revoked(self, device_id: str) -> bool:
+        return bool(self.query("SELECT 1 FROM devices WHERE id = ? AND revoked = 1", (device_id,)))
+
     # --- rounds, updates, versions ------------------------------------------------------
 
     def round(self, number: int) -> Round | None:
+        if not 0 <= number <= SQLITE_MAX:
+            return None
         rows = self.query("SELECT * FROM rounds WHERE round = ?", (number,))
         return _round(rows[0]) if rows else None
 
@@ -175,7 +203,56 @@ class Database:
     def has_update(self, number: int, device_id: str) -> bool:
         return bool(self.query("SELECT 1 FROM updates WHERE round = ? AND device_id = ?", (number, device_id)))
 
+    def count_updates(self, number: int) -> int:
+        return int(self.query("SELECT COUNT(*) AS n FROM updates WHERE round = ?", (number,))[0]["n"])
+
+    def insert_update(self, conn: sqlite3.Connection, update: StoredUpdate, received_at: float) -> None:
+        conn.execute(
+            "INSERT INTO updates (round, device_id, num_samples, base_version, file, metrics, received_at) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (update.round, update.device_id, update.num_samples, update.base_version, update.file,
+             json.dumps(update.metrics), received_at),
+        )  # fmt: skip
+
+    def delete_update(self, conn: sqlite3.Connection, number: int, device_id: str) -> None:
+        conn.execute("DELETE FROM updates WHERE round = ? AND device_id = ?", (number, device_id))
+
+    def open_round(
+        self, conn: sqlite3.Connection, number: int, version: int, now: float, deadline: float | None
+    ) -> None:
+        conn.execute(
+            "INSERT INTO rounds (round, state, model_version, opened_at, deadline) VALUES (?, 'open', ?, ?, ?)",
+            (number, version, now, deadline),
+        )
+
+    def end_round(
+        self,
+        conn: sqlite3.Connection,
+        number: int,
+        state: str,
+        now: float,
+        result_version: int | None = None,
+        metrics: dict[str, Any] | None = None,
+    ) -> None:
+        """Record how round ``number`` ended; its update files are no longer needed."""
+        conn.execute(
+            "UPDATE rounds SET state = ?, closed_at = ?, result_version = ?, metrics = ? WHERE round = ?",
+            (state, now, result_version, json.dumps(metrics) if metrics is not None else None, number),
+        )
+        conn.execute("UPDATE updates SET file = NULL WHERE round = ?", (number,))
+
+    def insert_version(
+        self, conn: sqlite3.Connection, version: int, sha256: str, file: str, now: float, from_round: int | None
+    ) -> None:
+        conn.execute(
+            "INSERT OR REPLACE INTO model_versions (version, sha256, file, created_at, from_round) "
+            "VALUES (?, ?, ?, ?, ?)",
+            (version, sha256, file, now, from_round),
+        )
+
     def model_version(self, version: int) -> sqlite3.Row | None:
+        if not 0 <= version <= SQLITE_MAX:
+            return None
         rows = self.query("SELECT * FROM model_versions WHERE version = ?", (version,))
         return rows[0] if rows else None
 

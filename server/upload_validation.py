@@ -1,39 +1,57 @@
-"""Parse and check an uploaded safetensors body against the manifest, before anything is stored.
+"""Check an uploaded safetensors file against the manifest before anything is kept.
 
-A hand-written parser (the format is small): every length and offset is bounds-checked,
-nothing is unpickled, and the tensors come back as numpy views on the body bytes.
-Structural problems answer 400; a well-formed body with the wrong content answers 422.
+The body has been streamed to a temporary file. It must satisfy two readers: the protocol's
+strict reading of the header (here: JSON as :mod:`server.strict_json` defines it, integers
+that are not booleans, no unknown fields, no gaps) and the ``safetensors`` library, the code
+that loads stored updates back. Only what both accept goes on, and the server then stores
+its own canonical encoding of the checked tensors, never the client's bytes. Nothing is
+unpickled. Structural problems answer 400; a well-formed body with the wrong content, 422.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import re
 import struct
+from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import numpy as np
+from safetensors import SafetensorError, safe_open
 
 from fedper.manifest import Manifest
+from server import strict_json
 from server.errors import ProtocolError, bad_request, unprocessable
 
-MAX_HEADER_BYTES = 16 << 20
+MAX_HEADER_BYTES = 1 << 20  # a MobileNet or ResNet base needs ~10-20 KiB; parsing more costs memory
 DTYPE_SIZES = {
     "BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "I16": 2, "U16": 2, "F16": 2,
     "BF16": 2, "I32": 4, "U32": 4, "F32": 4, "F64": 8, "I64": 8, "U64": 8,
 }  # fmt: skip
-ACCEPTED_DTYPES = {"F32": np.dtype("<f4"), "F16": np.dtype("<f2")}
+ACCEPTED_DTYPES = ("F32", "F16")
+_NUMPY: dict[str, np.dtype[Any]] = {"F32": np.dtype("<f4"), "F16": np.dtype("<f2")}
 METRIC_NAME = re.compile(r"[a-z0-9_]{1,64}")
+METRIC_VALUE = re.compile(r"[-+]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][-+]?[0-9]{1,3})?")
+INTEGER = re.compile(r"-?[0-9]{1,18}")
 MAX_METRICS = 16
+MAX_METRIC_ABS = 1e9
+ENTRY_FIELDS = {"dtype", "shape", "data_offsets"}
 
 
 @dataclass(frozen=True)
 class Upload:
-    tensors: dict[str, np.ndarray]
+    tensors: dict[str, np.ndarray]  # float32, in the manifest's order
     num_samples: int
     base_version: int
     metrics: dict[str, float]
+
+    def metadata(self) -> dict[str, str]:
+        """What the stored (canonical) file carries beside the tensors."""
+        out = {"num_samples": str(self.num_samples), "base_version": str(self.base_version)}
+        out.update({f"metric.{k}": repr(v) for k, v in self.metrics.items()})
+        return out
 
 
 @dataclass(frozen=True)
@@ -45,73 +63,102 @@ class _Entry:
     end: int
 
 
-def parse(body: bytes) -> tuple[list[_Entry], dict[str, str], int]:
-    """(entries, metadata, data offset) or a 400 naming what is wrong."""
-    if len(body) < 8:
-        raise bad_request("malformed_safetensors", "the body is not a safetensors file (too short)")
-    (header_len,) = struct.unpack("<Q", body[:8])
-    if header_len > MAX_HEADER_BYTES or 8 + header_len > len(body):
-        raise bad_request(
-            "malformed_safetensors",
-            f"the safetensors header claims {header_len} bytes but the body has {len(body) - 8}",
-        )
+def _malformed(message: str) -> ProtocolError:
+    return bad_request("malformed_safetensors", message)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def read_header(path: Path) -> tuple[list[_Entry], dict[str, str], int]:
+    """The tensor entries, metadata and data offset of the file at ``path``, checked as the
+    protocol reads them."""
+    size = path.stat().st_size
+    with path.open("rb") as f:
+        prefix = f.read(8)
+        if len(prefix) < 8:
+            raise _malformed("the body is not a safetensors file (shorter than 8 bytes)")
+        (header_len,) = struct.unpack("<Q", prefix)
+        if header_len > min(MAX_HEADER_BYTES, size - 8):
+            raise _malformed(f"the safetensors header claims {header_len} bytes but the body has {size - 8}")
+        raw = f.read(header_len)
     try:
-        header = json.loads(body[8 : 8 + header_len].decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise bad_request("malformed_safetensors", f"the safetensors header is not JSON: {exc}") from exc
+        header = strict_json.loads(raw)
+    except strict_json.JsonError as exc:
+        raise _malformed(f"the safetensors header is not valid JSON: {exc}") from exc
     if not isinstance(header, dict):
-        raise bad_request("malformed_safetensors", "the safetensors header must be a JSON object")
-    metadata = header.pop("__metadata__", {}) or {}
-    if not isinstance(metadata, dict) or not all(
-        isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()
-    ):
-        raise bad_request("malformed_safetensors", "__metadata__ must map strings to strings")
-    data_offset = 8 + header_len
-    data_len = len(body) - data_offset
-    entries = []
-    for name, info in header.items():
-        if not isinstance(info, dict):
-            raise bad_request("malformed_safetensors", f"tensor {name!r}: entry is not an object")
-        dtype, shape, offsets = info.get("dtype"), info.get("shape"), info.get("data_offsets")
-        if not isinstance(dtype, str) or dtype not in DTYPE_SIZES:
-            raise bad_request("malformed_safetensors", f"tensor {name!r}: unknown dtype {dtype!r}")
-        if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
-            raise bad_request("malformed_safetensors", f"tensor {name!r}: bad shape {shape!r}")
-        if (
-            not isinstance(offsets, list)
-            or len(offsets) != 2
-            or not all(isinstance(o, int) for o in offsets)
-            or not 0 <= offsets[0] <= offsets[1] <= data_len
-        ):
-            raise bad_request(
-                "malformed_safetensors",
-                f"tensor {name!r}: data offsets {offsets!r} fall outside the {data_len}-byte body",
-            )
-        expected = math.prod(shape) * DTYPE_SIZES[dtype]
-        if offsets[1] - offsets[0] != expected:
-            raise bad_request(
-                "malformed_safetensors",
-                f"tensor {name!r}: {offsets[1] - offsets[0]} bytes do not match shape {shape} x {dtype}",
-            )
-        entries.append(_Entry(name, dtype, tuple(shape), offsets[0], offsets[1]))
+        raise _malformed("the safetensors header must be a JSON object")
+    metadata = header.pop("__metadata__", {})
+    if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
+        raise _malformed("__metadata__ must map strings to strings")
+    data_len = size - 8 - header_len
+    entries = [_entry(name, info, data_len) for name, info in header.items()]
     position = 0
     for entry in sorted(entries, key=lambda e: (e.start, e.end)):
         if entry.start != position:
-            what = "overlaps another tensor" if entry.start < position else "leaves a gap"
-            raise bad_request("malformed_safetensors", f"tensor {entry.name!r} {what}")
+            what = "overlaps another tensor" if entry.start < position else "leaves a gap before it"
+            raise _malformed(f"tensor {entry.name!r} {what}")
         position = entry.end
     if position != data_len:
-        raise bad_request("malformed_safetensors", "the body has bytes after the last tensor")
-    return entries, metadata, data_offset
+        raise _malformed(f"the body has {data_len - position} bytes after the last tensor")
+    return entries, metadata, 8 + header_len
 
 
-def validate(body: bytes, manifest: Manifest, max_num_samples: int) -> Upload:
-    """The upload as tensors and metadata, or a ProtocolError (400, then 422)."""
-    entries, metadata, data_offset = parse(body)
+def _entry(name: str, info: Any, data_len: int) -> _Entry:
+    if not isinstance(info, dict):
+        raise _malformed(f"tensor {name!r}: the entry is not an object")
+    if set(info) != ENTRY_FIELDS:
+        raise _malformed(f"tensor {name!r}: the entry must have exactly the fields {sorted(ENTRY_FIELDS)}")
+    dtype, shape, offsets = info["dtype"], info["shape"], info["data_offsets"]
+    if not isinstance(dtype, str) or dtype not in DTYPE_SIZES:
+        raise _malformed(f"tensor {name!r}: unknown dtype {str(dtype)[:32]!r}")
+    if not isinstance(shape, list) or len(shape) > 8 or not all(_is_int(d) and d >= 0 for d in shape):
+        raise _malformed(f"tensor {name!r}: the shape must be a list of at most 8 non-negative integers")
+    if not (
+        isinstance(offsets, list)
+        and len(offsets) == 2
+        and all(_is_int(o) for o in offsets)
+        and 0 <= offsets[0] <= offsets[1] <= data_len
+    ):
+        raise _malformed(
+            f"tensor {name!r}: data_offsets must be two non-negative integers within the {data_len}-byte data"
+        )
+    expected = math.prod(shape) * DTYPE_SIZES[dtype]
+    if offsets[1] - offsets[0] != expected:
+        raise _malformed(f"tensor {name!r}: {offsets[1] - offsets[0]} bytes do not match shape {shape} x {dtype}")
+    return _Entry(name, dtype, tuple(shape), offsets[0], offsets[1])
+
+
+def _library_view(path: Path) -> tuple[dict[str, tuple[str, tuple[int, ...]]], dict[str, str]]:
+    """How the safetensors library (the loader of stored updates) reads the same file."""
+    try:
+        with safe_open(str(path), framework="numpy") as f:
+            layout = {k: (f.get_slice(k).get_dtype(), tuple(f.get_slice(k).get_shape())) for k in f.keys()}  # noqa: SIM118 (safe_open is not iterable)
+            return layout, dict(f.metadata() or {})
+    except SafetensorError as exc:
+        raise _malformed(f"the safetensors library cannot read the body: {exc}") from exc
+
+
+def validate(
+    path: Path,
+    manifest: Manifest,
+    max_num_samples: int,
+    round_base: Mapping[str, np.ndarray] | None = None,
+    max_update_norm: float = 0.0,
+) -> Upload:
+    """The upload in ``path`` as float32 tensors and metadata, or a ProtocolError (400, then 422).
+
+    With ``max_update_norm`` > 0, the L2 distance from ``round_base`` over all base tensors
+    must not exceed it (422 ``update_out_of_bounds``).
+    """
+    entries, metadata, data_offset = read_header(path)
+    library_layout, library_metadata = _library_view(path)
+    if library_layout != {e.name: (e.dtype, e.shape) for e in entries} or library_metadata != metadata:
+        raise _malformed("the header reads differently to the safetensors library; send a plain safetensors file")
     base = dict(manifest.layout("base"))
-    head = set(manifest.head_names)
     names = {e.name for e in entries}
-    personal = sorted(names & head)
+    personal = sorted(names & set(manifest.head_names))
     if personal:
         raise unprocessable(
             "personal_tensor_in_upload",
@@ -122,41 +169,66 @@ def validate(body: bytes, manifest: Manifest, max_num_samples: int) -> Upload:
     if missing:
         raise unprocessable("missing_tensor", f"missing base tensor(s): {', '.join(missing[:3])}")
     if extra:
-        raise unprocessable("unexpected_tensor", f"unexpected tensor(s): {', '.join(extra[:3])}")
-    tensors: dict[str, np.ndarray] = {}
+        raise unprocessable("unexpected_tensor", f"unexpected tensor(s): {', '.join(e[:64] for e in extra[:3])}")
     for e in entries:
         if e.shape != base[e.name]:
             raise unprocessable(
-                "wrong_shape",
-                f"tensor {e.name!r} has shape {list(e.shape)}, expected {list(base[e.name])}",
+                "wrong_shape", f"tensor {e.name!r} has shape {list(e.shape)}, expected {list(base[e.name])}"
             )
         if e.dtype not in ACCEPTED_DTYPES:
             raise unprocessable("wrong_dtype", f"tensor {e.name!r} is {e.dtype}; send F32 or F16")
-        arr = np.frombuffer(
-            body,
-            dtype=ACCEPTED_DTYPES[e.dtype],  # type: ignore[call-overload]
-            count=math.prod(e.shape),
-            offset=data_offset + e.start,
-        ).reshape(e.shape)
-        if not np.isfinite(arr).all():
-            raise unprocessable("non_finite", f"tensor {e.name!r} contains NaN or Inf")
-        tensors[e.name] = arr
-    num_samples, base_version, metrics = _metadata(metadata, max_num_samples)
+    num_samples, base_version, metrics = check_metadata(metadata, max_num_samples)
+    located = {e.name: (e, data_offset + e.start) for e in entries}
+    tensors = _load_tensors(path, located, round_base if max_update_norm > 0 else None, max_update_norm)
     return Upload(tensors, num_samples, base_version, metrics)
 
 
-def _metadata(metadata: dict[str, str], max_num_samples: int) -> tuple[int, int, dict[str, float]]:
+def _load_tensors(
+    path: Path,
+    located: dict[str, tuple[_Entry, int]],
+    round_base: Mapping[str, np.ndarray] | None,
+    max_update_norm: float,
+) -> dict[str, np.ndarray]:
+    """The data section read once into one buffer (no mapping of the file: peak memory is about
+    one body), each tensor a view on it at the offset both readers agreed on."""
+    start = min((offset for _, offset in located.values()), default=0)
+    end = max((offset + entry.end - entry.start for entry, offset in located.values()), default=0)
+    with path.open("rb") as f:
+        f.seek(start)
+        data = np.fromfile(f, dtype=np.uint8, count=end - start)
+    tensors: dict[str, np.ndarray] = {}
+    squared = 0.0
+    for name, (entry, offset) in located.items():
+        raw = data[offset - start : offset - start + entry.end - entry.start].view(_NUMPY[entry.dtype])
+        arr = raw.astype(np.float32, copy=False).reshape(entry.shape)
+        # A float64 sum of float32 values cannot overflow, so it is finite exactly when every value is.
+        if not math.isfinite(float(np.sum(arr, dtype=np.float64))):
+            raise unprocessable("non_finite", f"tensor {name!r} contains NaN or Inf")
+        if round_base is not None:
+            diff = arr.astype(np.float64) - round_base[name]
+            squared += float(np.dot(diff.ravel(), diff.ravel()))
+        tensors[name] = arr
+    if round_base is not None and math.sqrt(squared) > max_update_norm:
+        raise unprocessable(
+            "update_out_of_bounds",
+            f"the update is at L2 distance {math.sqrt(squared):.4g} from the round's base; "
+            f"this server accepts at most {max_update_norm:g}",
+        )
+    return tensors
+
+
+def check_metadata(metadata: Mapping[str, str], max_num_samples: int) -> tuple[int, int, dict[str, float]]:
+    """(num_samples, base_version, metrics) from an update's ``__metadata__``, or a 422."""
+
     def integer(key: str) -> int | None:
         text = metadata.get(key)
-        if text is None or not re.fullmatch(r"-?[0-9]{1,18}", text.strip()):
-            return None
-        return int(text)
+        return int(text) if text is not None and INTEGER.fullmatch(text) else None
 
     num_samples = integer("num_samples")
     if num_samples is None or not 1 <= num_samples <= max_num_samples:
+        shown = str(metadata.get("num_samples"))[:32]
         raise unprocessable(
-            "num_samples_out_of_range",
-            f"num_samples must be an integer in 1..{max_num_samples}, got {metadata.get('num_samples')!r}",
+            "num_samples_out_of_range", f"num_samples must be an integer in 1..{max_num_samples}, got {shown!r}"
         )
     base_version = integer("base_version")
     if base_version is None:
@@ -166,20 +238,16 @@ def _metadata(metadata: dict[str, str], max_num_samples: int) -> tuple[int, int,
         if key in ("num_samples", "base_version"):
             continue
         if not key.startswith("metric."):
-            raise unprocessable("bad_metadata", f"metadata key {key!r} is not allowed")
+            raise unprocessable("bad_metadata", f"metadata key {key[:80]!r} is not allowed")
         name = key[len("metric.") :]
         if not METRIC_NAME.fullmatch(name):
-            raise unprocessable("bad_metadata", f"metric name {name!r} must match [a-z0-9_]{{1,64}}")
-        try:
-            value = float(text)
-        except ValueError as exc:
-            raise unprocessable("bad_metadata", f"metric {name!r} is not a number: {text!r}") from exc
-        if not math.isfinite(value):
-            raise unprocessable("bad_metadata", f"metric {name!r} is not finite")
+            raise unprocessable("bad_metadata", f"metric name {name[:80]!r} must match [a-z0-9_]{{1,64}}")
+        if len(text) > 40 or not METRIC_VALUE.fullmatch(text):
+            raise unprocessable("bad_metadata", f"metric {name!r} is not a decimal number: {text[:40]!r}")
+        value = float(text)
+        if not abs(value) <= MAX_METRIC_ABS:
+            raise unprocessable("bad_metadata", f"metric {name!r} = {text} is outside [-1e9, 1e9]")
         metrics[name] = value
-    if len(metrics) > MAX_METRICS:
-        raise unprocessable("bad_metadata", f"at most {MAX_METRICS} metrics, got {len(metrics)}")
+        if len(metrics) > MAX_METRICS:
+            raise unprocessable("bad_metadata", f"at most {MAX_METRICS} metrics")
     return num_samples, base_version, metrics
-
-
-__all__ = ["ProtocolError", "Upload", "parse", "validate"]

@@ -9,6 +9,7 @@ import torch
 
 from export.pipeline import ExportConfig, ExportReport, run_export
 from fedper.data import DataConfig, load_dataset, to_tensor
+from fedper.manifest import Manifest, read_manifest
 
 
 @pytest.fixture(scope="session")
@@ -32,9 +33,23 @@ def artifacts(exported: ExportReport) -> Path:
 
 
 @pytest.fixture(scope="session")
+def server_artifacts(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """What the server needs of an export (the real manifest and weights of MobileNet-V1 width
+    0.25, placeholder program files it serves as opaque bytes), in a second, not minutes."""
+    from export.pipeline import write_server_only_export
+
+    return write_server_only_export(tmp_path_factory.mktemp("server-export") / "artifacts", alpha=0.25)
+
+
+@pytest.fixture(scope="session")
 def digits_batches() -> tuple[torch.Tensor, torch.Tensor]:
     """Real images (scikit-learn's digits), normalized as the digits export declares."""
     ds = load_dataset(DataConfig(dataset="digits"))
     x = to_tensor(ds.images[:640], ds.mean, ds.std)
     y = torch.from_numpy(ds.labels[:640])
     return x, y
+
+
+@pytest.fixture(scope="session")
+def server_manifest(server_artifacts: Path) -> Manifest:
+    return read_manifest(server_artifacts)

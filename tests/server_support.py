@@ -17,7 +17,7 @@ import numpy as np
 from fedper import weights
 from fedper.manifest import Manifest
 
-ADMIN = "admin-token-for-tests"
+ADMIN = "admin-token-for-tests-0123456789abcdef"
 ENROLL = "enrollment-key-for-tests"
 
 
@@ -96,6 +96,13 @@ def enroll(url: str, key: str = ENROLL) -> tuple[str, dict[str, str]]:
 
 def admin() -> dict[str, str]:
     return {"Authorization": f"Bearer {ADMIN}"}
+
+
+def round_info(url: str, number: int) -> dict:
+    """``GET /v1/rounds/{number}`` as the operator."""
+    r = httpx.get(f"{url}/v1/rounds/{number}", headers=admin())
+    assert r.status_code == 200, r.text
+    return r.json()
 
 
 def update_body(

@@ -12,29 +12,18 @@ import numpy as np
 import pytest
 
 from fedper import weights
-from fedper.manifest import read_manifest
-from tests.server_support import ENROLL, ServerProcess, admin, base_like, enroll, update_body
+from tests.server_support import ENROLL, ServerProcess, admin, base_like, enroll, round_info, update_body
 
 
 @pytest.fixture
-def server(artifacts: Path, tmp_path: Path):
-    with ServerProcess(artifacts, tmp_path / "data", target_clients=3, min_clients=2, rounds=3,
+def server(server_artifacts: Path, tmp_path: Path):
+    with ServerProcess(server_artifacts, tmp_path / "data", target_clients=3, min_clients=2, rounds=3,
                        round_timeout=0, enroll_per_minute=1000) as s:  # fmt: skip
         yield s
 
 
-@pytest.fixture(scope="module")
-def manifest(artifacts: Path):
-    return read_manifest(artifacts)
-
-
-def _round(url: str, number: int) -> dict:
-    r = httpx.get(f"{url}/v1/rounds/{number}", headers=admin())
-    assert r.status_code == 200, r.text
-    return r.json()
-
-
-def test_full_protocol_flow_and_weighted_mean(server, manifest, artifacts):
+def test_full_protocol_flow_and_weighted_mean(server, server_manifest, server_artifacts):
+    artifacts = server_artifacts
     url = server.url
     assert httpx.get(f"{url}/v1/health").json() == {"status": "ok", "protocol": 1}
     devices = [enroll(url) for _ in range(3)]
@@ -63,7 +52,7 @@ def test_full_protocol_flow_and_weighted_mean(server, manifest, artifacts):
     # Three devices upload; one in float16. The round closes at target_clients.
     updates, counts = [], [5, 20, 75]
     for i, ((_, h), n) in enumerate(zip(devices, counts, strict=True)):
-        tensors = base_like(manifest, seed=i)
+        tensors = base_like(server_manifest, seed=i)
         dtype = np.float16 if i == 1 else np.float32
         if dtype is np.float16:
             tensors = {k: v.astype(np.float16).astype(np.float32) for k, v in tensors.items()}
@@ -75,7 +64,7 @@ def test_full_protocol_flow_and_weighted_mean(server, manifest, artifacts):
         if i == 0:
             assert httpx.get(f"{url}/v1/task", headers=h).status_code == 204  # already counted
             assert "retry-after" in httpx.get(f"{url}/v1/task", headers=h).headers
-    closed = _round(url, 1)
+    closed = round_info(url, 1)
     assert closed["state"] == "closed" and closed["result_version"] == 1 and closed["received"] == 3
     acc = closed["metrics"]["accuracy"]
     assert acc["mean"] == pytest.approx(0.6)
@@ -86,7 +75,7 @@ def test_full_protocol_flow_and_weighted_mean(server, manifest, artifacts):
 
     got = st_load(v1.content)
     total = sum(counts)
-    for name, _ in manifest.layout("base"):
+    for name, _ in server_manifest.layout("base"):
         ref = sum(n * t[name].astype(np.float64) for t, n in updates) / total
         np.testing.assert_allclose(got[name], ref.astype(np.float32), rtol=1.2e-7, atol=1e-30)
     status = httpx.get(f"{url}/v1/status").json()
@@ -108,12 +97,12 @@ def _safetensors(header: dict, data: bytes) -> bytes:
     return struct.pack("<Q", len(h)) + h + data
 
 
-def test_every_rejection_class_changes_nothing(server, manifest):
+def test_every_rejection_class_changes_nothing(server, server_manifest):
     url = server.url
     _, h = enroll(url)
-    good = base_like(manifest)
-    name0, shape0 = manifest.layout("base")[0]
-    head_name, head_shape = manifest.layout("head")[0]
+    good = base_like(server_manifest)
+    name0, shape0 = server_manifest.layout("base")[0]
+    head_name, head_shape = server_manifest.layout("head")[0]
 
     def post(body: bytes, headers: dict | None = None, round_number: int = 1, **kw) -> httpx.Response:
         return httpx.post(f"{url}/v1/rounds/{round_number}/updates", content=body,
@@ -165,7 +154,7 @@ def test_every_rejection_class_changes_nothing(server, manifest):
     r = httpx.post(f"{url}/v1/rounds/1/updates", content=chunks(), headers=h)
     assert r.status_code == 413 and r.json()["code"] == "payload_too_large"
     # Nothing of the rejected uploads was kept: the round is untouched.
-    assert _round(url, 1)["received"] == 0
+    assert round_info(url, 1)["received"] == 0
     assert not [p for p in (server.data_dir / "updates").rglob("*") if p.is_file()]
     ok = post(update_body(good))
     assert ok.status_code == 202
@@ -179,20 +168,22 @@ def test_every_rejection_class_changes_nothing(server, manifest):
     bad_enroll = httpx.post(f"{url}/v1/devices", json={"enrollment_key": "wrong"})
     assert bad_enroll.status_code == 401 and bad_enroll.json()["code"] == "unauthorized"
     assert httpx.post(f"{url}/v1/devices", content=b"{not json").status_code == 400
-    assert _round(url, 1)["received"] == 1
+    assert round_info(url, 1)["received"] == 1
 
 
-def test_round_not_open_revocation_and_stop(server, manifest):
+def test_round_not_open_revocation_and_stop(server, server_manifest):
     url = server.url
     devices = [enroll(url) for _ in range(4)]
     for _, h in devices[:3]:
         assert (
-            httpx.post(f"{url}/v1/rounds/1/updates", content=update_body(base_like(manifest)), headers=h).status_code
+            httpx.post(
+                f"{url}/v1/rounds/1/updates", content=update_body(base_like(server_manifest)), headers=h
+            ).status_code
             == 202
         )
     late = httpx.post(
         f"{url}/v1/rounds/1/updates",
-        content=update_body(base_like(manifest)),
+        content=update_body(base_like(server_manifest)),
         headers=devices[3][1],
     )
     assert late.status_code == 409 and late.json()["code"] == "round_not_open"
@@ -205,7 +196,8 @@ def test_round_not_open_revocation_and_stop(server, manifest):
     assert httpx.get(f"{url}/v1/status").json()["state"] == "finished"
 
 
-def test_enrollment_is_rate_limited(artifacts, tmp_path):
+def test_enrollment_is_rate_limited(server_artifacts, tmp_path):
+    artifacts = server_artifacts
     with ServerProcess(artifacts, tmp_path / "data", enroll_per_minute=3) as s:
         codes = [httpx.post(f"{s.url}/v1/devices", json={"enrollment_key": ENROLL}).status_code for _ in range(4)]
         assert codes == [201, 201, 201, 429]
@@ -213,11 +205,12 @@ def test_enrollment_is_rate_limited(artifacts, tmp_path):
         assert r.json()["code"] == "rate_limited" and int(r.headers["retry-after"]) >= 1
 
 
-def test_kill_9_between_uploads_loses_nothing(artifacts, manifest, tmp_path):
+def test_kill_9_between_uploads_loses_nothing(server_artifacts, server_manifest, tmp_path):
+    artifacts = server_artifacts
     data = tmp_path / "data"
     s = ServerProcess(artifacts, data, target_clients=3, min_clients=3, round_timeout=0).start()
     devices = [enroll(s.url) for _ in range(3)]
-    tensors = [base_like(manifest, seed=i) for i in range(3)]
+    tensors = [base_like(server_manifest, seed=i) for i in range(3)]
     for i in range(2):
         r = httpx.post(
             f"{s.url}/v1/rounds/1/updates",
@@ -229,7 +222,7 @@ def test_kill_9_between_uploads_loses_nothing(artifacts, manifest, tmp_path):
     s2 = ServerProcess(artifacts, data, target_clients=3, min_clients=3, round_timeout=0)
     s2.port, s2.url = s.port, s.url
     with s2:
-        assert _round(s2.url, 1)["received"] == 2  # both updates survived kill -9
+        assert round_info(s2.url, 1)["received"] == 2  # both updates survived kill -9
         dup = httpx.post(
             f"{s2.url}/v1/rounds/1/updates",
             content=update_body(tensors[0], 10),
@@ -245,7 +238,7 @@ def test_kill_9_between_uploads_loses_nothing(artifacts, manifest, tmp_path):
         from safetensors.numpy import load as st_load
 
         v1 = st_load(httpx.get(f"{s2.url}/v1/models/1/base", headers=devices[0][1]).content)
-        name = manifest.layout("base")[0][0]
+        name = server_manifest.layout("base")[0][0]
         ref = sum(n * t[name].astype(np.float64) for n, t in zip((10, 20, 30), tensors, strict=True)) / 60
         np.testing.assert_allclose(v1[name], ref, rtol=1.2e-7, atol=1e-30)
 
@@ -257,37 +250,39 @@ def _wait_for(check, timeout: float = 15.0) -> None:
         time.sleep(0.1)
 
 
-def test_deadlines_close_or_abandon(artifacts, manifest, tmp_path):
+def test_deadlines_close_or_abandon(server_artifacts, server_manifest, tmp_path):
+    artifacts = server_artifacts
     with ServerProcess(artifacts, tmp_path / "data", target_clients=5, min_clients=2, round_timeout=3) as s:
         devices = [enroll(s.url) for _ in range(3)]
         task = httpx.get(f"{s.url}/v1/task", headers=devices[0][1]).json()
         assert task["deadline"].endswith("Z")
         httpx.post(
             f"{s.url}/v1/rounds/1/updates",
-            content=update_body(base_like(manifest)),
+            content=update_body(base_like(server_manifest)),
             headers=devices[0][1],
         )
         # No request arrives meanwhile: the server's own timer abandons the round (1 < min_clients).
-        _wait_for(lambda: _round(s.url, 1)["state"] != "open")
-        r1 = _round(s.url, 1)
+        _wait_for(lambda: round_info(s.url, 1)["state"] != "open")
+        r1 = round_info(s.url, 1)
         assert r1["state"] == "abandoned" and r1["result_version"] is None
-        r2 = _round(s.url, 2)
+        r2 = round_info(s.url, 2)
         assert r2["model_version"] == 0 and r2["state"] == "open"
         for _, h in devices[:2]:
             assert (
                 httpx.post(
                     f"{s.url}/v1/rounds/2/updates",
-                    content=update_body(base_like(manifest)),
+                    content=update_body(base_like(server_manifest)),
                     headers=h,
                 ).status_code
                 == 202
             )
-        _wait_for(lambda: _round(s.url, 2)["state"] != "open")
-        assert _round(s.url, 2)["state"] == "closed" and _round(s.url, 2)["result_version"] == 1
-        assert _round(s.url, 3)["model_version"] == 1
+        _wait_for(lambda: round_info(s.url, 2)["state"] != "open")
+        assert round_info(s.url, 2)["state"] == "closed" and round_info(s.url, 2)["result_version"] == 1
+        assert round_info(s.url, 3)["model_version"] == 1
 
 
-def test_refuses_another_export_and_keeps_secrets(artifacts, tmp_path):
+def test_refuses_another_export_and_keeps_secrets(server_artifacts, tmp_path):
+    artifacts = server_artifacts
     data = tmp_path / "data"
     s = ServerProcess(artifacts, data, secrets=False)
     with s:
@@ -304,9 +299,9 @@ def test_refuses_another_export_and_keeps_secrets(artifacts, tmp_path):
     other.mkdir()
     for f in artifacts.iterdir():
         (other / f.name).write_bytes(f.read_bytes())
-    manifest = json.loads((other / "manifest.json").read_text())
-    manifest["training"]["learning_rate"] = 0.5
-    (other / "manifest.json").write_text(json.dumps(manifest))
+    server_manifest = json.loads((other / "manifest.json").read_text())
+    server_manifest["training"]["learning_rate"] = 0.5
+    (other / "manifest.json").write_text(json.dumps(server_manifest))
     with pytest.raises(RuntimeError, match="was made for another export"):
         ServerProcess(other, data).start(timeout=30)
 
@@ -319,6 +314,7 @@ def test_fifty_concurrent_width1_devices(tmp_path):
     from safetensors.numpy import load as st_load
 
     from export.pipeline import write_server_only_export
+    from fedper.manifest import read_manifest
 
     artifacts = write_server_only_export(tmp_path / "artifacts", alpha=1.0)
     manifest = read_manifest(artifacts)
@@ -345,7 +341,7 @@ def test_fifty_concurrent_width1_devices(tmp_path):
         assert [r.status_code for r in responses] == [202] * n
         assert sorted(r.json()["received"] for r in responses) == list(range(1, n + 1))
         rss_50 = s.peak_rss_mb()
-        info = _round(s.url, 1)
+        info = round_info(s.url, 1)
         assert info["state"] == "closed" and info["received"] == n
         v1 = st_load(httpx.get(f"{s.url}/v1/models/1/base", headers=devices[0][1]).content)
         weights_sum = sum(i + 1 for i in range(n))

@@ -127,6 +127,12 @@ public final class ProtocolClient {
     if (r.status == 202) {
       return ((Number) Json.parseObject(text(r)).get("received")).longValue();
     }
+    if (r.status == 410) {
+      throw new ProtocolException.RunFinished();
+    }
+    if (r.status == 408) {
+      throw new ProtocolException.Transient("the upload did not arrive within the server's upload deadline");
+    }
     ProtocolException refused = refused(r);
     if ("duplicate_update".equals(refused.code)) {
       return -1; // our earlier upload was counted; its 202 was lost

@@ -24,7 +24,7 @@ import org.junit.rules.TemporaryFolder;
 
 /** The Java client against a real `fedper serve` process: two devices, two full rounds. */
 public class RoundLoopIntegrationTest {
-  private static final String ADMIN = "admin-token-for-java-tests";
+  private static final String ADMIN = "admin-token-for-java-tests-0123456789";
   private static final String ENROLL = "enrollment-key-for-java-tests";
 
   @Rule public TemporaryFolder tmp = new TemporaryFolder();
