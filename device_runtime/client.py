@@ -12,6 +12,7 @@ from typing import Any
 import httpx
 
 from device_runtime.retry import Backoff, TransientError, with_retries
+from fedper.protocol import Enrolled, EnrollmentRequest, ErrorCode, Header, Route, Task
 
 
 class RunFinishedError(Exception):
@@ -24,17 +25,6 @@ class RefusedError(Exception):
     def __init__(self, status: int, code: str, message: str):
         super().__init__(f"{status} {code}: {message}")
         self.status, self.code, self.message = status, code, message
-
-
-@dataclass(frozen=True)
-class Task:
-    round: int
-    model_version: int
-    deadline: str | None
-    base_url: str
-    manifest_url: str
-    manifest_sha256: str
-    config: dict[str, Any]
 
 
 @dataclass(frozen=True)
@@ -67,7 +57,7 @@ class ProtocolClient:
     def _headers(self, extra: dict[str, str] | None = None) -> dict[str, str]:
         headers = dict(extra or {})
         if self.token:
-            headers["Authorization"] = f"Bearer {self.token}"
+            headers[Header.AUTHORIZATION] = f"Bearer {self.token}"
         return headers
 
     def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
@@ -90,36 +80,35 @@ class ProtocolClient:
     # --- endpoints ----------------------------------------------------------------------
 
     def enroll(self, enrollment_key: str, platform: str = "python") -> tuple[str, str]:
-        r = self._request("POST", "/v1/devices", json={"enrollment_key": enrollment_key, "platform": platform})
+        request = EnrollmentRequest(enrollment_key=enrollment_key, platform=platform)
+        r = self._request("POST", Route.DEVICES, json=request.model_dump())
         if r.status_code == 429:
             raise TransientError("enrollment rate-limited")
         if r.status_code != 201:
             raise self._refused(r)
-        body = r.json()
-        self.token = body["token"]
-        return str(body["device_id"]), str(body["token"])
+        enrolled = Enrolled.model_validate_json(r.content)
+        self.token = enrolled.token
+        return enrolled.device_id, enrolled.token
 
     def task(self) -> Task | NoTask:
-        r = self._request("GET", "/v1/task", headers=self._headers())
+        r = self._request("GET", Route.TASK, headers=self._headers())
         if r.status_code == 410:
             raise RunFinishedError()
         if r.status_code == 204:
-            return NoTask(float(r.headers.get("retry-after", "5")))
+            return NoTask(float(r.headers.get(Header.RETRY_AFTER, "5")))
         if r.status_code != 200:
             raise self._refused(r)
-        b = r.json()
-        return Task(b["round"], b["model_version"], b.get("deadline"), b["base_url"],
-                    b["manifest_url"], b["manifest_sha256"], b.get("config", {}))  # fmt: skip
+        return Task.model_validate_json(r.content)
 
     def download(self, path: str, etag: str | None = None) -> tuple[bytes | None, str]:
         """(body, etag); body is None when the cached copy (``etag``) is current (304)."""
-        headers = self._headers({"If-None-Match": etag} if etag else None)
+        headers = self._headers({Header.IF_NONE_MATCH: etag} if etag else None)
         r = self._request("GET", path, headers=headers)
         if r.status_code == 304:
             return None, etag or ""
         if r.status_code != 200:
             raise self._refused(r)
-        return r.content, r.headers.get("etag", "")
+        return r.content, r.headers.get(Header.ETAG, "")
 
     def download_verified(self, path: str, sha256: str) -> bytes:
         body, _ = self.download(path)
@@ -131,8 +120,8 @@ class ProtocolClient:
     def upload(self, round_number: int, body: bytes) -> int | None:
         """Accepted-so-far count; None when the server already has this device's update."""
         r = self._request(
-            "POST", f"/v1/rounds/{round_number}/updates", content=body,
-            headers=self._headers({"Content-Type": "application/octet-stream"}),
+            "POST", Route.UPDATES.format(round_number=round_number), content=body,
+            headers=self._headers({"Content-Type": Header.OCTET_STREAM}),
         )  # fmt: skip
         if r.status_code == 202:
             return int(r.json()["received"])
@@ -141,6 +130,6 @@ class ProtocolClient:
         if r.status_code == 408:
             raise TransientError("the upload did not arrive within the server's upload deadline")
         refused = self._refused(r)
-        if refused.code == "duplicate_update":
+        if refused.code == ErrorCode.DUPLICATE_UPDATE:
             return None  # our earlier upload was counted (its 202 was lost): done
         raise refused

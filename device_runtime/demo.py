@@ -28,6 +28,7 @@ from rich.console import Console
 from fedper.atomic_write import atomic_write_text
 from fedper.config_cli import option
 from fedper.data import DataConfig
+from fedper.protocol import Env
 from fedper.results import RunRecorder
 
 console = Console(stderr=True)
@@ -166,8 +167,8 @@ def run_demo(config: DemoConfig) -> dict[str, Any]:
         seed=config.seed,
     )
     keys = {
-        "FEDPER_ADMIN_TOKEN": secrets.token_urlsafe(24),
-        "FEDPER_ENROLLMENT_KEY": secrets.token_urlsafe(24),
+        Env.ADMIN_TOKEN: secrets.token_urlsafe(32),
+        Env.ENROLLMENT_KEY: secrets.token_urlsafe(24),
     }
     recorder = RunRecorder(
         {
@@ -195,8 +196,8 @@ def run_demo(config: DemoConfig) -> dict[str, Any]:
                 out=out / label,
                 max_idle_wait=1.0,
             )
-            os.environ["FEDPER_ENROLLMENT_KEY"] = keys["FEDPER_ENROLLMENT_KEY"]
-            run_fleet(fleet, data, keys["FEDPER_ENROLLMENT_KEY"], recorder)
+            os.environ[Env.ENROLLMENT_KEY] = keys[Env.ENROLLMENT_KEY]
+            run_fleet(fleet, data, keys[Env.ENROLLMENT_KEY], recorder)
             traffic[label] = _server_bytes(url)
         finally:
             server.terminate()

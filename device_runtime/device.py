@@ -18,13 +18,14 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from device_runtime.client import NoTask, ProtocolClient, RefusedError, RunFinishedError, Task
+from device_runtime.client import NoTask, ProtocolClient, RefusedError, RunFinishedError
 from device_runtime.device_storage import DeviceStorage
 from device_runtime.local_data import LocalData
 from device_runtime.retry import TransientError
 from fedper import weights
 from fedper.local_training import TrainConfig, evaluate, train
 from fedper.manifest import MANIFEST_FILE, Manifest, read_manifest, sha256_file
+from fedper.protocol import ErrorCode, Metadata, Task
 from fedper.trainer import Trainer
 
 Engine = Literal["executorch", "eager"]
@@ -122,7 +123,7 @@ class Device:
                 log.warning("device %s: round %d failed: %s", self.device_id, task.round, exc)
                 continue
             except RefusedError as exc:
-                if exc.code in ("round_not_open", "stale_base_version"):
+                if exc.code in (ErrorCode.ROUND_NOT_OPEN, ErrorCode.STALE_BASE_VERSION):
                     self._skip_round = task.round  # too late for this round; wait for the next
                     continue
                 raise
@@ -147,7 +148,7 @@ class Device:
             self._skip_round = task.round
             self._emit("dropped", {"round": task.round})
             return RoundReport(task.round, task.model_version, len(y), accuracy, None, None, False, None)
-        config = _train_config(manifest, task.config)
+        config = _train_config(manifest, task.config.model_dump(exclude_none=True))
         self._emit("training", {"round": task.round})
         with self._compute():
             # The same batch order as `fedper simulate` gives client `client_id` in this round.
@@ -164,8 +165,8 @@ class Device:
             metrics["train_loss"] = loss
         body = weights.encode(
             update,
-            {"num_samples": str(len(y)), "base_version": str(task.model_version),
-             **{f"metric.{k}": repr(float(v)) for k, v in metrics.items()}},
+            {Metadata.NUM_SAMPLES: str(len(y)), Metadata.BASE_VERSION: str(task.model_version),
+             **{f"{Metadata.METRIC_PREFIX}{k}": repr(float(v)) for k, v in metrics.items()}},
         )  # fmt: skip
         received = self.client.upload(task.round, body)
         self.storage.mark_finished(task.round)

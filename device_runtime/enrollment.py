@@ -6,7 +6,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-ENV = "FEDPER_ENROLLMENT_KEY"
+from fedper.protocol import Env
+
+ENV = Env.ENROLLMENT_KEY
 
 
 class MissingEnrollmentKeyError(ValueError):

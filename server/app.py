@@ -15,10 +15,24 @@ from anyio import to_thread
 from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse
-from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from fedper import __version__
+from fedper.manifest import MANIFEST_FILE
+from fedper.protocol import (
+    Accepted,
+    Enrolled,
+    ErrorCode,
+    Header,
+    Health,
+    Revoked,
+    RoundInfo,
+    Route,
+    Status,
+    Stopped,
+    Task,
+    TaskConfig,
+)
 from server import strict_json
 from server.auth import AnyCaller, DeviceId, Operator, State, check_not_throttled, client_address, failed
 from server.config import ServerConfig
@@ -42,32 +56,7 @@ from server.upload_validation import validate
 log = logging.getLogger("fedper.server")
 JSON_LIMIT = 64 * 1024
 MAX_PLATFORM_LENGTH = 128
-OCTETS = "application/octet-stream"
-
-
-class Health(BaseModel):
-    status: str
-    protocol: int
-
-
-class Enrolled(BaseModel):
-    device_id: str
-    token: str
-
-
-class Accepted(BaseModel):
-    round: int
-    accepted: bool
-    received: int
-
-
-class Status(BaseModel):
-    state: str
-    round: int
-    model_version: int
-    rounds_total: int
-    rounds_closed: int
-    devices: int
+OCTETS = Header.OCTET_STREAM
 
 
 ERRORS: dict[int | str, dict[str, Any]] = {
@@ -88,8 +77,8 @@ ERRORS: dict[int | str, dict[str, Any]] = {
 def _upload_slot(state: ServerState) -> Iterator[None]:
     """One of ``--max-inflight-uploads``, or 503 ``server_busy`` (nothing is read or stored)."""
     if state.uploads_in_flight >= state.config.max_inflight_uploads:
-        raise ProtocolError(503, "server_busy", "the server is receiving as many uploads as it can; retry later",
-                            {"Retry-After": str(state.config.retry_after)})  # fmt: skip
+        message = "the server is receiving as many uploads as it can; retry later"
+        raise ProtocolError(503, ErrorCode.SERVER_BUSY, message, {Header.RETRY_AFTER: str(state.config.retry_after)})
     state.uploads_in_flight += 1  # only touched on the event loop: no lock needed
     try:
         yield
@@ -99,10 +88,10 @@ def _upload_slot(state: ServerState) -> Iterator[None]:
 
 def _file_response(path: Path, sha256: str, request: Request, state: ServerState) -> Response:
     etag = f'"{sha256}"'
-    if etag in [t.strip() for t in request.headers.get("if-none-match", "").split(",")]:
-        return Response(status_code=304, headers={"ETag": etag})
+    if etag in [t.strip() for t in request.headers.get(Header.IF_NONE_MATCH, "").split(",")]:
+        return Response(status_code=304, headers={Header.ETAG: etag})
     state.metrics.sent(path.stat().st_size)
-    return FileResponse(path, media_type=OCTETS, headers={"ETag": etag})
+    return FileResponse(path, media_type=OCTETS, headers={Header.ETAG: etag})
 
 
 def _enrollment(body: bytes) -> tuple[object, str | None]:
@@ -110,12 +99,14 @@ def _enrollment(body: bytes) -> tuple[object, str | None]:
     try:
         data = strict_json.loads(body)
     except strict_json.JsonError as exc:
-        raise bad_request("malformed_json", f"the body is not valid JSON: {exc}") from exc
+        raise bad_request(ErrorCode.MALFORMED_JSON, f"the body is not valid JSON: {exc}") from exc
     if not isinstance(data, dict):
-        raise bad_request("malformed_json", "the body must be a JSON object")
+        raise bad_request(ErrorCode.MALFORMED_JSON, "the body must be a JSON object")
     platform = data.get("platform")
     if platform is not None and not (isinstance(platform, str) and len(platform) <= MAX_PLATFORM_LENGTH):
-        raise bad_request("bad_request", f"platform must be a string of at most {MAX_PLATFORM_LENGTH} characters")
+        raise bad_request(
+            ErrorCode.BAD_REQUEST, f"platform must be a string of at most {MAX_PLATFORM_LENGTH} characters"
+        )
     return data.get("enrollment_key"), platform
 
 
@@ -153,18 +144,18 @@ def create_app(config: ServerConfig, state: ServerState | None = None) -> FastAP
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_r: Request, exc: StarletteHTTPException) -> JSONResponse:
-        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "bad_request")
+        code = {404: ErrorCode.NOT_FOUND, 405: ErrorCode.METHOD_NOT_ALLOWED}.get(exc.status_code, ErrorCode.BAD_REQUEST)
         return JSONResponse({"code": code, "message": str(exc.detail)}, status_code=exc.status_code)
 
     @app.exception_handler(RequestValidationError)
     async def path_error(_r: Request, exc: RequestValidationError) -> JSONResponse:
-        return JSONResponse({"code": "not_found", "message": "no such resource"}, status_code=404)
+        return JSONResponse({"code": ErrorCode.NOT_FOUND, "message": "no such resource"}, status_code=404)
 
-    @app.get("/v1/health", response_model=Health)
+    @app.get(Route.HEALTH, response_model=Health)
     def health() -> Health:
-        return Health(status="ok", protocol=1)
+        return Health()
 
-    @app.post("/v1/devices", status_code=201, response_model=Enrolled, responses=ERRORS)
+    @app.post(Route.DEVICES, status_code=201, response_model=Enrolled, responses=ERRORS)
     async def enroll(request: Request, state: State) -> Enrolled:
         check_not_throttled(request, state)
         body = await read_small(request, JSON_LIMIT, state.config.upload_timeout)
@@ -179,35 +170,35 @@ def create_app(config: ServerConfig, state: ServerState | None = None) -> FastAP
         log.info(json.dumps({"event": "device_enrolled", "device": device_id, "platform": platform}))
         return Enrolled(device_id=device_id, token=token)
 
-    @app.get("/v1/task", responses={204: {"description": "no task now"}, **ERRORS})
+    @app.get(Route.TASK, response_model=Task, responses={204: {"description": "no task now"}, **ERRORS})
     def task(device_id: DeviceId, state: State) -> Response:
         snap = state.rounds.snapshot
         if snap.finished:
             raise run_finished()
-        retry = {"Retry-After": str(state.config.retry_after)}
+        retry = {Header.RETRY_AFTER: str(state.config.retry_after)}
         if snap.state != "open" or state.db.has_update(snap.round, device_id):
             return Response(status_code=204, headers=retry)
         c = state.config
-        body = {
-            "round": snap.round,
-            "model_version": snap.model_version,
-            "deadline": iso_time(snap.deadline),
-            "base_url": f"/v1/models/{snap.model_version}/base",
-            "manifest_url": "/v1/artifacts/manifest.json",
-            "manifest_sha256": state.manifest_sha256,
-            "config": {"local_epochs": c.local_epochs, "batch_size": c.batch_size,
-                       "learning_rate": c.learning_rate, "momentum": c.momentum},
-        }  # fmt: skip
-        return JSONResponse(body)
+        body = Task(
+            round=snap.round,
+            model_version=snap.model_version,
+            deadline=iso_time(snap.deadline),
+            base_url=Route.MODEL_BASE.format(version=snap.model_version),
+            manifest_url=Route.ARTIFACT.format(name=MANIFEST_FILE),
+            manifest_sha256=state.manifest_sha256,
+            config=TaskConfig(local_epochs=c.local_epochs, batch_size=c.batch_size,
+                              learning_rate=c.learning_rate, momentum=c.momentum),
+        )  # fmt: skip
+        return JSONResponse(body.model_dump())
 
-    @app.get("/v1/models/{version}/base", responses={200: {"content": {OCTETS: {}}}, 304: {}, **ERRORS})
+    @app.get(Route.MODEL_BASE, responses={200: {"content": {OCTETS: {}}}, 304: {}, **ERRORS})
     def model_base(version: int, request: Request, _who: AnyCaller, state: State) -> Response:
         found = state.rounds.version_file(version)
         if found is None:
             raise not_found(f"model version {version}")
         return _file_response(found[0], found[1], request, state)
 
-    @app.get("/v1/artifacts/{name}", responses={200: {"content": {OCTETS: {}}}, 304: {}, **ERRORS})
+    @app.get(Route.ARTIFACT, responses={200: {"content": {OCTETS: {}}}, 304: {}, **ERRORS})
     def artifact(name: str, request: Request, _who: AnyCaller, state: State) -> Response:
         path = state.artifact_path(name)
         if path is None:
@@ -216,7 +207,7 @@ def create_app(config: ServerConfig, state: ServerState | None = None) -> FastAP
         return _file_response(path, sha, request, state)
 
     @app.post(
-        "/v1/rounds/{round_number}/updates",
+        Route.UPDATES,
         status_code=202,
         response_model=Accepted,
         responses=ERRORS,
@@ -257,14 +248,14 @@ def create_app(config: ServerConfig, state: ServerState | None = None) -> FastAP
                              "round": round_number, "received": received}))  # fmt: skip
         return Accepted(round=round_number, accepted=True, received=received)
 
-    @app.get("/v1/rounds/{round_number}", responses=ERRORS)
-    def round_status(round_number: int, _who: AnyCaller, state: State) -> dict[str, Any]:
+    @app.get(Route.ROUND, response_model=RoundInfo, responses=ERRORS)
+    def round_status(round_number: int, _who: AnyCaller, state: State) -> RoundInfo:
         info = state.rounds.round_info(round_number)
         if info is None:
             raise not_found(f"round {round_number}")
         return info
 
-    @app.get("/v1/status", response_model=Status)
+    @app.get(Route.STATUS, response_model=Status)
     def status(state: State) -> Status:
         snap = state.rounds.snapshot
         return Status(
@@ -276,20 +267,20 @@ def create_app(config: ServerConfig, state: ServerState | None = None) -> FastAP
             devices=state.db.count_devices(),
         )
 
-    @app.post("/v1/admin/devices/{device_id}/revoke", responses=ERRORS)
-    def revoke(device_id: str, _op: Operator, state: State) -> dict[str, Any]:
+    @app.post(Route.ADMIN_REVOKE, response_model=Revoked, responses=ERRORS)
+    def revoke(device_id: str, _op: Operator, state: State) -> Revoked:
         if not state.db.revoke_device(device_id):
             raise not_found(f"device {device_id[:80]!r}")
         withdrawn = state.rounds.withdraw(device_id)
         log.info(json.dumps({"event": "device_revoked", "device": device_id, "update_withdrawn": withdrawn}))
-        return {"device_id": device_id, "revoked": True, "update_withdrawn": withdrawn}
+        return Revoked(device_id=device_id, revoked=True, update_withdrawn=withdrawn)
 
-    @app.post("/v1/admin/stop", responses=ERRORS)
-    def stop(_op: Operator, state: State) -> dict[str, Any]:
+    @app.post(Route.ADMIN_STOP, response_model=Stopped, responses=ERRORS)
+    def stop(_op: Operator, state: State) -> Stopped:
         state.rounds.stop()
-        return {"state": "finished"}
+        return Stopped()
 
-    @app.get("/v1/admin/models/latest/base", responses={200: {"content": {OCTETS: {}}}, **ERRORS})
+    @app.get(Route.ADMIN_LATEST_BASE, responses={200: {"content": {OCTETS: {}}}, **ERRORS})
     def latest_base(request: Request, _op: Operator, state: State) -> Response:
         found = state.rounds.version_file(state.db.latest_version())
         assert found is not None

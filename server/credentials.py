@@ -10,9 +10,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fedper.atomic_write import atomic_write_text
+from fedper.protocol import Env
 
-ADMIN_TOKEN_ENV = "FEDPER_ADMIN_TOKEN"
-ENROLLMENT_KEY_ENV = "FEDPER_ENROLLMENT_KEY"
+ADMIN_TOKEN_ENV = Env.ADMIN_TOKEN
+ENROLLMENT_KEY_ENV = Env.ENROLLMENT_KEY
 ADMIN_TOKEN_FILE = "admin_token"
 ENROLLMENT_KEY_FILE = "enrollment_key"
 

@@ -15,6 +15,8 @@ from fastapi import Request
 from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from fedper.protocol import Error, ErrorCode, Header
+
 log = logging.getLogger("fedper.server")
 
 
@@ -32,15 +34,15 @@ class ClientDisconnectedError(Exception):
 
 
 def unauthorized(message: str = "missing or unknown token") -> ProtocolError:
-    return ProtocolError(401, "unauthorized", message)
+    return ProtocolError(401, ErrorCode.UNAUTHORIZED, message)
 
 
 def forbidden(message: str) -> ProtocolError:
-    return ProtocolError(403, "forbidden", message)
+    return ProtocolError(403, ErrorCode.FORBIDDEN, message)
 
 
 def not_found(what: str) -> ProtocolError:
-    return ProtocolError(404, "not_found", f"{what} does not exist")
+    return ProtocolError(404, ErrorCode.NOT_FOUND, f"{what} does not exist")
 
 
 def bad_request(code: str, message: str) -> ProtocolError:
@@ -56,15 +58,15 @@ def conflict(code: str, message: str) -> ProtocolError:
 
 
 def too_large(limit: int) -> ProtocolError:
-    return ProtocolError(413, "payload_too_large", f"the body is larger than {limit} bytes")
+    return ProtocolError(413, ErrorCode.PAYLOAD_TOO_LARGE, f"the body is larger than {limit} bytes")
 
 
 def run_finished() -> ProtocolError:
-    return ProtocolError(410, "run_finished", "the run is finished")
+    return ProtocolError(410, ErrorCode.RUN_FINISHED, "the run is finished")
 
 
 def rate_limited(message: str, retry_after: int) -> ProtocolError:
-    return ProtocolError(429, "rate_limited", message, {"Retry-After": str(retry_after)})
+    return ProtocolError(429, ErrorCode.RATE_LIMITED, message, {Header.RETRY_AFTER: str(retry_after)})
 
 
 async def protocol_error_handler(_request: Request, exc: Exception) -> JSONResponse:
@@ -75,7 +77,7 @@ async def protocol_error_handler(_request: Request, exc: Exception) -> JSONRespo
 async def client_disconnected_handler(request: Request, _exc: Exception) -> JSONResponse:
     client = request.client.host if request.client else "unknown"
     log.info(json.dumps({"event": "client_disconnected", "path": request.url.path, "client": client}))
-    return JSONResponse({"code": "bad_request", "message": "the client disconnected"}, status_code=400)
+    return JSONResponse({"code": ErrorCode.BAD_REQUEST, "message": "the client disconnected"}, status_code=400)
 
 
 class InternalErrorMiddleware:
@@ -100,13 +102,11 @@ class InternalErrorMiddleware:
             await self.app(scope, receive, tracking_send)
         except Exception:
             request_id = secrets.token_hex(8)
-            log.exception(json.dumps({"event": "internal_error", "request_id": request_id,
+            log.exception(json.dumps({"event": ErrorCode.INTERNAL_ERROR, "request_id": request_id,
                                       "method": scope.get("method"), "path": scope.get("path")}))  # fmt: skip
             if started:  # too late for a status: the connection is cut instead
                 return
-            response = JSONResponse(
-                {"code": "internal_error", "message": "the server failed; report the request_id to its operator",
-                 "request_id": request_id},
-                status_code=500,
-            )  # fmt: skip
+            message = "the server failed; report the request_id to its operator"
+            body = Error(code=ErrorCode.INTERNAL_ERROR, message=message, request_id=request_id)
+            response = JSONResponse(body.model_dump(), status_code=500)
             await response(scope, receive, send)

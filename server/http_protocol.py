@@ -16,6 +16,8 @@ from typing import Any
 
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from fedper.protocol import ErrorCode
+
 
 def _raw_response(status: int, reason: str, code: str, message: str) -> bytes:
     body = json.dumps({"code": code, "message": message}).encode()
@@ -50,7 +52,7 @@ class GuardedH11Protocol(H11Protocol):
         if self._in_request() or self.transport.is_closing():
             return
         self.transport.write(
-            _raw_response(408, "Request Timeout", "header_timeout",
+            _raw_response(408, "Request Timeout", ErrorCode.HEADER_TIMEOUT,
                           f"the request headers did not arrive within {self.header_timeout:g} s")
         )  # fmt: skip
         self.transport.close()
@@ -74,7 +76,7 @@ class GuardedH11Protocol(H11Protocol):
         super().connection_lost(exc)
 
     def send_400_response(self, msg: str) -> None:
-        self.transport.write(_raw_response(400, "Bad Request", "bad_request", msg))
+        self.transport.write(_raw_response(400, "Bad Request", ErrorCode.BAD_REQUEST, msg))
         self.transport.close()
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from fastapi import Request
 from starlette.requests import ClientDisconnect
 
+from fedper.protocol import ErrorCode
 from server.errors import ClientDisconnectedError, ProtocolError, too_large
 from server.update_store import UpdateStore
 
@@ -35,7 +36,7 @@ async def _receive(request: Request, limit: int, timeout: float, sink: Callable[
                     raise too_large(limit)
                 sink(chunk)
     except TimeoutError as exc:
-        raise ProtocolError(408, "upload_timeout", f"the body did not arrive within {timeout:g} s") from exc
+        raise ProtocolError(408, ErrorCode.UPLOAD_TIMEOUT, f"the body did not arrive within {timeout:g} s") from exc
     except ClientDisconnect as exc:
         raise ClientDisconnectedError() from exc
 

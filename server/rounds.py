@@ -23,7 +23,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -32,6 +31,7 @@ from fedper.aggregate import FedAvg
 from fedper.atomic_write import atomic_write_bytes
 from fedper.manifest import Manifest, sha256_file
 from fedper.metrics import summarize
+from fedper.protocol import ErrorCode, RoundInfo
 from server.config import ServerConfig
 from server.errors import conflict, run_finished, unauthorized
 from server.storage import Database, StoredUpdate
@@ -183,14 +183,14 @@ class RoundManager:
         if self._finished():
             raise run_finished()
         if self.db.has_update(number, device_id):
-            raise conflict("duplicate_update", f"this device already has an accepted update in round {number}")
+            raise conflict(ErrorCode.DUPLICATE_UPDATE, f"this device already has an accepted update in round {number}")
         current = self.db.latest_round()
         assert current is not None
         if number != current.round or current.state != "open":
-            raise conflict("round_not_open", f"round {number} is not open (the open round is {current.round})")
+            raise conflict(ErrorCode.ROUND_NOT_OPEN, f"round {number} is not open (the open round is {current.round})")
         if upload.base_version != current.model_version:
             raise conflict(
-                "stale_base_version",
+                ErrorCode.STALE_BASE_VERSION,
                 f"round {number} trains model version {current.model_version}, the update is from "
                 f"version {upload.base_version}",
             )
@@ -350,23 +350,23 @@ class RoundManager:
             return None
         return self.models_dir / row["file"], str(row["sha256"])
 
-    def round_info(self, number: int) -> dict[str, Any] | None:
+    def round_info(self, number: int) -> RoundInfo | None:
         r = self.db.round(number)
         if r is None:
             return None
         updates = self.db.updates(number)
         metrics = r.metrics if r.metrics is not None else round_metrics(updates)
-        return {
-            "round": r.round,
-            "state": r.state,
-            "model_version": r.model_version,
-            "received": len(updates),
-            "min_clients": self.config.min_clients,
-            "target_clients": self.config.target_clients,
-            "result_version": r.result_version,
-            "deadline": iso_time(r.deadline),
-            "metrics": metrics,
-        }
+        return RoundInfo(
+            round=r.round,
+            state=r.state,  # type: ignore[arg-type]
+            model_version=r.model_version,
+            received=len(updates),
+            min_clients=self.config.min_clients,
+            target_clients=self.config.target_clients,
+            result_version=r.result_version,
+            deadline=iso_time(r.deadline),
+            metrics=metrics,  # type: ignore[arg-type]
+        )
 
 
 def round_metrics(updates: list[StoredUpdate]) -> dict[str, dict[str, float]]:

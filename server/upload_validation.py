@@ -22,6 +22,7 @@ import numpy as np
 from safetensors import SafetensorError, safe_open
 
 from fedper.manifest import Manifest
+from fedper.protocol import ErrorCode, Metadata
 from server import strict_json
 from server.errors import ProtocolError, bad_request, unprocessable
 
@@ -32,11 +33,9 @@ DTYPE_SIZES = {
 }  # fmt: skip
 ACCEPTED_DTYPES = ("F32", "F16")
 _NUMPY: dict[str, np.dtype[Any]] = {"F32": np.dtype("<f4"), "F16": np.dtype("<f2")}
-METRIC_NAME = re.compile(r"[a-z0-9_]{1,64}")
+METRIC_NAME = re.compile(Metadata.METRIC_NAME_PATTERN)
 METRIC_VALUE = re.compile(r"[-+]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][-+]?[0-9]{1,3})?")
 INTEGER = re.compile(r"-?[0-9]{1,18}")
-MAX_METRICS = 16
-MAX_METRIC_ABS = 1e9
 ENTRY_FIELDS = {"dtype", "shape", "data_offsets"}
 
 
@@ -49,8 +48,8 @@ class Upload:
 
     def metadata(self) -> dict[str, str]:
         """What the stored (canonical) file carries beside the tensors."""
-        out = {"num_samples": str(self.num_samples), "base_version": str(self.base_version)}
-        out.update({f"metric.{k}": repr(v) for k, v in self.metrics.items()})
+        out = {Metadata.NUM_SAMPLES: str(self.num_samples), Metadata.BASE_VERSION: str(self.base_version)}
+        out.update({f"{Metadata.METRIC_PREFIX}{k}": repr(v) for k, v in self.metrics.items()})
         return out
 
 
@@ -64,7 +63,7 @@ class _Entry:
 
 
 def _malformed(message: str) -> ProtocolError:
-    return bad_request("malformed_safetensors", message)
+    return bad_request(ErrorCode.MALFORMED_SAFETENSORS, message)
 
 
 def _is_int(value: Any) -> bool:
@@ -161,22 +160,24 @@ def validate(
     personal = sorted(names & set(manifest.head_names))
     if personal:
         raise unprocessable(
-            "personal_tensor_in_upload",
+            ErrorCode.PERSONAL_TENSOR_IN_UPLOAD,
             f"{len(personal)} personal (head) tensor(s) in the upload, e.g. {personal[0]!r}: "
             "only base tensors leave the device",
         )
     missing, extra = sorted(set(base) - names), sorted(names - set(base))
     if missing:
-        raise unprocessable("missing_tensor", f"missing base tensor(s): {', '.join(missing[:3])}")
+        raise unprocessable(ErrorCode.MISSING_TENSOR, f"missing base tensor(s): {', '.join(missing[:3])}")
     if extra:
-        raise unprocessable("unexpected_tensor", f"unexpected tensor(s): {', '.join(e[:64] for e in extra[:3])}")
+        raise unprocessable(
+            ErrorCode.UNEXPECTED_TENSOR, f"unexpected tensor(s): {', '.join(e[:64] for e in extra[:3])}"
+        )
     for e in entries:
         if e.shape != base[e.name]:
             raise unprocessable(
-                "wrong_shape", f"tensor {e.name!r} has shape {list(e.shape)}, expected {list(base[e.name])}"
+                ErrorCode.WRONG_SHAPE, f"tensor {e.name!r} has shape {list(e.shape)}, expected {list(base[e.name])}"
             )
         if e.dtype not in ACCEPTED_DTYPES:
-            raise unprocessable("wrong_dtype", f"tensor {e.name!r} is {e.dtype}; send F32 or F16")
+            raise unprocessable(ErrorCode.WRONG_DTYPE, f"tensor {e.name!r} is {e.dtype}; send F32 or F16")
     num_samples, base_version, metrics = check_metadata(metadata, max_num_samples)
     located = {e.name: (e, data_offset + e.start) for e in entries}
     tensors = _load_tensors(path, located, round_base if max_update_norm > 0 else None, max_update_norm)
@@ -203,14 +204,14 @@ def _load_tensors(
         arr = raw.astype(np.float32, copy=False).reshape(entry.shape)
         # A float64 sum of float32 values cannot overflow, so it is finite exactly when every value is.
         if not math.isfinite(float(np.sum(arr, dtype=np.float64))):
-            raise unprocessable("non_finite", f"tensor {name!r} contains NaN or Inf")
+            raise unprocessable(ErrorCode.NON_FINITE, f"tensor {name!r} contains NaN or Inf")
         if round_base is not None:
             diff = arr.astype(np.float64) - round_base[name]
             squared += float(np.dot(diff.ravel(), diff.ravel()))
         tensors[name] = arr
     if round_base is not None and math.sqrt(squared) > max_update_norm:
         raise unprocessable(
-            "update_out_of_bounds",
+            ErrorCode.UPDATE_OUT_OF_BOUNDS,
             f"the update is at L2 distance {math.sqrt(squared):.4g} from the round's base; "
             f"this server accepts at most {max_update_norm:g}",
         )
@@ -224,30 +225,30 @@ def check_metadata(metadata: Mapping[str, str], max_num_samples: int) -> tuple[i
         text = metadata.get(key)
         return int(text) if text is not None and INTEGER.fullmatch(text) else None
 
-    num_samples = integer("num_samples")
+    num_samples = integer(Metadata.NUM_SAMPLES)
     if num_samples is None or not 1 <= num_samples <= max_num_samples:
-        shown = str(metadata.get("num_samples"))[:32]
+        shown = str(metadata.get(Metadata.NUM_SAMPLES))[:32]
         raise unprocessable(
-            "num_samples_out_of_range", f"num_samples must be an integer in 1..{max_num_samples}, got {shown!r}"
+            ErrorCode.NUM_SAMPLES_OUT_OF_RANGE, f"num_samples must be an integer in 1..{max_num_samples}, got {shown!r}"
         )
-    base_version = integer("base_version")
+    base_version = integer(Metadata.BASE_VERSION)
     if base_version is None:
-        raise unprocessable("bad_metadata", "base_version must be the integer model version you trained from")
+        raise unprocessable(ErrorCode.BAD_METADATA, "base_version must be the integer model version you trained from")
     metrics: dict[str, float] = {}
     for key, text in metadata.items():
-        if key in ("num_samples", "base_version"):
+        if key in (Metadata.NUM_SAMPLES, Metadata.BASE_VERSION):
             continue
-        if not key.startswith("metric."):
-            raise unprocessable("bad_metadata", f"metadata key {key[:80]!r} is not allowed")
-        name = key[len("metric.") :]
+        if not key.startswith(Metadata.METRIC_PREFIX):
+            raise unprocessable(ErrorCode.BAD_METADATA, f"metadata key {key[:80]!r} is not allowed")
+        name = key[len(Metadata.METRIC_PREFIX) :]
         if not METRIC_NAME.fullmatch(name):
-            raise unprocessable("bad_metadata", f"metric name {name[:80]!r} must match [a-z0-9_]{{1,64}}")
+            raise unprocessable(ErrorCode.BAD_METADATA, f"metric name {name[:80]!r} must match [a-z0-9_]{{1,64}}")
         if len(text) > 40 or not METRIC_VALUE.fullmatch(text):
-            raise unprocessable("bad_metadata", f"metric {name!r} is not a decimal number: {text[:40]!r}")
+            raise unprocessable(ErrorCode.BAD_METADATA, f"metric {name!r} is not a decimal number: {text[:40]!r}")
         value = float(text)
-        if not abs(value) <= MAX_METRIC_ABS:
-            raise unprocessable("bad_metadata", f"metric {name!r} = {text} is outside [-1e9, 1e9]")
+        if not abs(value) <= Metadata.MAX_METRIC_ABS:
+            raise unprocessable(ErrorCode.BAD_METADATA, f"metric {name!r} = {text} is outside [-1e9, 1e9]")
         metrics[name] = value
-        if len(metrics) > MAX_METRICS:
-            raise unprocessable("bad_metadata", f"at most {MAX_METRICS} metrics")
+        if len(metrics) > Metadata.MAX_METRICS:
+            raise unprocessable(ErrorCode.BAD_METADATA, f"at most {Metadata.MAX_METRICS} metrics")
     return num_samples, base_version, metrics

@@ -67,7 +67,7 @@ public final class ProtocolClient {
     Map<String, String> headers = new LinkedHashMap<>();
     headers.put("Content-Type", "application/json");
     HttpTransport.Response r =
-        send("POST", "/v1/devices", headers, Json.write(req).getBytes(StandardCharsets.UTF_8));
+        send("POST", Protocol.Path.DEVICES, headers, Json.write(req).getBytes(StandardCharsets.UTF_8));
     if (r.status == 429) {
       throw new ProtocolException.Transient("enrollment rate-limited");
     }
@@ -80,12 +80,12 @@ public final class ProtocolClient {
   }
 
   public TaskOrWait task() throws ProtocolException, InterruptedException {
-    HttpTransport.Response r = send("GET", "/v1/task", auth(null), null);
+    HttpTransport.Response r = send("GET", Protocol.Path.TASK, auth(null), null);
     if (r.status == 410) {
       throw new ProtocolException.RunFinished();
     }
     if (r.status == 204) {
-      String retry = r.header("Retry-After");
+      String retry = r.header(Protocol.Header.RETRY_AFTER);
       return new TaskOrWait(null, retry == null ? 5.0 : Double.parseDouble(retry.trim()));
     }
     if (r.status != 200) {
@@ -97,7 +97,7 @@ public final class ProtocolClient {
   public Download download(String path, String etag) throws ProtocolException, InterruptedException {
     Map<String, String> headers = auth(null);
     if (etag != null) {
-      headers.put("If-None-Match", etag);
+      headers.put(Protocol.Header.IF_NONE_MATCH, etag);
     }
     HttpTransport.Response r = send("GET", path, headers, null);
     if (r.status == 304) {
@@ -106,7 +106,7 @@ public final class ProtocolClient {
     if (r.status != 200) {
       throw refused(r);
     }
-    String newEtag = r.header("ETag");
+    String newEtag = r.header(Protocol.Header.ETAG);
     return new Download(r.body, newEtag == null ? "" : newEtag);
   }
 
@@ -122,8 +122,8 @@ public final class ProtocolClient {
   /** Accepted-so-far count, or -1 when the server already had this device's update (409 duplicate). */
   public long upload(long round, byte[] body) throws ProtocolException, InterruptedException {
     Map<String, String> headers = auth(null);
-    headers.put("Content-Type", "application/octet-stream");
-    HttpTransport.Response r = send("POST", "/v1/rounds/" + round + "/updates", headers, body);
+    headers.put("Content-Type", Protocol.Header.OCTET_STREAM);
+    HttpTransport.Response r = send("POST", Protocol.Path.UPDATES.replace("{round_number}", Long.toString(round)), headers, body);
     if (r.status == 202) {
       return ((Number) Json.parseObject(text(r)).get("received")).longValue();
     }
@@ -134,7 +134,7 @@ public final class ProtocolClient {
       throw new ProtocolException.Transient("the upload did not arrive within the server's upload deadline");
     }
     ProtocolException refused = refused(r);
-    if ("duplicate_update".equals(refused.code)) {
+    if (Protocol.ErrorCode.DUPLICATE_UPDATE.equals(refused.code)) {
       return -1; // our earlier upload was counted; its 202 was lost
     }
     throw refused;
@@ -146,7 +146,7 @@ public final class ProtocolClient {
       headers.putAll(extra);
     }
     if (token != null) {
-      headers.put("Authorization", "Bearer " + token);
+      headers.put(Protocol.Header.AUTHORIZATION, "Bearer " + token);
     }
     return headers;
   }

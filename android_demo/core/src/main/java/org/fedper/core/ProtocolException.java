@@ -17,7 +17,7 @@ public class ProtocolException extends Exception {
     private static final long serialVersionUID = 1L;
 
     public RunFinished() {
-      super(410, "run_finished", "the run is finished");
+      super(410, Protocol.ErrorCode.RUN_FINISHED, "the run is finished");
     }
   }
 

@@ -107,7 +107,7 @@ public final class RoundLoop {
       } catch (ProtocolException.Transient ex) {
         continue; // ask for a task again
       } catch (ProtocolException ex) {
-        if ("round_not_open".equals(ex.code) || "stale_base_version".equals(ex.code)) {
+        if (Protocol.ErrorCode.ROUND_NOT_OPEN.equals(ex.code) || Protocol.ErrorCode.STALE_BASE_VERSION.equals(ex.code)) {
           skipRound = next.task.round; // too late for this round; wait for the next one
           continue;
         }
@@ -157,13 +157,13 @@ public final class RoundLoop {
     store.heads.save(task.manifestSha256, only(trainer.getHead(), manifest.headNames()));
     Map<String, Tensor> update = only(trainer.getBase(), manifest.baseNames());
     Map<String, String> meta = new LinkedHashMap<>();
-    meta.put("num_samples", Integer.toString(local.trainSize()));
-    meta.put("base_version", Long.toString(task.modelVersion));
-    meta.put("metric.accuracy", Double.toString(accuracy));
-    meta.put("metric.accuracy_after", Double.toString(accuracyAfter));
+    meta.put(Protocol.Metadata.NUM_SAMPLES, Integer.toString(local.trainSize()));
+    meta.put(Protocol.Metadata.BASE_VERSION, Long.toString(task.modelVersion));
+    meta.put(Protocol.Metadata.METRIC_PREFIX + "accuracy", Double.toString(accuracy));
+    meta.put(Protocol.Metadata.METRIC_PREFIX + "accuracy_after", Double.toString(accuracyAfter));
     double loss = steps == 0 ? Double.NaN : lossSum / steps;
     if (steps > 0) {
-      meta.put("metric.train_loss", Double.toString(loss));
+      meta.put(Protocol.Metadata.METRIC_PREFIX + "train_loss", Double.toString(loss));
     }
     long received = client.upload(task.round, Safetensors.write(update, meta));
     return new Report(task.round, task.modelVersion, local.trainSize(), accuracy, accuracyAfter, loss, received);
@@ -197,7 +197,7 @@ public final class RoundLoop {
       Path file = dir.resolve(name);
       String want = m.sha256.get(name);
       if (!Files.exists(file) || !ProtocolClient.sha256Hex(Files.readAllBytes(file)).equals(want)) {
-        AtomicFiles.write(file, client.downloadVerified("/v1/artifacts/" + name, want));
+        AtomicFiles.write(file, client.downloadVerified(Protocol.Path.ARTIFACT.replace("{name}", name), want));
       }
     }
     store.pinManifest(sha);

@@ -1,0 +1,82 @@
+package org.fedper.core;
+
+/** The device protocol v1 (revision 1.1): generated from
+ * docs/protocol.schema.json by android_demo/core/generate_protocol.py; do not edit. */
+public final class Protocol {
+  private Protocol() {}
+
+  public static final class Path {
+    private Path() {}
+
+    public static final String ADMIN_LATEST_BASE = "/v1/admin/models/latest/base";
+    public static final String ADMIN_REVOKE = "/v1/admin/devices/{device_id}/revoke";
+    public static final String ADMIN_STOP = "/v1/admin/stop";
+    public static final String ARTIFACT = "/v1/artifacts/{name}";
+    public static final String DEVICES = "/v1/devices";
+    public static final String HEALTH = "/v1/health";
+    public static final String MODEL_BASE = "/v1/models/{version}/base";
+    public static final String ROUND = "/v1/rounds/{round_number}";
+    public static final String STATUS = "/v1/status";
+    public static final String TASK = "/v1/task";
+    public static final String UPDATES = "/v1/rounds/{round_number}/updates";
+  }
+
+  public static final class Metadata {
+    private Metadata() {}
+
+    public static final String BASE_VERSION = "base_version";
+    public static final int MAX_METRICS = 16;
+    public static final double MAX_METRIC_ABS = 1000000000.0;
+    public static final String METRIC_NAME_PATTERN = "[a-z0-9_]{1,64}";
+    public static final String METRIC_PREFIX = "metric.";
+    public static final String NUM_SAMPLES = "num_samples";
+  }
+
+  public static final class Header {
+    private Header() {}
+
+    public static final String AUTHORIZATION = "Authorization";
+    public static final String ETAG = "ETag";
+    public static final String IF_NONE_MATCH = "If-None-Match";
+    public static final String OCTET_STREAM = "application/octet-stream";
+    public static final String RETRY_AFTER = "Retry-After";
+  }
+
+  public static final class Env {
+    private Env() {}
+
+    public static final String ADMIN_TOKEN = "FEDPER_ADMIN_TOKEN";
+    public static final String ENROLLMENT_KEY = "FEDPER_ENROLLMENT_KEY";
+  }
+
+  public static final class ErrorCode {
+    private ErrorCode() {}
+
+    public static final String BAD_METADATA = "bad_metadata";
+    public static final String BAD_REQUEST = "bad_request";
+    public static final String DUPLICATE_UPDATE = "duplicate_update";
+    public static final String FORBIDDEN = "forbidden";
+    public static final String HEADER_TIMEOUT = "header_timeout";
+    public static final String INTERNAL_ERROR = "internal_error";
+    public static final String MALFORMED_JSON = "malformed_json";
+    public static final String MALFORMED_SAFETENSORS = "malformed_safetensors";
+    public static final String METHOD_NOT_ALLOWED = "method_not_allowed";
+    public static final String MISSING_TENSOR = "missing_tensor";
+    public static final String NON_FINITE = "non_finite";
+    public static final String NOT_FOUND = "not_found";
+    public static final String NUM_SAMPLES_OUT_OF_RANGE = "num_samples_out_of_range";
+    public static final String PAYLOAD_TOO_LARGE = "payload_too_large";
+    public static final String PERSONAL_TENSOR_IN_UPLOAD = "personal_tensor_in_upload";
+    public static final String RATE_LIMITED = "rate_limited";
+    public static final String ROUND_NOT_OPEN = "round_not_open";
+    public static final String RUN_FINISHED = "run_finished";
+    public static final String SERVER_BUSY = "server_busy";
+    public static final String STALE_BASE_VERSION = "stale_base_version";
+    public static final String UNAUTHORIZED = "unauthorized";
+    public static final String UNEXPECTED_TENSOR = "unexpected_tensor";
+    public static final String UPDATE_OUT_OF_BOUNDS = "update_out_of_bounds";
+    public static final String UPLOAD_TIMEOUT = "upload_timeout";
+    public static final String WRONG_DTYPE = "wrong_dtype";
+    public static final String WRONG_SHAPE = "wrong_shape";
+  }
+}

@@ -1,0 +1,225 @@
+"""The device protocol (docs/PROTOCOL.md, version 1) as code: the one place that names it.
+
+Every JSON body as a pydantic model, every error code, metadata key, header, path and
+environment variable. The server answers with these models and the Python device parses
+them; ``docs/protocol.schema.json`` is generated from this module (``python -m
+fedper.protocol``) and the Java core's ``Protocol.java`` is checked against it, so the three
+cannot drift apart without a test failing.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from enum import StrEnum
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+
+VERSION = 1
+REVISION = "1.1"
+PREFIX = "/v1"
+
+
+class Route:
+    """Endpoint paths; ``{...}`` marks a path parameter."""
+
+    HEALTH = f"{PREFIX}/health"
+    DEVICES = f"{PREFIX}/devices"
+    TASK = f"{PREFIX}/task"
+    MODEL_BASE = f"{PREFIX}/models/{{version}}/base"
+    ARTIFACT = f"{PREFIX}/artifacts/{{name}}"
+    ROUND = f"{PREFIX}/rounds/{{round_number}}"
+    UPDATES = f"{PREFIX}/rounds/{{round_number}}/updates"
+    STATUS = f"{PREFIX}/status"
+    ADMIN_REVOKE = f"{PREFIX}/admin/devices/{{device_id}}/revoke"
+    ADMIN_STOP = f"{PREFIX}/admin/stop"
+    ADMIN_LATEST_BASE = f"{PREFIX}/admin/models/latest/base"
+
+
+class ErrorCode(StrEnum):
+    """The ``code`` of every error body, by status."""
+
+    BAD_REQUEST = "bad_request"  # 400
+    MALFORMED_JSON = "malformed_json"  # 400
+    MALFORMED_SAFETENSORS = "malformed_safetensors"  # 400
+    UNAUTHORIZED = "unauthorized"  # 401
+    FORBIDDEN = "forbidden"  # 403
+    NOT_FOUND = "not_found"  # 404
+    METHOD_NOT_ALLOWED = "method_not_allowed"  # 405
+    UPLOAD_TIMEOUT = "upload_timeout"  # 408
+    HEADER_TIMEOUT = "header_timeout"  # 408, from the HTTP layer
+    DUPLICATE_UPDATE = "duplicate_update"  # 409
+    ROUND_NOT_OPEN = "round_not_open"  # 409
+    STALE_BASE_VERSION = "stale_base_version"  # 409
+    RUN_FINISHED = "run_finished"  # 410
+    PAYLOAD_TOO_LARGE = "payload_too_large"  # 413
+    MISSING_TENSOR = "missing_tensor"  # 422
+    UNEXPECTED_TENSOR = "unexpected_tensor"  # 422
+    WRONG_SHAPE = "wrong_shape"  # 422
+    WRONG_DTYPE = "wrong_dtype"  # 422
+    NON_FINITE = "non_finite"  # 422
+    NUM_SAMPLES_OUT_OF_RANGE = "num_samples_out_of_range"  # 422
+    BAD_METADATA = "bad_metadata"  # 422
+    PERSONAL_TENSOR_IN_UPLOAD = "personal_tensor_in_upload"  # 422
+    UPDATE_OUT_OF_BOUNDS = "update_out_of_bounds"  # 422
+    RATE_LIMITED = "rate_limited"  # 429
+    INTERNAL_ERROR = "internal_error"  # 500
+    SERVER_BUSY = "server_busy"  # 503
+
+
+class Metadata:
+    """Keys of an update's safetensors ``__metadata__`` (values are strings)."""
+
+    NUM_SAMPLES = "num_samples"
+    BASE_VERSION = "base_version"
+    METRIC_PREFIX = "metric."
+    METRIC_NAME_PATTERN = r"[a-z0-9_]{1,64}"
+    MAX_METRICS = 16
+    MAX_METRIC_ABS = 1e9
+
+
+class Header:
+    AUTHORIZATION = "Authorization"
+    RETRY_AFTER = "Retry-After"
+    ETAG = "ETag"
+    IF_NONE_MATCH = "If-None-Match"
+    OCTET_STREAM = "application/octet-stream"
+
+
+class Env:
+    ADMIN_TOKEN = "FEDPER_ADMIN_TOKEN"
+    ENROLLMENT_KEY = "FEDPER_ENROLLMENT_KEY"
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="allow", frozen=True)  # additions are compatible (PROTOCOL.md)
+
+
+class Health(_Body):
+    status: Literal["ok"] = "ok"
+    protocol: int = VERSION
+
+
+class EnrollmentRequest(_Body):
+    enrollment_key: str
+    platform: str | None = Field(default=None, max_length=128)
+
+
+class Enrolled(_Body):
+    device_id: str
+    token: str
+
+
+class TaskConfig(_Body):
+    """Overrides the manifest's training defaults key by key (an absent key keeps the default)."""
+
+    local_epochs: int | None = None
+    batch_size: int | None = None
+    learning_rate: float | None = None
+    momentum: float | None = None
+
+
+class Task(_Body):
+    round: int
+    model_version: int
+    deadline: str | None
+    base_url: str
+    manifest_url: str
+    manifest_sha256: str
+    config: TaskConfig = TaskConfig()
+
+
+class Accepted(_Body):
+    round: int
+    accepted: bool
+    received: int
+
+
+class MetricSummary(_Body):
+    mean: float
+    weighted_mean: float
+    std: float
+    count: int
+
+
+class RoundInfo(_Body):
+    round: int
+    state: Literal["open", "closed", "abandoned", "stopped"]
+    model_version: int
+    received: int
+    min_clients: int
+    target_clients: int
+    result_version: int | None
+    deadline: str | None
+    metrics: dict[str, MetricSummary]
+
+
+class Status(_Body):
+    state: Literal["running", "finished"]
+    round: int
+    model_version: int
+    rounds_total: int
+    rounds_closed: int
+    devices: int
+
+
+class Revoked(_Body):
+    device_id: str
+    revoked: bool
+    update_withdrawn: bool
+
+
+class Stopped(_Body):
+    state: Literal["finished"] = "finished"
+
+
+class Error(_Body):
+    code: str
+    message: str
+    request_id: str | None = None  # on 500 internal_error
+
+
+MODELS: tuple[type[BaseModel], ...] = (
+    Health, EnrollmentRequest, Enrolled, TaskConfig, Task, Accepted, MetricSummary, RoundInfo, Status, Revoked,
+    Stopped, Error,
+)  # fmt: skip
+SCHEMA_FILE = Path(__file__).resolve().parent.parent / "docs" / "protocol.schema.json"
+
+
+def _constants(cls: type) -> dict[str, Any]:
+    return {k: v for k, v in vars(cls).items() if k.isupper()}
+
+
+def schema() -> dict[str, Any]:
+    """JSON Schema of every body, plus the protocol's constants (what other languages read)."""
+    defs: dict[str, Any] = {}
+    for model in MODELS:
+        one = TypeAdapter(model).json_schema(ref_template="#/$defs/{model}")
+        defs.update(one.pop("$defs", {}))
+        defs[model.__name__] = one
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "title": f"FedPer device protocol v{VERSION} (revision {REVISION})",
+        "description": "Generated by `python -m fedper.protocol` from fedper/protocol.py; do not edit.",
+        "$defs": defs,
+        "x-fedper": {
+            "version": VERSION,
+            "revision": REVISION,
+            "error_codes": [c.value for c in ErrorCode],
+            "paths": _constants(Route),
+            "metadata": _constants(Metadata),
+            "headers": _constants(Header),
+            "env": _constants(Env),
+        },
+    }
+
+
+def schema_text() -> str:
+    return json.dumps(schema(), indent=2, sort_keys=True) + "\n"
+
+
+if __name__ == "__main__":
+    SCHEMA_FILE.write_text(schema_text())
+    print(f"wrote {SCHEMA_FILE}", file=sys.stderr)
