@@ -9,7 +9,6 @@ OUT/results.json, metrics.csv and plots.
 from __future__ import annotations
 
 import base64
-import dataclasses
 import html
 import json
 import os
@@ -29,7 +28,7 @@ from fedper.atomic_write import atomic_write_text
 from fedper.config_cli import option
 from fedper.data import DataConfig
 from fedper.protocol import Env
-from fedper.results import RunRecorder
+from fedper.results import RunRecorder, config_json
 
 console = Console(stderr=True)
 
@@ -172,8 +171,8 @@ def run_demo(config: DemoConfig) -> dict[str, Any]:
     }
     recorder = RunRecorder(
         {
-            "demo": {k: (str(v) if isinstance(v, Path) else v) for k, v in dataclasses.asdict(config).items()},
-            "data": {k: (str(v) if isinstance(v, Path) else v) for k, v in dataclasses.asdict(data).items()},
+            "demo": config_json(config),
+            "data": config_json(data),
         }
     )
     traffic = {}

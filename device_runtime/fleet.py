@@ -23,7 +23,7 @@ from rich.table import Table
 
 from fedper.config_cli import option
 from fedper.data import DataConfig
-from fedper.results import ClientRecord, RunRecorder
+from fedper.results import ClientRecord, RunRecorder, config_json
 
 console = Console(stderr=True)
 
@@ -152,9 +152,7 @@ def run_fleet(fleet: FleetConfig, data: DataConfig, enrollment_key: str, recorde
     """Run the fleet until the server finishes the run; returns (and writes) its results."""
     data = dataclasses.replace(data, num_clients=fleet.devices)
     workers = min(fleet.workers or os.cpu_count() or 1, fleet.devices)
-    recorder = recorder or RunRecorder(
-        {"fleet": _jsonable(dataclasses.asdict(fleet)), "data": _jsonable(dataclasses.asdict(data))}
-    )
+    recorder = recorder or RunRecorder({"fleet": config_json(fleet), "data": config_json(data)})
     ctx = mp.get_context("spawn")
     events = ctx.Queue()
     shares = [list(range(fleet.devices))[w::workers] for w in range(workers)]
@@ -205,7 +203,3 @@ def run_fleet(fleet: FleetConfig, data: DataConfig, enrollment_key: str, recorde
         console.print(f"[red]{err}[/]")
     recorder.write(fleet.out or fleet.storage / "results")
     return recorder
-
-
-def _jsonable(d: dict[str, Any]) -> dict[str, Any]:
-    return {k: (str(v) if isinstance(v, Path) else list(v) if isinstance(v, tuple) else v) for k, v in d.items()}

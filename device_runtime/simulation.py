@@ -8,7 +8,6 @@ the start of the round, before local training, as Flower's reproduction does.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +24,7 @@ from fedper.eager_trainer import EagerTrainer
 from fedper.local_training import TrainConfig, evaluate, train
 from fedper.models import ModelConfig, build_model, exchanged_state, split
 from fedper.models.split import batchnorm_stat_names
-from fedper.results import ClientRecord, RunRecorder
+from fedper.results import ClientRecord, RunRecorder, config_json
 
 ALGORITHMS = ("fedper", "fedavg", "local")
 
@@ -125,8 +124,8 @@ def run(sim: SimulationConfig, data: DataConfig, progress: ProgressFn | None = N
             )
         )
     config: dict[str, Any] = {
-        "simulation": _jsonable(dataclasses.asdict(sim)),
-        "data": _jsonable(dataclasses.asdict(data)),
+        "simulation": config_json(sim),
+        "data": config_json(data),
         "model": mcfg.to_dict(),
         "partition": fed.partition,
         "clients_train_samples": [c.num_samples for c in clients],
@@ -189,7 +188,3 @@ def _write_state(out: Path, shared: dict[str, torch.Tensor], personal: list[dict
     for cid, tensors in enumerate(personal):
         if tensors:
             weights.save(out / "heads" / f"client_{cid:03d}.safetensors", tensors)
-
-
-def _jsonable(d: dict[str, Any]) -> dict[str, Any]:
-    return {k: (str(v) if isinstance(v, Path) else list(v) if isinstance(v, tuple) else v) for k, v in d.items()}

@@ -17,10 +17,6 @@ from torch.export.experimental import _export_forward_backward
 
 from export.fast_ops import DECOMPOSITIONS
 
-GRADIENTS_INDEX = "__et_training_gradients_index_forward"
-PARAMETERS_INDEX = "__et_training_parameters_index_forward"
-FQN_METHOD = "__et_training_fqn_forward"
-
 
 class ExportError(RuntimeError):
     """The export produced something that would not behave as the model does."""

@@ -14,10 +14,6 @@ console = Console(stderr=True)
 Command = Callable[[argparse.Namespace], int]
 
 
-class UserError(Exception):
-    """A problem the user can fix (bad option, missing file); printed without a traceback."""
-
-
 def _simulate_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     from device_runtime.simulation import SimulationConfig
     from fedper.config_cli import add_arguments
@@ -75,12 +71,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     run: Command = args.run
     try:
         return run(args)
-    except UserError as exc:
-        console.print(f"[bold red]error:[/] {exc}")
-        return 2
-    except (ValueError, FileNotFoundError, PermissionError, OSError) as exc:
-        if getattr(args, "debug", False):
-            raise
+    except (ValueError, OSError) as exc:
         console.print(f"[bold red]error:[/] {exc}")
         return 2
     except KeyboardInterrupt:

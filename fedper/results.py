@@ -119,3 +119,11 @@ class RunRecorder:
             from fedper.plots import plot_run
 
             plot_run(self, out)
+
+
+def config_json(config: Any) -> dict[str, Any]:
+    """A config dataclass as it goes into results.json (paths as strings, tuples as lists)."""
+    return {
+        k: (str(v) if isinstance(v, Path) else list(v) if isinstance(v, tuple) else v)
+        for k, v in asdict(config).items()
+    }

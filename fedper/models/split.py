@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
@@ -69,10 +68,3 @@ def batchnorm_stat_names(names: tuple[str, ...]) -> tuple[str, ...]:
     """The BatchNorm running statistics among ``names`` (kept on-device with ``--bn local``)."""
     return tuple(n for n in names if n.endswith((".running_mean", ".running_var")))
 
-
-def select(state: Mapping[str, torch.Tensor], names: tuple[str, ...]) -> dict[str, torch.Tensor]:
-    """The named subset of a state, in the order of ``names``."""
-    missing = [n for n in names if n not in state]
-    if missing:
-        raise KeyError(f"state lacks {len(missing)} tensor(s), e.g. {missing[:3]}")
-    return {n: state[n] for n in names}
