@@ -23,7 +23,7 @@ from device_runtime.device_storage import DeviceStorage
 from device_runtime.local_data import LocalData
 from device_runtime.retry import TransientError
 from fedper import weights
-from fedper.local_training import TrainConfig, evaluate, train
+from fedper.local_training import TrainConfig, batch_order_rng, evaluate, train
 from fedper.manifest import MANIFEST_FILE, Manifest, read_manifest, sha256_file
 from fedper.protocol import ErrorCode, Metadata, Task
 from fedper.trainer import Trainer
@@ -152,7 +152,7 @@ class Device:
         self._emit("training", {"round": task.round})
         with self._compute():
             # The same batch order as `fedper simulate` gives client `client_id` in this round.
-            order = np.random.default_rng([self.options.seed, 21, task.round, self.options.client_id])
+            order = batch_order_rng(self.options.seed, task.round, self.options.client_id)
             loss = train(trainer, x, y, config, order)
             accuracy_after = evaluate(trainer, xt, yt)
             head_after = trainer.get_tensors(manifest.head_names)

@@ -21,7 +21,7 @@ from fedper.aggregate import FedAvg
 from fedper.config_cli import option
 from fedper.data import DataConfig, FederatedData, load_federated, to_tensor
 from fedper.eager_trainer import EagerTrainer
-from fedper.local_training import TrainConfig, evaluate, train
+from fedper.local_training import TrainConfig, batch_order_rng, evaluate, train
 from fedper.models import ModelConfig, build_model, exchanged_state, split
 from fedper.models.split import batchnorm_stat_names
 from fedper.results import ClientRecord, RunRecorder, config_json
@@ -166,7 +166,7 @@ def _run_algorithm(
             acc = evaluate(trainer, client.x_test, client.y_test)
             acc_after = loss = None
             if cid in selected:
-                crng = np.random.default_rng([seed, 21, rnd, cid])
+                crng = batch_order_rng(seed, rnd, cid)
                 loss = train(trainer, client.x_train, client.y_train, sim.train_config, crng)
                 acc_after = evaluate(trainer, client.x_test, client.y_test)
                 personal[cid] = trainer.get_tensors(personal_names)

@@ -29,6 +29,12 @@ def accuracy(logits: torch.Tensor, labels: torch.Tensor) -> float:
     return float((logits.argmax(dim=1) == labels).float().mean().item())
 
 
+def batch_order_rng(seed: int, round_number: int, client_id: int) -> np.random.Generator:
+    """The generator that shuffles client ``client_id``'s batches in round ``round_number``: the
+    simulation and an emulated device draw the same batch order from it, so their runs agree."""
+    return np.random.default_rng([seed, 21, round_number, client_id])
+
+
 def batches(num_samples: int, batch_size: int, rng: np.random.Generator) -> list[np.ndarray]:
     """One epoch's shuffled batches; a last batch smaller than 2 is dropped."""
     order = rng.permutation(num_samples)

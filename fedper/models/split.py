@@ -67,4 +67,3 @@ def running_stat_names(bn_paths: list[str]) -> list[str]:
 def batchnorm_stat_names(names: tuple[str, ...]) -> tuple[str, ...]:
     """The BatchNorm running statistics among ``names`` (kept on-device with ``--bn local``)."""
     return tuple(n for n in names if n.endswith((".running_mean", ".running_var")))
-
