@@ -1,0 +1,81 @@
+"""What a device calls to take part: enrollment and its task."""
+
+from __future__ import annotations
+
+import json
+import logging
+import secrets
+
+from anyio import to_thread
+from fastapi import APIRouter, Request, Response
+from fastapi.responses import JSONResponse
+
+from fedper.manifest import MANIFEST_FILE
+from fedper.protocol import Enrolled, ErrorCode, Header, Route, Task, TaskConfig
+from server import strict_json
+from server.auth import DeviceId, State, check_not_throttled, client_address, failed
+from server.credentials import new_token, same_secret, token_hash
+from server.errors import bad_request, rate_limited, run_finished
+from server.request_body import read_small
+from server.rounds import iso_time
+from server.routes.responses import ERRORS
+
+JSON_LIMIT = 64 * 1024
+MAX_PLATFORM_LENGTH = 128
+
+log = logging.getLogger("fedper.server")
+router = APIRouter()
+
+
+def _enrollment(body: bytes) -> tuple[object, str | None]:
+    """(enrollment_key, platform) from an enrollment body, or a 400."""
+    try:
+        data = strict_json.loads(body)
+    except strict_json.JsonError as exc:
+        raise bad_request(ErrorCode.MALFORMED_JSON, f"the body is not valid JSON: {exc}") from exc
+    if not isinstance(data, dict):
+        raise bad_request(ErrorCode.MALFORMED_JSON, "the body must be a JSON object")
+    platform = data.get("platform")
+    if platform is not None and not (isinstance(platform, str) and len(platform) <= MAX_PLATFORM_LENGTH):
+        raise bad_request(
+            ErrorCode.BAD_REQUEST, f"platform must be a string of at most {MAX_PLATFORM_LENGTH} characters"
+        )
+    return data.get("enrollment_key"), platform
+
+
+@router.post(Route.DEVICES, status_code=201, response_model=Enrolled, responses=ERRORS)
+async def enroll(request: Request, state: State) -> Enrolled:
+    check_not_throttled(request, state)
+    body = await read_small(request, JSON_LIMIT, state.config.upload_timeout)
+    key, platform = _enrollment(body)
+    if not isinstance(key, str) or not same_secret(key, state.secrets.enrollment_key):
+        raise failed(request, state, "wrong enrollment key")
+    allowed, wait = state.limiter.allow(client_address(request))
+    if not allowed:
+        raise rate_limited("too many enrollments from this address", wait)
+    device_id, token = f"d-{secrets.token_hex(8)}", new_token()
+    await to_thread.run_sync(state.db.add_device, device_id, token_hash(token), platform)
+    log.info(json.dumps({"event": "device_enrolled", "device": device_id, "platform": platform}))
+    return Enrolled(device_id=device_id, token=token)
+
+
+@router.get(Route.TASK, response_model=Task, responses={204: {"description": "no task now"}, **ERRORS})
+def task(device_id: DeviceId, state: State) -> Response:
+    snap = state.rounds.snapshot
+    if snap.finished:
+        raise run_finished()
+    retry = {Header.RETRY_AFTER: str(state.config.retry_after)}
+    if snap.state != "open" or state.db.has_update(snap.round, device_id):
+        return Response(status_code=204, headers=retry)
+    c = state.config
+    body = Task(
+        round=snap.round,
+        model_version=snap.model_version,
+        deadline=iso_time(snap.deadline),
+        base_url=Route.MODEL_BASE.format(version=snap.model_version),
+        manifest_url=Route.ARTIFACT.format(name=MANIFEST_FILE),
+        manifest_sha256=state.manifest_sha256,
+        config=TaskConfig(local_epochs=c.local_epochs, batch_size=c.batch_size,
+                          learning_rate=c.learning_rate, momentum=c.momentum),
+    )  # fmt: skip
+    return JSONResponse(body.model_dump())

@@ -1,0 +1,29 @@
+"""Model versions and export artifacts, as immutable files with ETags."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request, Response
+
+from fedper.protocol import Route
+from server.auth import AnyCaller, State
+from server.errors import not_found
+from server.routes.responses import ERRORS, OCTETS, file_response
+
+router = APIRouter()
+
+
+@router.get(Route.MODEL_BASE, responses={200: {"content": {OCTETS: {}}}, 304: {}, **ERRORS})
+def model_base(version: int, request: Request, _who: AnyCaller, state: State) -> Response:
+    found = state.rounds.version_file(version)
+    if found is None:
+        raise not_found(f"model version {version}")
+    return file_response(found[0], found[1], request, state)
+
+
+@router.get(Route.ARTIFACT, responses={200: {"content": {OCTETS: {}}}, 304: {}, **ERRORS})
+def artifact(name: str, request: Request, _who: AnyCaller, state: State) -> Response:
+    path = state.artifact_path(name)
+    if path is None:
+        raise not_found(f"artifact {name[:80]!r}")
+    sha = state.manifest_sha256 if name == "manifest.json" else state.manifest.sha256[name]
+    return file_response(path, sha, request, state)
