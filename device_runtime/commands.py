@@ -71,6 +71,7 @@ def device(args: argparse.Namespace) -> int:
     from device_runtime.device import Device, DeviceOptions
     from device_runtime.device_storage import DeviceStorage
     from device_runtime.enrollment import enrollment_key
+    from device_runtime.events import DeviceEvent, describe
     from device_runtime.local_data import LocalData, from_folder, share
     from device_runtime.retry import TransientError
     from fedper.manifest import Manifest
@@ -89,8 +90,8 @@ def device(args: argparse.Namespace) -> int:
         labels = manifest.output.labels or [str(i) for i in range(manifest.output.num_classes)]
         return from_folder(owner_dir, labels, manifest.model.input_size, data.seed)
 
-    def say(kind: str, info: dict[str, object]) -> None:
-        print(f"{kind} {info}", file=sys.stderr, flush=True)
+    def say(event: DeviceEvent) -> None:
+        print(describe(event), file=sys.stderr, flush=True)
 
     client = ProtocolClient(config.server)
     options = DeviceOptions(engine=config.engine, evaluator=config.evaluator,  # type: ignore[arg-type]

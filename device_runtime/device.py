@@ -20,6 +20,7 @@ import torch
 
 from device_runtime.client import NoTask, ProtocolClient, RefusedError, RunFinishedError
 from device_runtime.device_storage import DeviceStorage
+from device_runtime.events import Dropped, Evaluated, Event, Finished, RoundReport, Training, Uploaded
 from device_runtime.local_data import LocalData
 from device_runtime.retry import TransientError
 from fedper import weights
@@ -47,21 +48,6 @@ class DeviceOptions:
     max_idle_wait: float = 5.0  # cap on Retry-After waits
 
 
-@dataclass(frozen=True)
-class RoundReport:
-    round: int
-    model_version: int
-    num_samples: int
-    accuracy: float
-    accuracy_after: float | None
-    train_loss: float | None
-    uploaded: bool
-    received: int | None
-
-
-Event = Callable[[str, dict[str, Any]], None]
-
-
 class Device:
     def __init__(
         self,
@@ -77,7 +63,7 @@ class Device:
         self.client, self.storage, self.options = client, storage, options
         self._data_for = data
         self._enrollment_key = enrollment_key
-        self._emit = on_event or (lambda _kind, _info: None)
+        self._emit = on_event or (lambda _event: None)
         self._lock = compute_lock
         self._sleep = sleep
         self._trainers: dict[str, tuple[Manifest, Trainer, tuple[torch.Tensor, ...]]] = {}
@@ -107,7 +93,7 @@ class Device:
             try:
                 task = self.client.task()
             except RunFinishedError:
-                self._emit("finished", {})
+                self._emit(Finished())
                 break
             except TransientError as exc:
                 log.warning("device %s: %s; waiting", self.device_id, exc)
@@ -119,6 +105,9 @@ class Device:
                 continue
             try:
                 report = self.run_round(task)
+            except RunFinishedError:  # the operator stopped the run while this device trained
+                self._emit(Finished())
+                break
             except TransientError as exc:
                 log.warning("device %s: round %d failed: %s", self.device_id, task.round, exc)
                 continue
@@ -143,13 +132,13 @@ class Device:
             else:  # first round: the exported initial head
                 trainer.set_tensors(self._initial_head(sha, manifest))
             accuracy = evaluate(trainer, xt, yt)
-        self._emit("evaluated", {"round": task.round, "accuracy": accuracy})
+        self._emit(Evaluated(task.round, accuracy))
         if rng.random() < self.options.dropout:
             self._skip_round = task.round
-            self._emit("dropped", {"round": task.round})
+            self._emit(Dropped(task.round))
             return RoundReport(task.round, task.model_version, len(y), accuracy, None, None, False, None)
         config = _train_config(manifest, task.config.model_dump(exclude_none=True))
-        self._emit("training", {"round": task.round})
+        self._emit(Training(task.round))
         with self._compute():
             # The same batch order as `fedper simulate` gives client `client_id` in this round.
             order = batch_order_rng(self.options.seed, task.round, self.options.client_id)
@@ -172,7 +161,7 @@ class Device:
         self.storage.mark_finished(task.round)
         report = RoundReport(task.round, task.model_version, len(y), accuracy, accuracy_after,
                              None if np.isnan(loss) else loss, True, received)  # fmt: skip
-        self._emit("uploaded", report.__dict__)
+        self._emit(Uploaded(report))
         return report
 
     # --- what a round needs ----------------------------------------------------------------

@@ -21,6 +21,15 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
+from device_runtime.events import (
+    DeviceEvent,
+    DeviceFailed,
+    Dropped,
+    Finished,
+    Training,
+    Uploaded,
+    WorkerDone,
+)
 from fedper.config_cli import option
 from fedper.data import DataConfig
 from fedper.results import ClientRecord, RunRecorder, config_json
@@ -84,8 +93,8 @@ def _worker(
     lock = threading.Lock()
 
     def run(client_id: int) -> None:
-        def emit(kind: str, info: dict[str, Any]) -> None:
-            events.put((client_id, kind, info))
+        def emit(event: DeviceEvent | DeviceFailed) -> None:
+            events.put((client_id, event))
 
         transport = (
             FlakyTransport(fleet.flaky_network, seed=data.seed * 1000 + client_id) if fleet.flaky_network else None
@@ -107,7 +116,7 @@ def _worker(
         try:
             device.run()
         except Exception as exc:  # reported, not fatal for the other devices
-            emit("error", {"error": f"{type(exc).__name__}: {exc}"})
+            emit(DeviceFailed(f"{type(exc).__name__}: {exc}"))
         finally:
             client.close()
 
@@ -116,7 +125,7 @@ def _worker(
         t.start()
     for t in threads:
         t.join()
-    events.put((-1, "worker_done", {"worker": index}))
+    events.put((-1, WorkerDone(index)))
 
 
 @dataclass
@@ -168,28 +177,29 @@ def run_fleet(fleet: FleetConfig, data: DataConfig, enrollment_key: str, recorde
     try:
         while done < workers:
             try:
-                client_id, kind, info = events.get(timeout=1.0)
+                client_id, event = events.get(timeout=1.0)
             except queue.Empty:
                 if all(not p.is_alive() for p in procs):
                     break
                 continue
-            if kind == "worker_done":
-                done += 1
-            elif kind == "training":
-                progress.training.add(client_id)
-                progress.round = max(progress.round, info["round"])
-            elif kind == "uploaded":
-                progress.training.discard(client_id)
-                progress.uploads += 1
-                progress.accuracy.setdefault(info["round"], []).append(info["accuracy"])
-                recorder.add(ClientRecord(fleet.label, info["round"], client_id, info["num_samples"],
-                                          info["accuracy"], info["accuracy_after"], info["train_loss"]))  # fmt: skip
-            elif kind == "dropped":
-                progress.dropped += 1
-            elif kind == "finished":
-                progress.finished.add(client_id)
-            elif kind == "error":
-                progress.errors.append(f"device {client_id}: {info['error']}")
+            match event:
+                case WorkerDone():
+                    done += 1
+                case Training(round=number):
+                    progress.training.add(client_id)
+                    progress.round = max(progress.round, number)
+                case Uploaded(report=r):
+                    progress.training.discard(client_id)
+                    progress.uploads += 1
+                    progress.accuracy.setdefault(r.round, []).append(r.accuracy)
+                    recorder.add(ClientRecord(fleet.label, r.round, client_id, r.num_samples,
+                                              r.accuracy, r.accuracy_after, r.train_loss))  # fmt: skip
+                case Dropped():
+                    progress.dropped += 1
+                case Finished():
+                    progress.finished.add(client_id)
+                case DeviceFailed(error=error):
+                    progress.errors.append(f"device {client_id}: {error}")
             if live is not None:
                 live.update(progress.table(fleet.devices))
     finally:

@@ -18,8 +18,9 @@ import numpy as np
 import pytest
 
 from device_runtime.client import ProtocolClient
-from device_runtime.device import Device, DeviceOptions, RoundReport
+from device_runtime.device import Device, DeviceOptions
 from device_runtime.device_storage import DeviceStorage
+from device_runtime.events import RoundReport
 from device_runtime.fleet import FleetConfig, run_fleet
 from device_runtime.local_data import share
 from device_runtime.network_faults import RecordingTransport
