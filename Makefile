@@ -1,4 +1,4 @@
-# Quick start: `make demo` (the main job) and `make test` (ruff + mypy + pytest).
+# Quick start: `make demo` (the main job) and `make test` (ruff + mypy + import contracts + pytest).
 # Each target installs what it needs into .venv first, so either works on a fresh clone.
 
 PYTHON ?= python3.11
@@ -31,6 +31,7 @@ lint: $(INSTALLED)
 
 typecheck: $(INSTALLED)
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 pytest: $(INSTALLED)
 	$(BIN)/python -m pytest -q
