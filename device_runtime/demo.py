@@ -60,7 +60,7 @@ def _step_ms(artifacts: Path) -> float:
 
     import torch
 
-    from export.training_program import TrainingProgram
+    from device_runtime.training_program import TrainingProgram
 
     program = TrainingProgram(artifacts)
     size = program.manifest.model.input_size
@@ -135,6 +135,7 @@ def _server_bytes(url: str) -> dict[str, int]:
 
 def run_demo(config: DemoConfig) -> dict[str, Any]:
     from device_runtime.fleet import FleetConfig, run_fleet
+    from device_runtime.training_program import check_exported
     from export.pipeline import ExportConfig, run_export
 
     out = config.out
@@ -150,11 +151,12 @@ def run_demo(config: DemoConfig) -> dict[str, Any]:
             kp=2,
             out=out / "artifacts",
             seed=config.seed,
-        )
+        ),
+        check=check_exported,
     )
     timings["export"] = time.perf_counter() - start
     t = time.perf_counter()
-    run_export(ExportConfig(kp=0, from_dir=out / "artifacts", out=out / "artifacts-kp0"))
+    run_export(ExportConfig(kp=0, from_dir=out / "artifacts", out=out / "artifacts-kp0"), check=check_exported)
     timings["re-partition for kp=0"] = time.perf_counter() - t
     step_ms = _step_ms(out / "artifacts")
     console.print(f"    {exported.seconds['total']:.0f} s; training step {step_ms:.0f} ms at batch 32 (ExecuTorch)")

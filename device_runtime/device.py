@@ -214,7 +214,7 @@ class Device:
 def make_trainer(engine: Engine, directory: Any, manifest: Manifest, evaluator: Evaluator = "onnx") -> Trainer:
     """The exported program in the ExecuTorch runtime, or the same model and step in eager PyTorch."""
     if engine == "executorch":
-        from export.training_program import TrainingProgram
+        from device_runtime.training_program import TrainingProgram
 
         return TrainingProgram(directory, manifest, evaluator=evaluator)
     from fedper.eager_trainer import EagerTrainer

@@ -39,7 +39,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
 def export(args: argparse.Namespace) -> int:
     config = from_arguments(ExportConfig, args)
     with console.status("exporting...") as status:
-        report = run_export(config, progress=lambda msg: status.update(msg))
+        report = run_export(config, progress=lambda msg: status.update(msg), check=getattr(args, "check", None))
     table = Table(
         title=f"{report.out} (kp={report.manifest.kp}, {len(report.manifest.tensors.base)} "
         f"base / {len(report.manifest.tensors.head)} head tensors)"

@@ -52,11 +52,14 @@ def build_parser(only_serve: bool = False) -> argparse.ArgumentParser:
         return parser
     _simulate_parser(sub)
     from device_runtime import commands as device_commands
+    from device_runtime.training_program import check_exported
     from export import export_command
     from fedper import report_command
     from server import serve_command
 
     export_command.add_parser(sub)
+    # The export is checked with the runtime a device uses: composed here, not imported by export.
+    sub.choices["export"].set_defaults(check=check_exported)
     serve_command.add_parser(sub)
     device_commands.add_parsers(sub)
     report_command.add_parser(sub)

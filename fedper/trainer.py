@@ -1,7 +1,7 @@
 """The training interface a device (or a simulated client) drives, whatever runs the math.
 
 Two implementations exist: eager PyTorch (:mod:`fedper.eager_trainer`) and the
-exported ExecuTorch training program (``export.training_program``). The local
+exported ExecuTorch training program (``device_runtime.training_program``). The local
 training loop, the simulation and the device runtime only see this protocol.
 """
 

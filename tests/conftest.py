@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from device_runtime.training_program import check_exported
 from export.pipeline import ExportConfig, ExportReport, run_export
 from fedper.data import DataConfig, load_dataset, to_tensor
 from fedper.manifest import Manifest, read_manifest
@@ -17,14 +18,14 @@ def exported(tmp_path_factory: pytest.TempPathFactory) -> ExportReport:
     """MobileNet-V1 width 0.25, 32x32, 10 classes, kp=2, the default (fast) training graph:
     exported once for the session (~70 s)."""
     out = tmp_path_factory.mktemp("export") / "artifacts"
-    return run_export(ExportConfig(out=out, kp=2, dataset="digits", seed=0))
+    return run_export(ExportConfig(out=out, kp=2, dataset="digits", seed=0), check=check_exported)
 
 
 @pytest.fixture(scope="session")
 def plain_artifacts(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The same export with the plain (nn.Conv2d) training graph, kept for comparison."""
     out = tmp_path_factory.mktemp("export-plain") / "artifacts"
-    return run_export(ExportConfig(out=out, kp=2, dataset="digits", seed=0, variant="plain")).out
+    return run_export(ExportConfig(out=out, kp=2, dataset="digits", seed=0, variant="plain"), check=check_exported).out
 
 
 @pytest.fixture(scope="session")

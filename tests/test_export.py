@@ -6,8 +6,13 @@ import numpy as np
 import pytest
 import torch
 
+from device_runtime.training_program import (
+    TrainingProgram,
+    TrainingProgramError,
+    check_exported,
+    check_training_metadata,
+)
 from export.pipeline import ExportConfig, ExportConfigError, run_export
-from export.training_program import TrainingProgram, TrainingProgramError, check_training_metadata
 from fedper import weights
 from fedper.cli import main
 from fedper.eager_trainer import EagerTrainer
@@ -218,7 +223,7 @@ def test_inference_models_match_eager_and_use_the_current_weights(artifacts, dig
 
 def test_repartition_reuses_programs(artifacts, tmp_path):
     out = tmp_path / "kp0"
-    report = run_export(ExportConfig(kp=0, from_dir=artifacts, out=out))
+    report = run_export(ExportConfig(kp=0, from_dir=artifacts, out=out), check=check_exported)
     old, new = read_manifest(artifacts), read_manifest(out)
     for role in ("training_program", "training_weights", "inference_program", "onnx_model"):
         assert new.sha256[new.artifacts[role]] == old.sha256[old.artifacts[role]]
@@ -227,6 +232,20 @@ def test_repartition_reuses_programs(artifacts, tmp_path):
     assert len(new.base_names) == len(old.base_names) + len(old.head_names)
     assert report.manifest.kp == 0
     TrainingProgram(out)  # the same program serves kp=0
+
+
+def test_an_export_that_fails_its_check_is_never_published(artifacts, tmp_path):
+    out = tmp_path / "kp0"
+    seen = []
+
+    def refuse(directory, manifest):
+        seen.append(sorted(p.name for p in directory.iterdir()))
+        raise TrainingProgramError("the program does not load")
+
+    with pytest.raises(TrainingProgramError):
+        run_export(ExportConfig(kp=0, from_dir=artifacts, out=out), check=refuse)
+    assert seen and "train.pte" in seen[0] and "manifest.json" in seen[0]  # checked the staged export
+    assert not out.exists() and not list(tmp_path.glob(".kp0*"))
 
 
 def test_export_from_a_server_base_and_a_device_head(artifacts, tmp_path):

@@ -44,13 +44,13 @@ def make(out: Path) -> None:
     save_file(tensors, str(out / "python_written.safetensors"), metadata={"note": "written by python", "n": "7"})
     import torch
 
-    from export.weights_file import encode_ptd
+    from device_runtime.weights_file import encode_ptd
 
     (out / "python_written.ptd").write_bytes(encode_ptd({k: torch.from_numpy(v) for k, v in ptd_tensors().items()}))
 
 
 def verify_ptd(path: Path) -> int:
-    from export.weights_file import decode_ptd
+    from device_runtime.weights_file import decode_ptd
 
     got = decode_ptd(path.read_bytes())
     for name, value in ptd_tensors().items():

@@ -17,7 +17,7 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from export.inference_runtime import ExecuTorchInference, OnnxInference
+from device_runtime.inference_runtime import ExecuTorchInference, OnnxInference
 from fedper import weights
 from fedper.manifest import Manifest, read_manifest
 
@@ -181,6 +181,12 @@ class TrainingProgram:
             self._evaluator.set_weights(self.get_tensors(self._shapes))
             self._evaluator_stale = False
         return self._evaluator
+
+
+def check_exported(directory: Path, manifest: Manifest) -> None:
+    """What ``fedper export`` runs before publishing: the program loads in the runtime a device
+    uses, and its training metadata is right (:func:`check_training_metadata`)."""
+    TrainingProgram(directory, manifest)
 
 
 def check_training_metadata(module: Any, manifest: Manifest, params: Mapping[str, torch.Tensor]) -> None:
