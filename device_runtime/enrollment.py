@@ -8,8 +8,6 @@ from pathlib import Path
 
 from fedper.protocol import Env
 
-ENV = Env.ENROLLMENT_KEY
-
 
 class MissingEnrollmentKeyError(ValueError):
     pass
@@ -24,10 +22,10 @@ def enrollment_key(key_file: Path | None) -> str:
         if not key:
             raise MissingEnrollmentKeyError(f"{key_file} is empty")
         return key
-    key = os.environ.get(ENV, "").strip()
+    key = os.environ.get(Env.ENROLLMENT_KEY, "").strip()
     if not key:
         raise MissingEnrollmentKeyError(
-            f"no enrollment key: set {ENV} or pass --enrollment-key-file FILE "
+            f"no enrollment key: set {Env.ENROLLMENT_KEY} or pass --enrollment-key-file FILE "
             "(the server prints it at first start and keeps it in its data directory)"
         )
     return key

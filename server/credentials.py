@@ -12,8 +12,6 @@ from pathlib import Path
 from fedper.atomic_write import atomic_write_text
 from fedper.protocol import Env
 
-ADMIN_TOKEN_ENV = Env.ADMIN_TOKEN
-ENROLLMENT_KEY_ENV = Env.ENROLLMENT_KEY
 ADMIN_TOKEN_FILE = "admin_token"
 ENROLLMENT_KEY_FILE = "enrollment_key"
 
@@ -44,8 +42,8 @@ def load_or_create(data_dir: Path) -> Secrets:
     generated = []
     values = {}
     for env, filename in (
-        (ADMIN_TOKEN_ENV, ADMIN_TOKEN_FILE),
-        (ENROLLMENT_KEY_ENV, ENROLLMENT_KEY_FILE),
+        (Env.ADMIN_TOKEN, ADMIN_TOKEN_FILE),
+        (Env.ENROLLMENT_KEY, ENROLLMENT_KEY_FILE),
     ):
         path = data_dir / filename
         value = os.environ.get(env, "").strip()

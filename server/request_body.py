@@ -21,12 +21,16 @@ from server.errors import ClientDisconnectedError, ProtocolError, too_large
 from server.update_store import UpdateStore
 
 
-async def _receive(request: Request, limit: int, timeout: float, sink: Callable[[bytes], object]) -> None:
-    """Hand the body to ``sink`` chunk by chunk: 413 past ``limit`` (with or without a
-    Content-Length), 408 past ``timeout``, ClientDisconnectedError if the client goes."""
+def _check_length(request: Request, limit: int) -> None:
+    """413 before anything is read or written, when the Content-Length says so."""
     length = request.headers.get("content-length")
     if length is not None and length.isdigit() and int(length) > limit:
         raise too_large(limit)
+
+
+async def _receive(request: Request, limit: int, timeout: float, sink: Callable[[bytes], object]) -> None:
+    """Hand the body to ``sink`` chunk by chunk: 413 past ``limit`` (chunked bodies too),
+    408 past ``timeout``, ClientDisconnectedError if the client goes."""
     total = 0
     try:
         async with asyncio.timeout(timeout):
@@ -43,6 +47,7 @@ async def _receive(request: Request, limit: int, timeout: float, sink: Callable[
 
 async def read_small(request: Request, limit: int, timeout: float) -> bytes:
     """A small body (JSON) in memory."""
+    _check_length(request, limit)
     chunks: list[bytes] = []
     await _receive(request, limit, timeout, chunks.append)
     return b"".join(chunks)
@@ -52,6 +57,7 @@ async def read_small(request: Request, limit: int, timeout: float) -> bytes:
 async def streamed_to_file(request: Request, limit: int, timeout: float, store: UpdateStore) -> AsyncIterator[Path]:
     """The body as a temporary file in ``tmp/``, removed when the block ends. Chunks go to the
     page cache as they arrive (microseconds each; no fsync: the body itself is never kept)."""
+    _check_length(request, limit)
     with store.temp_file(".body") as (path, f):
         await _receive(request, limit, timeout, f.write)
         f.flush()

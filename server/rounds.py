@@ -106,15 +106,18 @@ class RoundManager:
             assert current is not None
             open_round = current.round if current.state == "open" and not self._finished() else None
             if open_round is not None:
-                self._load_open_round(open_round)
+                self._open_accumulator(open_round)
             referenced = {u.file for u in self.db.updates(open_round)} if open_round is not None else set()
             self.store.remove_leftovers(open_round, {f for f in referenced if f is not None})
             self._refresh()
         self.tick()  # a deadline that passed while we were down, or a full round not yet closed
 
-    def _load_open_round(self, number: int) -> None:
-        """The open round's accumulator from its stored updates, read with the loader; a file it
-        refuses is quarantined and its row removed, so the round's count is recomputed."""
+    def _open_accumulator(self, number: int) -> FedAvg:
+        """The open round's accumulator; when there is none (at start, after a withdrawal or a
+        failure) rebuilt from its stored updates, read with the loader. A file the loader refuses
+        is quarantined and its row removed, so the round's count is recomputed."""
+        if self._accumulator is not None:
+            return self._accumulator
         acc = FedAvg(self._layout)
         for update in self.db.updates(number):
             try:
@@ -131,6 +134,7 @@ class RoundManager:
                 continue
             acc.add(tensors, update.num_samples)
         self._accumulator = acc
+        return acc
 
     def _deadline(self, now: float) -> float | None:
         return now + self.config.round_timeout if self.config.round_timeout > 0 else None
@@ -151,15 +155,6 @@ class RoundManager:
             received=self.db.count_updates(current.round) if current.state == "open" else 0,
             rounds_closed=self.db.count_closed_rounds(),
         )
-
-    def _open_accumulator(self, number: int) -> FedAvg:
-        if self._accumulator is None:
-            acc = FedAvg(self._layout)
-            for update in self.db.updates(number):
-                if update.file is not None:
-                    acc.add(self.store.load(update.file), update.num_samples)
-            self._accumulator = acc
-        return self._accumulator
 
     # --- uploads ------------------------------------------------------------------------
 
