@@ -32,6 +32,7 @@ import httpx
 import numpy as np
 
 from bench.common import write_results
+from server.process import ServerProcess, free_port, wait_until_answering
 
 ADMIN, ENROLL = "bench-admin-token-0123456789abcdefghij", "bench-enroll"
 
@@ -44,38 +45,18 @@ async def app(scope, receive, send):
     while more:
         message = await receive()
         more = message.get("more_body", False)
-    await send({"type": "http.response.start", "status": 202, "headers": [(b"content-type", b"application/json")]})
+    status = 200 if scope["method"] == "GET" else 202
+    await send({"type": "http.response.start", "status": status, "headers": [(b"content-type", b"application/json")]})
     await send({"type": "http.response.body", "body": b'{"accepted": true}'})
 uvicorn.run(app, host="127.0.0.1", port=int(__import__("sys").argv[1]), log_level="warning")
 """
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _wait(url: str, proc: subprocess.Popen[bytes]) -> None:
-    for _ in range(300):
-        if proc.poll() is not None:
-            raise RuntimeError("server exited")
-        try:
-            httpx.get(url, timeout=1)
-            return
-        except httpx.HTTPError:
-            time.sleep(0.2)
-    raise RuntimeError("server did not start")
-
-
-def _rss_mb(pid: int, field: str = "VmHWM") -> float:
-    """VmHWM: peak resident set size so far; VmRSS: resident now."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith(f"{field}:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
+def _options(serve_args: list[str]) -> dict[str, str]:
+    """``["--max-inflight-uploads", "32"]`` as ServerProcess options."""
+    if len(serve_args) % 2:
+        raise SystemExit(f"--serve-args takes FLAG VALUE pairs, got {serve_args}")
+    return {flag.lstrip("-"): value for flag, value in zip(serve_args[::2], serve_args[1::2], strict=True)}
 
 
 def _run_uploads(url: str, devices: list[dict[str, str]], body: bytes, concurrency: int,
@@ -110,38 +91,27 @@ def measure(n: int, uploads: int, workdir: Path, serve_args: list[str]) -> dict[
     rng = np.random.default_rng(0)
     tensors = {name: rng.standard_normal(shape).astype(np.float32) for name, shape in manifest.layout("base")}
     body = weights.encode(tensors, {"num_samples": "10", "base_version": "0"})
-    port = _free_port()
-    env = {
-        "FEDPER_ADMIN_TOKEN": ADMIN,
-        "FEDPER_ENROLLMENT_KEY": ENROLL,
-        **dict(__import__("os").environ),
-    }
-    launched = time.perf_counter()
-    server = subprocess.Popen(
-        [sys.executable, "-m", "fedper.cli", "serve", "--artifacts", str(artifacts), "--data-dir",
-         str(workdir / f"data-{n}"), "--port", str(port), "--target-clients", str(uploads),
-         "--min-clients", "1", "--rounds", "2", "--round-timeout", "0", "--enroll-per-minute", "100000",
-         *serve_args],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    server = ServerProcess(
+        artifacts, workdir / f"data-{n}",
+        {"target_clients": uploads, "min_clients": 1, "rounds": 2, "round_timeout": 0,
+         "enroll_per_minute": 100000, **_options(serve_args)},
+        env={"FEDPER_ADMIN_TOKEN": ADMIN, "FEDPER_ENROLLMENT_KEY": ENROLL},
+        log=workdir / f"server-{n}.log",
     )  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-    try:
-        _wait(f"{url}/v1/health", server)
+    launched = time.perf_counter()
+    with server:
         start_s = time.perf_counter() - launched
-        idle_rss = _rss_mb(server.pid, "VmRSS")
+        idle_rss = server.rss_mb("VmRSS")
         devices = []
         for _ in range(uploads):
-            token = httpx.post(f"{url}/v1/devices", json={"enrollment_key": ENROLL}).json()["token"]
+            token = httpx.post(f"{server.url}/v1/devices", json={"enrollment_key": ENROLL}).json()["token"]
             devices.append({"Authorization": f"Bearer {token}"})
-        seconds, latencies = _run_uploads(url, devices, body, n, "/v1/rounds/1/updates")
-        rss = _rss_mb(server.pid)
-    finally:
-        server.terminate()
-        server.wait()
-    port = _free_port()
-    minimal = subprocess.Popen([sys.executable, "-c", MINIMAL_APP, str(port)])
+        seconds, latencies = _run_uploads(server.url, devices, body, n, "/v1/rounds/1/updates")
+        rss = server.rss_mb()
+    port = free_port()
+    minimal = subprocess.Popen([sys.executable, "-c", MINIMAL_APP, str(port)], text=True)
     try:
-        _wait(f"http://127.0.0.1:{port}/", minimal)
+        wait_until_answering(f"http://127.0.0.1:{port}/", minimal, timeout=60)
         plain_s, _ = _run_uploads(f"http://127.0.0.1:{port}", [{}] * uploads, body, n, "/upload")
     finally:
         minimal.terminate()

@@ -12,19 +12,24 @@ from typing import Any
 import httpx
 
 from device_runtime.retry import Backoff, TransientError, with_retries
+from fedper.errors import FedperError
 from fedper.protocol import Enrolled, EnrollmentRequest, ErrorCode, Header, Route, Task
 
 
-class RunFinishedError(Exception):
+class RunFinishedError(FedperError):
     """``410 run_finished``: stop."""
 
 
-class RefusedError(Exception):
+class RefusedError(FedperError):
     """A 4xx the device cannot fix by retrying (with the server's code and message)."""
 
     def __init__(self, status: int, code: str, message: str):
         super().__init__(f"{status} {code}: {message}")
         self.status, self.code, self.message = status, code, message
+
+
+class CorruptDownloadError(FedperError):
+    """A download whose bytes do not match the sha256 the manifest or task promised."""
 
 
 @dataclass(frozen=True)
@@ -114,7 +119,7 @@ class ProtocolClient:
         body, _ = self.download(path)
         assert body is not None
         if hashlib.sha256(body).hexdigest() != sha256:
-            raise RefusedError(200, "sha256_mismatch", f"{path} does not match its sha256")
+            raise CorruptDownloadError(f"{path}: {len(body)} bytes whose sha256 is not the expected {sha256}")
         return body
 
     def upload(self, round_number: int, body: bytes) -> int | None:

@@ -1,4 +1,4 @@
-"""``fedper device``, ``fedper fleet`` and ``fedper demo``."""
+"""``fedper device`` and ``fedper fleet``."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from fedper.config_cli import add_arguments, from_arguments, option
+from fedper.config_cli import add_command, from_arguments, option
 from fedper.data import DataConfig
+from fedper.errors import FedperError
 
 
 @dataclass(frozen=True)
@@ -33,37 +34,21 @@ class DeviceConfig:
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    from device_runtime.demo import DemoConfig
     from device_runtime.fleet import FleetConfig
 
-    p = sub.add_parser(
-        "device",
+    add_command(
+        sub, "device", device, [DataConfig, DeviceConfig],
         help="run one device (also on a real Linux board)",
         description="One device: takes part in rounds until the run is finished, training the "
         "exported program with its own data and keeping its personal head in --storage.",
-    )
-    add_arguments(p, DataConfig)
-    add_arguments(p, DeviceConfig)
-    p.set_defaults(run=device)
-    p = sub.add_parser(
-        "fleet",
+    )  # fmt: skip
+    add_command(
+        sub, "fleet", fleet, [DataConfig, FleetConfig], skip=("num_clients",),
         help="emulate many devices against a running server",
         description="Emulated devices in worker processes against a running `fedper serve`; "
         "each has its own storage and data share (client i of --devices). Writes results.json, "
         "metrics.csv and plots.",
-    )
-    add_arguments(p, DataConfig, skip=("num_clients",))
-    add_arguments(p, FleetConfig)
-    p.set_defaults(run=fleet)
-    p = sub.add_parser(
-        "demo",
-        help="the main job: export, serve, and run FedPer and FedAvg fleets; writes a report",
-        description="Exports a width-0.25 MobileNet-V1 for aesthetic-synth, starts the server, "
-        "runs a fleet of devices for FedPer (kp=2) and then FedAvg (kp=0) over HTTP, and writes "
-        "OUT/report.html and OUT/results.json.",
-    )
-    add_arguments(p, DemoConfig)
-    p.set_defaults(run=demo)
+    )  # fmt: skip
 
 
 def device(args: argparse.Namespace) -> int:
@@ -101,9 +86,9 @@ def device(args: argparse.Namespace) -> int:
     try:
         reports = dev.run(max_rounds=config.max_rounds or None)
     except TransientError as exc:
-        raise ConnectionError(f"cannot reach the server at {config.server}: {exc}") from exc
+        raise FedperError(f"cannot reach the server at {config.server}: {exc}") from exc
     except RefusedError as exc:
-        raise ValueError(f"the server at {config.server} refused this device: {exc}") from exc
+        raise FedperError(f"the server at {config.server} refused this device: {exc}") from exc
     print(f"device {dev.device_id}: {len(reports)} round(s) done", file=sys.stderr)
     return 0
 
@@ -120,12 +105,4 @@ def fleet(args: argparse.Namespace) -> int:
     if final:
         print(f"{config.label}: final mean accuracy {final['final_mean_accuracy']:.4f} "
               f"(round {final['final_round']}); wrote {out}", file=sys.stderr)  # fmt: skip
-    return 0
-
-
-def demo(args: argparse.Namespace) -> int:
-    from device_runtime.demo import DemoConfig, run_demo
-
-    config = from_arguments(DemoConfig, args)
-    run_demo(config)
     return 0

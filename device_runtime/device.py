@@ -12,7 +12,7 @@ import logging
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 import numpy as np
@@ -24,14 +24,20 @@ from device_runtime.events import Dropped, Evaluated, Event, Finished, RoundRepo
 from device_runtime.local_data import LocalData
 from device_runtime.retry import TransientError
 from fedper import weights
-from fedper.local_training import TrainConfig, batch_order_rng, evaluate, train
+from fedper.errors import FedperError
+from fedper.local_training import batch_order_rng, evaluate, train
 from fedper.manifest import MANIFEST_FILE, Manifest, read_manifest, sha256_file
-from fedper.protocol import ErrorCode, Metadata, Task
+from fedper.protocol import ErrorCode, Metadata, Task, TaskConfig
+from fedper.train_config import TrainConfig
 from fedper.trainer import Trainer
 
 Engine = Literal["executorch", "eager"]
 Evaluator = Literal["onnx", "executorch"]
 log = logging.getLogger("fedper.device")
+
+
+class ManifestConflictError(FedperError):
+    """A new export would make this device upload tensors it has kept personal so far."""
 
 
 @dataclass(frozen=True)
@@ -137,7 +143,7 @@ class Device:
             self._skip_round = task.round
             self._emit(Dropped(task.round))
             return RoundReport(task.round, task.model_version, len(y), accuracy, None, None, False, None)
-        config = _train_config(manifest, task.config.model_dump(exclude_none=True))
+        config = _train_config(manifest, task.config)
         self._emit(Training(task.round))
         with self._compute():
             # The same batch order as `fedper simulate` gives client `client_id` in this round.
@@ -158,7 +164,6 @@ class Device:
              **{f"{Metadata.METRIC_PREFIX}{k}": repr(float(v)) for k, v in metrics.items()}},
         )  # fmt: skip
         received = self.client.upload(task.round, body)
-        self.storage.mark_finished(task.round)
         report = RoundReport(task.round, task.model_version, len(y), accuracy, accuracy_after,
                              None if np.isnan(loss) else loss, True, received)  # fmt: skip
         self._emit(Uploaded(report))
@@ -182,10 +187,9 @@ class Device:
             old = read_manifest(self.storage.artifact_dir(pinned), verify_files=False)
             leaked = sorted(set(old.head_names) & set(manifest.base_names))
             if leaked:
-                raise RefusedError(
-                    200, "manifest_conflict",
-                    f"the new manifest would upload tensors this device keeps personal, e.g. {leaked[0]!r}",
-                )  # fmt: skip
+                raise ManifestConflictError(
+                    f"the new manifest would upload tensors this device keeps personal, e.g. {leaked[0]!r}"
+                )
         for name in set(manifest.artifacts.values()):
             path = directory / name
             if not path.exists() or sha256_file(path) != manifest.sha256[name]:
@@ -231,12 +235,8 @@ def make_trainer(engine: Engine, directory: Any, manifest: Manifest, evaluator: 
     return trainer
 
 
-def _train_config(manifest: Manifest, overrides: dict[str, Any]) -> TrainConfig:
-    """The manifest's training defaults, overridden key by key by the task's config."""
-    d = manifest.training
-    return TrainConfig(
-        local_epochs=int(overrides.get("local_epochs", d.local_epochs)),
-        batch_size=min(int(overrides.get("batch_size", d.batch_size)), manifest.training_program.max_batch),
-        learning_rate=float(overrides.get("learning_rate", d.learning_rate)),
-        momentum=float(overrides.get("momentum", d.momentum)),
-    )
+def _train_config(manifest: Manifest, task: TaskConfig) -> TrainConfig:
+    """The manifest's training defaults, overridden key by key by the task's config; the batch
+    is capped at the largest the program accepts."""
+    config = replace(manifest.training.train_config(), **task.model_dump(exclude_none=True))
+    return replace(config, batch_size=min(config.batch_size, manifest.training_program.max_batch))

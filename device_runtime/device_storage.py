@@ -7,7 +7,6 @@ Layout::
     artifacts/<manifest sha256>/   manifest.json, train.pte, ... (verified by sha256)
     bases/v<N>.safetensors         downloaded model versions (+ .etag)
     heads/<manifest sha256>.safetensors   the personal head: never leaves the device
-    rounds.json                    rounds this device finished (for restarts)
 
 Every write goes to a temporary file that is fsynced and renamed, so a crash at any
 moment leaves the previous complete file.
@@ -89,13 +88,3 @@ class DeviceStorage:
 
     def save_head(self, manifest_sha: str, tensors: dict[str, Any]) -> None:
         weights.save(self.head_path(manifest_sha), tensors)
-
-    # --- progress ----------------------------------------------------------------------
-
-    def finished_rounds(self) -> set[int]:
-        path = self.root / "rounds.json"
-        return set(json.loads(path.read_text())) if path.exists() else set()
-
-    def mark_finished(self, round_number: int) -> None:
-        done = self.finished_rounds() | {round_number}
-        atomic_write_text(self.root / "rounds.json", json.dumps(sorted(done)))

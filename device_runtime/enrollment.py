@@ -6,10 +6,11 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from fedper.errors import FedperError
 from fedper.protocol import Env
 
 
-class MissingEnrollmentKeyError(ValueError):
+class MissingEnrollmentKeyError(FedperError, ValueError):
     pass
 
 

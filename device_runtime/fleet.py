@@ -32,6 +32,7 @@ from device_runtime.events import (
 )
 from fedper.config_cli import option
 from fedper.data import DataConfig
+from fedper.errors import ConfigError
 from fedper.results import ClientRecord, RunRecorder, config_json
 
 console = Console(stderr=True)
@@ -59,10 +60,10 @@ class FleetConfig:
 
     def __post_init__(self) -> None:
         if self.devices < 1:
-            raise ValueError("--devices must be at least 1")
+            raise ConfigError("--devices must be at least 1")
         for name in ("dropout", "straggler", "flaky_network"):
             if not 0 <= getattr(self, name) < 1:
-                raise ValueError(f"--{name.replace('_', '-')} must be in [0, 1)")
+                raise ConfigError(f"--{name.replace('_', '-')} must be in [0, 1)")
 
 
 def _worker(

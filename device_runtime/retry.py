@@ -10,10 +10,12 @@ from typing import TypeVar
 
 import httpx
 
+from fedper.errors import FedperError
+
 T = TypeVar("T")
 
 
-class TransientError(Exception):
+class TransientError(FedperError):
     """A failure worth retrying (connection trouble, a 5xx)."""
 
 

@@ -10,6 +10,8 @@ re-exported per round: new weights are copied into the runtime's tensors.
 
 from __future__ import annotations
 
+import statistics
+import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -19,12 +21,13 @@ import torch
 
 from device_runtime.inference_runtime import ExecuTorchInference, OnnxInference
 from fedper import weights
+from fedper.errors import FedperError
 from fedper.manifest import Manifest, read_manifest
 
 Evaluator = Literal["executorch", "onnx"]
 
 
-class TrainingProgramError(RuntimeError):
+class TrainingProgramError(FedperError, RuntimeError):
     """The program does not match its manifest (e.g. wrong training metadata)."""
 
 
@@ -71,7 +74,7 @@ class TrainingProgram:
         check_training_metadata(self._module, self.manifest, self._params)
         mode = trainable or self.manifest.training.trainable
         if mode == "head" and not self.manifest.head_names:
-            raise ValueError("training only the head needs a non-empty head (kp >= 1)")
+            raise TrainingProgramError("training only the head needs a non-empty head (kp >= 1)")
         trainable_names = set(self.manifest.head_names) if mode == "head" else set(self._shapes)
         self._trainable_params = [n for n in self._params if n in trainable_names]
         self._trainable_stats = {n for n in self._stat_names if n in trainable_names}
@@ -181,6 +184,23 @@ class TrainingProgram:
             self._evaluator.set_weights(self.get_tensors(self._shapes))
             self._evaluator_stale = False
         return self._evaluator
+
+
+def median_step_ms(directory: Path, batch: int = 32, steps: int = 5) -> float:
+    """Median wall time of one training step (forward, backward, SGD) of the exported program on
+    random data, after one warm-up step: what a round costs a device of this machine's speed."""
+    program = TrainingProgram(directory)
+    size = program.manifest.model.input_size
+    x = torch.randn(batch, 3, size, size)
+    y = torch.randint(0, program.manifest.output.num_classes, (batch,))
+    program.start_round(0.01, 0.9)
+    program.train_step(x, y)
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        program.train_step(x, y)
+        times.append(time.perf_counter() - start)
+    return 1000 * statistics.median(times)
 
 
 def check_exported(directory: Path, manifest: Manifest) -> None:

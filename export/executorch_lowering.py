@@ -16,9 +16,10 @@ from torch.export import Dim, export
 from torch.export.experimental import _export_forward_backward
 
 from export.fast_ops import DECOMPOSITIONS
+from fedper.errors import FedperError
 
 
-class ExportError(RuntimeError):
+class ExportError(FedperError, RuntimeError):
     """The export produced something that would not behave as the model does."""
 
 

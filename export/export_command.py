@@ -8,7 +8,7 @@ from rich.console import Console
 from rich.table import Table
 
 from export.pipeline import ExportConfig, run_export
-from fedper.config_cli import add_arguments, from_arguments
+from fedper.config_cli import add_command, from_arguments
 
 console = Console(stderr=True)
 
@@ -25,15 +25,13 @@ ROLES_HELP = {
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = sub.add_parser(
-        "export",
+    add_command(
+        sub, "export", export, [ExportConfig],
         help="export a split model for phones (ExecuTorch training/inference programs, ONNX)",
         description="Export a FedPer model into the files a phone needs: an ExecuTorch training "
         "program, inference models, initial weights and a manifest. The output directory is "
         "replaced atomically: a failed export leaves nothing behind.",
-    )
-    add_arguments(p, ExportConfig)
-    p.set_defaults(run=export)
+    )  # fmt: skip
 
 
 def export(args: argparse.Namespace) -> int:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import shutil
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -16,9 +16,10 @@ from export.onnx_export import export_onnx
 from export.training_graph import VARIANTS, Variant, resolve_variant, training_step
 from fedper import __version__, weights
 from fedper.atomic_write import atomic_directory
-from fedper.config_cli import option
+from fedper.config_cli import nested, option
 from fedper.data import dataset_info
 from fedper.data.dataset import DEFAULT_MEAN, DEFAULT_STD
+from fedper.errors import ConfigError
 from fedper.manifest import (
     ARTIFACT_FILES,
     MANIFEST_FILE,
@@ -37,6 +38,7 @@ from fedper.manifest import (
     write_manifest,
 )
 from fedper.models import MODEL_NAMES, ModelConfig, StagedModel, build_model, exchanged_state, split
+from fedper.train_config import TrainConfig
 
 PROGRAM_ROLES = (
     "training_program",
@@ -47,7 +49,7 @@ PROGRAM_ROLES = (
 )
 
 
-class ExportConfigError(ValueError):
+class ExportConfigError(ConfigError):
     """Export options that cannot work together."""
 
 
@@ -80,10 +82,7 @@ class ExportConfig:
         "comparison), auto (fast where it applies)", choices=VARIANTS,
     )  # fmt: skip
     max_batch: int = option(64, "largest batch the training program accepts")
-    learning_rate: float = option(0.01, "default SGD learning rate written to the manifest")
-    momentum: float = option(0.9, "default SGD momentum written to the manifest")
-    batch_size: int = option(32, "default local batch size written to the manifest")
-    local_epochs: int = option(1, "default local epochs written to the manifest")
+    training: TrainConfig = nested(TrainConfig, "the default written to the manifest")
     seed: int = option(0, "seed for the initial weights (when --weights is not given)")
 
 
@@ -138,7 +137,7 @@ def run_export(
     split(model, config.kp)  # kp out of range: a clear error before any work
     if config.train == "head" and config.kp == 0:
         raise ExportConfigError("--train head needs kp >= 1: with kp=0 the head is empty")
-    if config.batch_size > config.max_batch or config.batch_size < 2:
+    if config.training.batch_size > config.max_batch:
         raise ExportConfigError(f"--batch-size must be in 2..{config.max_batch}")
     full_layout = [(n, tuple(t.shape)) for n, t in exchanged_state(model).items()]
     if config.weights:
@@ -220,10 +219,7 @@ def write_weights_and_manifest(
         ),
         inference_program=InferenceProgramSpec(weights=list(state)),
         training=TrainingDefaults(
-            learning_rate=config.learning_rate,
-            momentum=config.momentum,
-            batch_size=config.batch_size,
-            local_epochs=config.local_epochs,
+            **asdict(config.training),
             trainable=config.train,  # type: ignore[arg-type]
         ),
         artifacts=dict(ARTIFACT_FILES),

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from export.fast_mobilenet import FastMobileNetStep, downsampling
+from fedper.errors import ConfigError
 from fedper.models import StagedModel, exchanged_names
 from fedper.models.mobilenet_v1 import MobileNetV1
 from fedper.models.split import running_stat_names
@@ -32,10 +33,10 @@ def resolve_variant(requested: str, model: nn.Module, input_size: int) -> Varian
     supported = isinstance(model, MobileNetV1) and "linear_base" not in model._modules
     if requested == "fast":
         if not supported:
-            raise ValueError("the fast training graph supports MobileNet-V1 only; use --variant plain")
+            raise ConfigError("the fast training graph supports MobileNet-V1 only; use --variant plain")
         return "fast"
     if requested != "auto":
-        raise ValueError(f"unknown training-graph variant {requested!r}; choose from {VARIANTS}")
+        raise ConfigError(f"unknown training-graph variant {requested!r}; choose from {VARIANTS}")
     return "fast" if supported and input_size % downsampling(model) == 0 else "plain"  # type: ignore[arg-type]
 
 

@@ -12,12 +12,14 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from fedper.errors import FedperError
+
 _LARGE = 1 << 15  # elements; smaller tensors are batched into one operation
 _GROUP = 8  # updates folded per pass over the accumulator
 _CHUNK = 1 << 15  # elements per step of a fold: its float64 rows stay in cache
 
 
-class AggregationError(ValueError):
+class AggregationError(FedperError, ValueError):
     """An update that cannot be folded in (wrong names, shapes, dtype or weight)."""
 
 

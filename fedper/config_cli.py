@@ -2,7 +2,9 @@
 
 A field's default, type and help (``field(metadata={"help": ...})``) become an
 ``argparse`` option named after the field (``local_epochs`` -> ``--local-epochs``);
-``metadata["flags"]`` adds aliases, ``metadata["choices"]`` restricts values.
+``metadata["flags"]`` adds aliases, ``metadata["choices"]`` restricts values. A field made with
+``nested`` holds another config dataclass whose options join the command's own (same names, the
+holder's defaults), so a setting composed into several commands is defined once.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import argparse
 import dataclasses
 import types
 import typing
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar, Union, get_args, get_origin
 
@@ -20,6 +23,20 @@ T = TypeVar("T")
 def option(default: Any, help: str, **extra: Any) -> Any:
     """A dataclass field carrying its command-line help."""
     return dataclasses.field(default=default, metadata={"help": help, **extra})
+
+
+def nested(factory: Callable[[], object], role: str = "") -> Any:
+    """A dataclass field holding another config; ``factory`` gives the holder's defaults, ``role``
+    what the holder does with them (appended to each option's help)."""
+    return dataclasses.field(default_factory=factory, metadata={"nested": True, "role": role})
+
+
+def _default(f: dataclasses.Field[Any], defaults: object | None) -> Any:
+    if defaults is not None:
+        return getattr(defaults, f.name)
+    if f.default is dataclasses.MISSING and f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return f.default
 
 
 def _parse_int_range(text: str) -> tuple[int, int]:
@@ -51,23 +68,34 @@ def _converter(tp: Any) -> tuple[Any, bool]:
     return tp, False
 
 
-def add_arguments(parser: argparse.ArgumentParser, cls: type, skip: tuple[str, ...] = ()) -> None:
-    """Add one option per field of dataclass ``cls`` (fields without help are skipped)."""
+def add_arguments(
+    parser: argparse.ArgumentParser,
+    cls: type,
+    skip: tuple[str, ...] = (),
+    defaults: object | None = None,
+    role: str = "",
+) -> None:
+    """Add one option per field of dataclass ``cls`` (fields without help are skipped); a nested
+    config's options take their defaults from the holder's instance and say its ``role``."""
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
-        if f.name in skip or "help" not in f.metadata:
+        if f.name in skip:
+            continue
+        if f.metadata.get("nested"):
+            add_arguments(parser, hints[f.name], skip, _default(f, defaults), f.metadata["role"])
+            continue
+        if "help" not in f.metadata:
             continue
         flags = [f"--{f.name.replace('_', '-')}", *f.metadata.get("flags", ())]
         tp = hints[f.name]
-        default = f.default
-        if default is dataclasses.MISSING and f.default_factory is not dataclasses.MISSING:
-            default = f.default_factory()
+        default = _default(f, defaults)
         shown = _show(default)
-        help_text = f.metadata["help"] + (f" (default: {shown})" if shown != "" else "")
+        described = f.metadata["help"] + (f", {role}" if role else "")
+        help_text = described + (f" (default: {shown})" if shown != "" else "")
         if tp is bool:
             parser.add_argument(
                 *flags, dest=f.name, action=argparse.BooleanOptionalAction,
-                default=default, help=f.metadata["help"],
+                default=default, help=described,
             )  # fmt: skip
             continue
         conv, _ = _converter(tp)
@@ -84,13 +112,34 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type, skip: tuple[str, .
         parser.add_argument(*flags, **kwargs)
 
 
+def add_command(
+    sub: argparse._SubParsersAction,  # type: ignore[type-arg]
+    name: str,
+    run: Callable[[argparse.Namespace], int],
+    configs: Sequence[type],
+    help: str,
+    description: str,
+    skip: tuple[str, ...] = (),
+) -> argparse.ArgumentParser:
+    """A subcommand whose options are the fields of ``configs`` and which calls ``run``."""
+    parser: argparse.ArgumentParser = sub.add_parser(name, help=help, description=description)
+    for cls in configs:
+        add_arguments(parser, cls, skip)
+    parser.set_defaults(run=run)
+    return parser
+
+
 def from_arguments(cls: type[T], args: argparse.Namespace, **overrides: Any) -> T:
     """Build ``cls`` from parsed options (fields not on the command line keep their defaults)."""
-    values = {
-        f.name: getattr(args, f.name)
-        for f in dataclasses.fields(cls)  # type: ignore[arg-type]
-        if hasattr(args, f.name)
-    }
+    hints = typing.get_type_hints(cls)
+    values: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+        if f.metadata.get("nested"):
+            inner = [g.name for g in dataclasses.fields(hints[f.name])]
+            if any(hasattr(args, name) for name in inner):
+                values[f.name] = from_arguments(hints[f.name], args)
+        elif hasattr(args, f.name):
+            values[f.name] = getattr(args, f.name)
     values.update(overrides)
     for f in dataclasses.fields(cls):  # type: ignore[arg-type]
         if isinstance(values.get(f.name), list):

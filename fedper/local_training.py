@@ -2,24 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 import torch
 
+from fedper.train_config import TrainConfig
 from fedper.trainer import Trainer
 
 MIN_BATCH = 2  # BatchNorm cannot train on one example
-
-
-@dataclass(frozen=True)
-class TrainConfig:
-    """What the server's task (or the simulation) asks a client to do in one round."""
-
-    local_epochs: int = 1
-    batch_size: int = 32
-    learning_rate: float = 0.01
-    momentum: float = 0.9
 
 
 def accuracy(logits: torch.Tensor, labels: torch.Tensor) -> float:

@@ -16,6 +16,8 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from fedper.atomic_write import atomic_write_text
+from fedper.errors import FedperError
+from fedper.train_config import TrainConfig
 
 FORMAT = "fedper-manifest/1"
 MANIFEST_FILE = "manifest.json"
@@ -32,7 +34,7 @@ ARTIFACT_FILES: dict[str, str] = {
 }
 
 
-class ManifestError(ValueError):
+class ManifestError(FedperError, ValueError):
     """A manifest that is missing, malformed or does not match its files."""
 
 
@@ -110,14 +112,21 @@ class InferenceProgramSpec(_Strict):
     weights: list[str]  # every tensor the inference weights file must hold
 
 
+_TRAIN = TrainConfig()
+
+
 class TrainingDefaults(_Strict):
     loss: Literal["cross_entropy"] = "cross_entropy"
     optimizer: Literal["sgd"] = "sgd"
-    learning_rate: float = 0.01
-    momentum: float = 0.9
-    batch_size: int = 32
-    local_epochs: int = 1
+    learning_rate: float = _TRAIN.learning_rate
+    momentum: float = _TRAIN.momentum
+    batch_size: int = _TRAIN.batch_size
+    local_epochs: int = _TRAIN.local_epochs
     trainable: Literal["all", "head"] = "all"
+
+    def train_config(self) -> TrainConfig:
+        """The defaults as the config local training takes."""
+        return TrainConfig(self.local_epochs, self.batch_size, self.learning_rate, self.momentum)
 
 
 class Manifest(_Strict):

@@ -25,15 +25,19 @@ class Summary:
         return asdict(self)
 
 
-def _scaled(x: np.ndarray) -> tuple[np.ndarray, int]:
-    """x / 2**e with every |value| at most 1, and e (0 if they already are).
+_SAFE = 2.0**400  # below it, sums of up to 2**200 squares or products cannot overflow
 
-    Scaling by a power of two is exact, and so commutes with every rounding in a mean or a
-    std: the statistics of the scaled values, scaled back, are bit-identical to the direct
-    ones, but their sums, products and squares cannot overflow to inf.
+
+def _scaled(x: np.ndarray) -> tuple[np.ndarray, int]:
+    """x / 2**e with every |value| at most 1, and e; (x, 0) if every |value| is under 2**400.
+
+    Scaling by a power of two is exact (unless it pushes a value into the subnormal range,
+    hence only values that need it are scaled), and so commutes with every rounding in a mean
+    or a std: the statistics of the scaled values, scaled back, are bit-identical to the
+    direct ones, but their sums, products and squares cannot overflow to inf.
     """
     peak = float(np.max(np.abs(x), initial=0.0))
-    if peak <= 1.0 or not math.isfinite(peak):
+    if peak <= _SAFE or not math.isfinite(peak):
         return x, 0
     exponent = math.frexp(peak)[1]
     return np.ldexp(x, -exponent), exponent

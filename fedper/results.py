@@ -122,8 +122,16 @@ class RunRecorder:
 
 
 def config_json(config: Any) -> dict[str, Any]:
-    """A config dataclass as it goes into results.json (paths as strings, tuples as lists)."""
-    return {
-        k: (str(v) if isinstance(v, Path) else list(v) if isinstance(v, tuple) else v)
-        for k, v in asdict(config).items()
-    }
+    """A config dataclass as it goes into results.json: flat, as on the command line (a nested
+    config's fields beside the holder's), paths as strings, tuples as lists."""
+    flat: dict[str, Any] = {}
+
+    def add(values: dict[str, Any]) -> None:
+        for k, v in values.items():
+            if isinstance(v, dict):
+                add(v)
+            else:
+                flat[k] = str(v) if isinstance(v, Path) else list(v) if isinstance(v, tuple) else v
+
+    add(asdict(config))
+    return flat

@@ -17,6 +17,7 @@ from safetensors import SafetensorError
 from safetensors.numpy import load as st_load_bytes
 
 from fedper.atomic_write import atomic_writer
+from fedper.errors import FedperError
 
 if TYPE_CHECKING:
     import torch
@@ -44,7 +45,7 @@ _RANK = {name: rank for rank, name in enumerate(_DTYPES)}
 _METADATA_KEY = "__metadata__"
 
 
-class WeightsError(ValueError):
+class WeightsError(FedperError, ValueError):
     """A weights file that does not match what the model expects."""
 
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from fedper.config_cli import option
+from fedper.config_cli import nested, option
+from fedper.errors import ConfigError
+from fedper.train_config import TrainConfig
 
 
 @dataclass(frozen=True)
@@ -18,10 +20,7 @@ class ServerConfig:
     target_clients: int = option(10, "a round closes as soon as this many updates are accepted")
     min_clients: int = option(2, "at the deadline, a round closes if it has at least this many")
     round_timeout: float = option(600.0, "seconds a round stays open (0: no deadline)")
-    local_epochs: int = option(1, "local epochs the task asks for")
-    batch_size: int = option(32, "local batch size the task asks for")
-    learning_rate: float = option(0.01, "SGD learning rate the task asks for")
-    momentum: float = option(0.9, "SGD momentum the task asks for")
+    training: TrainConfig = nested(TrainConfig, "as the task asks devices")
     max_upload_bytes: int = option(0, "largest upload accepted (0: 4x the F32 base)")
     max_num_samples: int = option(100_000, "largest num_samples an update may claim")
     retry_after: int = option(5, "seconds idle devices are told to wait (Retry-After)")
@@ -42,13 +41,13 @@ class ServerConfig:
 
     def __post_init__(self) -> None:
         if self.rounds < 1:
-            raise ValueError("--rounds must be at least 1")
+            raise ConfigError("--rounds must be at least 1")
         if not 1 <= self.min_clients <= self.target_clients:
-            raise ValueError("need 1 <= --min-clients <= --target-clients")
+            raise ConfigError("need 1 <= --min-clients <= --target-clients")
         if self.round_timeout < 0:
-            raise ValueError("--round-timeout must be >= 0")
+            raise ConfigError("--round-timeout must be >= 0")
         if self.max_num_samples < 1:
-            raise ValueError("--max-num-samples must be >= 1")
+            raise ConfigError("--max-num-samples must be >= 1")
         positive = {
             "--upload-timeout": self.upload_timeout, "--header-timeout": self.header_timeout,
             "--keep-alive-timeout": self.keep_alive_timeout, "--max-inflight-uploads": self.max_inflight_uploads,
@@ -56,9 +55,9 @@ class ServerConfig:
         }  # fmt: skip
         for flag, value in positive.items():
             if not value > 0:
-                raise ValueError(f"{flag} must be > 0, got {value}")
+                raise ConfigError(f"{flag} must be > 0, got {value}")
         if not self.max_update_norm >= 0:
-            raise ValueError("--max-update-norm must be >= 0 (0: no bound)")
+            raise ConfigError("--max-update-norm must be >= 0 (0: no bound)")
 
     @property
     def trusted_proxies(self) -> list[str]:

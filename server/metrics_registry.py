@@ -1,12 +1,32 @@
-"""Counters for ``GET /metrics`` (Prometheus text format)."""
+"""Counters for ``GET /metrics``, exposed in Prometheus' text format by its client library."""
 
 from __future__ import annotations
 
 import threading
 from collections import Counter
+from collections.abc import Iterable, Iterator
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+METRICS_PATH = "/metrics"  # an operator endpoint, outside the device protocol
+
+
+class _Families(Collector):
+    """A fixed set of metric families (one scrape's values)."""
+
+    def __init__(self, families: Iterable[Metric]) -> None:
+        self.families = list(families)
+
+    def collect(self) -> Iterator[Metric]:
+        return iter(self.families)
 
 
 class MetricsRegistry:
+    """What the server counts itself (uploads, bytes); the round numbers and in-flight uploads are
+    read from the round state at each scrape."""
+
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self.accepted = 0
@@ -27,26 +47,23 @@ class MetricsRegistry:
         with self._lock:
             self.bytes_out += nbytes
 
-    def render(self, rounds_closed: int, current_round: int, aggregation_seconds: float, in_flight: int) -> str:
+    def render(self, rounds_closed: int, current_round: int, aggregation_seconds: float, in_flight: int) -> bytes:
         with self._lock:
-            lines = [
-                "# TYPE fedper_rounds_closed_total counter",
-                f"fedper_rounds_closed_total {rounds_closed}",
-                "# TYPE fedper_current_round gauge",
-                f"fedper_current_round {current_round}",
-                "# TYPE fedper_updates_accepted_total counter",
-                f"fedper_updates_accepted_total {self.accepted}",
-                "# TYPE fedper_updates_rejected_total counter",
+            rejected = CounterMetricFamily("fedper_updates_rejected", "updates refused, by error code", labels=["code"])
+            for code, n in sorted(self.rejected.items()):
+                rejected.add_metric([code], n)
+            families = [
+                CounterMetricFamily("fedper_rounds_closed", "rounds closed", value=rounds_closed),
+                GaugeMetricFamily("fedper_current_round", "the open round (0: none yet)", value=current_round),
+                CounterMetricFamily("fedper_updates_accepted", "updates accepted", value=self.accepted),
+                rejected,
+                CounterMetricFamily("fedper_bytes_received", "bytes of accepted updates", value=self.bytes_in),
+                CounterMetricFamily("fedper_bytes_sent", "bytes of bases and artifacts sent", value=self.bytes_out),
+                CounterMetricFamily(
+                    "fedper_aggregation_seconds", "seconds spent folding and closing", value=aggregation_seconds
+                ),
+                GaugeMetricFamily("fedper_uploads_in_flight", "upload bodies being received now", value=in_flight),
             ]
-            lines += [f'fedper_updates_rejected_total{{code="{c}"}} {n}' for c, n in sorted(self.rejected.items())]
-            lines += [
-                "# TYPE fedper_bytes_received_total counter",
-                f"fedper_bytes_received_total {self.bytes_in}",
-                "# TYPE fedper_bytes_sent_total counter",
-                f"fedper_bytes_sent_total {self.bytes_out}",
-                "# TYPE fedper_aggregation_seconds_total counter",
-                f"fedper_aggregation_seconds_total {aggregation_seconds:.6f}",
-                "# TYPE fedper_uploads_in_flight gauge",
-                f"fedper_uploads_in_flight {in_flight}",
-            ]
-        return "\n".join(lines) + "\n"
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(_Families(families))
+        return generate_latest(registry)

@@ -6,22 +6,20 @@ import argparse
 import logging
 import sys
 
-from fedper.config_cli import add_arguments, from_arguments
+from fedper.config_cli import add_command, from_arguments
 from server.config import ServerConfig
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = sub.add_parser(
-        "serve",
+    add_command(
+        sub, "serve", serve, [ServerConfig],
         help="serve the aggregation endpoint that devices talk to",
         description="Run federated rounds over HTTP (PROTOCOL.md v1): devices enroll, fetch "
         "tasks, download the base, upload base updates; the server aggregates with FedAvg. "
         "Secrets come from FEDPER_ADMIN_TOKEN / FEDPER_ENROLLMENT_KEY, or are generated at first "
         "start into the data directory (mode 0600) and printed once. Restarting on the same "
         "--data-dir resumes the run.",
-    )
-    add_arguments(p, ServerConfig)
-    p.set_defaults(run=serve)
+    )  # fmt: skip
 
 
 def serve(args: argparse.Namespace) -> int:
@@ -29,15 +27,11 @@ def serve(args: argparse.Namespace) -> int:
 
     from server.app import create_app
     from server.http_protocol import protocol_class
-    from server.state import StartupError, open_state
+    from server.state import open_state
 
     config = from_arguments(ServerConfig, args)
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
-    try:
-        state = open_state(config)
-    except StartupError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    state = open_state(config)  # a StartupError (a FedperError) is printed by the command line
     for name in state.secrets.generated:
         value = state.secrets.admin_token if name == "admin_token" else state.secrets.enrollment_key
         print(

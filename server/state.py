@@ -7,6 +7,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from fedper.errors import FedperError
 from fedper.manifest import MANIFEST_FILE, Manifest, ManifestError, read_manifest
 from server.config import ServerConfig
 from server.credentials import Secrets, load_or_create
@@ -43,7 +44,7 @@ class ServerState:
 MIN_ADMIN_TOKEN_LENGTH = 32
 
 
-class StartupError(RuntimeError):
+class StartupError(FedperError, RuntimeError):
     """The server cannot start on this data directory / export."""
 
 

@@ -2,12 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import signal
-import socket
-import subprocess
-import sys
-import time
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -16,75 +10,18 @@ import numpy as np
 
 from fedper import weights
 from fedper.manifest import Manifest
+from server import process as server_process
 
 ADMIN = "admin-token-for-tests-0123456789abcdef"
 ENROLL = "enrollment-key-for-tests"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class ServerProcess:
-    """``fedper serve`` in a subprocess; ``kill()`` is kill -9."""
-
-    def __init__(self, artifacts: Path, data_dir: Path, secrets: bool = True, **options: object):
-        self.artifacts, self.data_dir, self.options = artifacts, data_dir, options
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.env = {**os.environ}
-        if secrets:
-            self.env.update(FEDPER_ADMIN_TOKEN=ADMIN, FEDPER_ENROLLMENT_KEY=ENROLL)
-        self.proc: subprocess.Popen[str] | None = None
-        self.log = data_dir.parent / f"server-{self.port}.log"
-
-    def start(self, timeout: float = 60) -> ServerProcess:
-        if self.proc is not None and self.proc.poll() is None:
-            raise RuntimeError("already started (use either start() or `with`, not both)")
-        args = [sys.executable, "-m", "fedper.cli", "serve", "--artifacts", str(self.artifacts),
-                "--data-dir", str(self.data_dir), "--port", str(self.port)]  # fmt: skip
-        for key, value in self.options.items():
-            args += [f"--{key.replace('_', '-')}", str(value)]
-        self.log_file = self.log.open("a")
-        self.proc = subprocess.Popen(args, env=self.env, stdout=self.log_file, stderr=subprocess.STDOUT, text=True)
-        deadline = time.time() + timeout
-        while time.time() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited: {self.log.read_text()[-3000:]}")
-            try:
-                if httpx.get(f"{self.url}/v1/health", timeout=1).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                time.sleep(0.2)
-        raise RuntimeError("server did not start")
-
-    def kill(self) -> None:
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait()
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.kill()
-
-    def peak_rss_mb(self) -> float:
-        assert self.proc is not None
-        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-        raise RuntimeError("no VmHWM")
-
-    def __enter__(self) -> ServerProcess:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+def serve(artifacts: Path, data_dir: Path, secrets: bool = True, **options: object) -> server_process.ServerProcess:
+    """A test server: the secrets above (unless ``secrets=False``), its log beside ``data_dir``."""
+    port = server_process.free_port()
+    env = {"FEDPER_ADMIN_TOKEN": ADMIN, "FEDPER_ENROLLMENT_KEY": ENROLL} if secrets else {}
+    log = data_dir.parent / f"server-{port}.log"
+    return server_process.ServerProcess(artifacts, data_dir, options, env=env, log=log, port=port)
 
 
 def enroll(url: str, key: str = ENROLL) -> tuple[str, dict[str, str]]:

@@ -12,12 +12,12 @@ import numpy as np
 import pytest
 
 from fedper import weights
-from tests.server_support import ENROLL, ServerProcess, admin, base_like, enroll, round_info, update_body
+from tests.server_support import ENROLL, admin, base_like, enroll, round_info, serve, update_body
 
 
 @pytest.fixture
 def server(server_artifacts: Path, tmp_path: Path):
-    with ServerProcess(server_artifacts, tmp_path / "data", target_clients=3, min_clients=2, rounds=3,
+    with serve(server_artifacts, tmp_path / "data", target_clients=3, min_clients=2, rounds=3,
                        round_timeout=0, enroll_per_minute=1000) as s:  # fmt: skip
         yield s
 
@@ -87,8 +87,9 @@ def test_full_protocol_flow_and_weighted_mean(server, server_manifest, server_ar
     # Stored updates of an aggregated version are gone; the version file stays.
     assert not list((server.data_dir / "updates").glob("r1/*"))
     assert (server.data_dir / "models" / "v1.safetensors").exists()
-    text = httpx.get(f"{url}/metrics").text
-    assert "fedper_updates_accepted_total 3" in text and "fedper_rounds_closed_total 1" in text
+    assert server.metric("fedper_updates_accepted_total") == 3
+    assert server.metric("fedper_rounds_closed_total") == 1
+    assert server.metric("fedper_bytes_received_total") > 0
     assert "/v1/rounds/{round_number}/updates" in httpx.get(f"{url}/openapi.json").text
 
 
@@ -198,7 +199,7 @@ def test_round_not_open_revocation_and_stop(server, server_manifest):
 
 def test_enrollment_is_rate_limited(server_artifacts, tmp_path):
     artifacts = server_artifacts
-    with ServerProcess(artifacts, tmp_path / "data", enroll_per_minute=3) as s:
+    with serve(artifacts, tmp_path / "data", enroll_per_minute=3) as s:
         codes = [httpx.post(f"{s.url}/v1/devices", json={"enrollment_key": ENROLL}).status_code for _ in range(4)]
         assert codes == [201, 201, 201, 429]
         r = httpx.post(f"{s.url}/v1/devices", json={"enrollment_key": ENROLL})
@@ -208,7 +209,7 @@ def test_enrollment_is_rate_limited(server_artifacts, tmp_path):
 def test_kill_9_between_uploads_loses_nothing(server_artifacts, server_manifest, tmp_path):
     artifacts = server_artifacts
     data = tmp_path / "data"
-    s = ServerProcess(artifacts, data, target_clients=3, min_clients=3, round_timeout=0).start()
+    s = serve(artifacts, data, target_clients=3, min_clients=3, round_timeout=0).start()
     devices = [enroll(s.url) for _ in range(3)]
     tensors = [base_like(server_manifest, seed=i) for i in range(3)]
     for i in range(2):
@@ -219,7 +220,7 @@ def test_kill_9_between_uploads_loses_nothing(server_artifacts, server_manifest,
         )
         assert r.status_code == 202
     s.kill()
-    s2 = ServerProcess(artifacts, data, target_clients=3, min_clients=3, round_timeout=0)
+    s2 = serve(artifacts, data, target_clients=3, min_clients=3, round_timeout=0)
     s2.port, s2.url = s.port, s.url
     with s2:
         assert round_info(s2.url, 1)["received"] == 2  # both updates survived kill -9
@@ -252,7 +253,7 @@ def _wait_for(check, timeout: float = 15.0) -> None:
 
 def test_deadlines_close_or_abandon(server_artifacts, server_manifest, tmp_path):
     artifacts = server_artifacts
-    with ServerProcess(artifacts, tmp_path / "data", target_clients=5, min_clients=2, round_timeout=3) as s:
+    with serve(artifacts, tmp_path / "data", target_clients=5, min_clients=2, round_timeout=3) as s:
         devices = [enroll(s.url) for _ in range(3)]
         task = httpx.get(f"{s.url}/v1/task", headers=devices[0][1]).json()
         assert task["deadline"].endswith("Z")
@@ -284,7 +285,7 @@ def test_deadlines_close_or_abandon(server_artifacts, server_manifest, tmp_path)
 def test_refuses_another_export_and_keeps_secrets(server_artifacts, tmp_path):
     artifacts = server_artifacts
     data = tmp_path / "data"
-    s = ServerProcess(artifacts, data, secrets=False)
+    s = serve(artifacts, data, secrets=False)
     with s:
         pass
     log = s.log.read_text()
@@ -292,7 +293,7 @@ def test_refuses_another_export_and_keeps_secrets(server_artifacts, tmp_path):
     token = (data / "admin_token").read_text().strip()
     assert (data / "admin_token").stat().st_mode & 0o777 == 0o600
     assert token in log and token not in json.dumps(list(data.iterdir()), default=str)
-    with ServerProcess(artifacts, data, secrets=False) as again:
+    with serve(artifacts, data, secrets=False) as again:
         pass
     assert "generated" not in again.log.read_text()  # printed once only, at the first start
     other = tmp_path / "other"
@@ -303,7 +304,7 @@ def test_refuses_another_export_and_keeps_secrets(server_artifacts, tmp_path):
     server_manifest["training"]["learning_rate"] = 0.5
     (other / "manifest.json").write_text(json.dumps(server_manifest))
     with pytest.raises(RuntimeError, match="was made for another export"):
-        ServerProcess(other, data).start(timeout=30)
+        serve(other, data).start(timeout=30)
 
 
 def test_fifty_concurrent_width1_devices(tmp_path):
@@ -319,12 +320,12 @@ def test_fifty_concurrent_width1_devices(tmp_path):
     artifacts = write_server_only_export(tmp_path / "artifacts", alpha=1.0)
     manifest = read_manifest(artifacts)
     n = 50
-    with ServerProcess(artifacts, tmp_path / "data", target_clients=n, min_clients=n, round_timeout=0,
+    with serve(artifacts, tmp_path / "data", target_clients=n, min_clients=n, round_timeout=0,
                        enroll_per_minute=1000) as s:  # fmt: skip
         devices = [enroll(s.url) for _ in range(n)]
         base = base_like(manifest, seed=0)
         body0 = update_body(base)
-        rss_start = s.peak_rss_mb()
+        rss_start = s.rss_mb()
 
         def upload(i: int) -> httpx.Response:
             # Device i sends base + i, weighted by i + 1: the mean is known in closed form.
@@ -335,12 +336,12 @@ def test_fifty_concurrent_width1_devices(tmp_path):
 
         with ThreadPoolExecutor(max_workers=16) as pool:
             first = list(pool.map(upload, range(10)))
-            rss_10 = s.peak_rss_mb()
+            rss_10 = s.rss_mb()
             rest = list(pool.map(upload, range(10, n)))
         responses = first + rest
         assert [r.status_code for r in responses] == [202] * n
         assert sorted(r.json()["received"] for r in responses) == list(range(1, n + 1))
-        rss_50 = s.peak_rss_mb()
+        rss_50 = s.rss_mb()
         info = round_info(s.url, 1)
         assert info["state"] == "closed" and info["received"] == n
         v1 = st_load(httpx.get(f"{s.url}/v1/models/1/base", headers=devices[0][1]).content)

@@ -17,7 +17,7 @@ import pytest
 from safetensors.numpy import load as st_load
 
 from fedper import weights
-from tests.server_support import ServerProcess, admin, base_like, enroll, round_info, update_body
+from tests.server_support import admin, base_like, enroll, round_info, serve, update_body
 
 
 def _post(url: str, body: bytes, headers: dict, number: int = 1) -> httpx.Response:
@@ -60,7 +60,7 @@ def test_headers_the_loader_refuses_are_refused_and_the_server_always_restarts(
         "infinite number": f'{{"{name}": {{"dtype": "F32", "shape": {list(shape)}, "data_offsets": [0, 1e999]}}}}',
         "null metadata": f'{{"__metadata__": null, {valid_entry}}}',
     }
-    with ServerProcess(server_artifacts, data, target_clients=3, round_timeout=0) as s:
+    with serve(server_artifacts, data, target_clients=3, round_timeout=0) as s:
         _, h = enroll(s.url)
         for what, header in hostile.items():
             r = _post(s.url, _safetensors_raw(header, b"\0" * size), h)
@@ -82,7 +82,7 @@ def test_headers_the_loader_refuses_are_refused_and_the_server_always_restarts(
 
 def test_an_unloadable_stored_update_is_quarantined_and_the_server_starts(server_artifacts, server_manifest, tmp_path):
     data = tmp_path / "data"
-    s = ServerProcess(server_artifacts, data, target_clients=3, round_timeout=0).start()
+    s = serve(server_artifacts, data, target_clients=3, round_timeout=0).start()
     devices = [enroll(s.url) for _ in range(2)]
     for i, (_, h) in enumerate(devices):
         assert _post(s.url, update_body(base_like(server_manifest, seed=i)), h).status_code == 202
@@ -110,7 +110,7 @@ def test_bursts_across_the_close_boundary_never_wedge_the_run(server_artifacts, 
     """Four rounds in a row: 30 devices upload at once into a round that closes at 3, while
     10 more send near-limit garbage. Every answer is 202, 409 or 400; the run moves on."""
     data = tmp_path / "data"
-    with ServerProcess(server_artifacts, data, target_clients=3, min_clients=1, round_timeout=0, rounds=10,
+    with serve(server_artifacts, data, target_clients=3, min_clients=1, round_timeout=0, rounds=10,
                        enroll_per_minute=1000, max_inflight_uploads=64) as s:  # fmt: skip
         devices = [enroll(s.url) for _ in range(30)]
         limit = 4 * (server_artifacts / "base.safetensors").stat().st_size
@@ -140,7 +140,7 @@ def test_bursts_across_the_close_boundary_never_wedge_the_run(server_artifacts, 
 
 def test_bad_input_anywhere_is_a_json_4xx(server_artifacts, server_manifest, tmp_path):
     huge = str(2**63)
-    with ServerProcess(server_artifacts, tmp_path / "data", round_timeout=0) as s:
+    with serve(server_artifacts, tmp_path / "data", round_timeout=0) as s:
         _, h = enroll(s.url)
         for path in (f"/v1/models/{huge}/base", f"/v1/rounds/{huge}", f"/v1/models/{'9' * 5000}/base",
                      "/v1/models/-1/base", "/v1/rounds/1e3", "/v1/artifacts/%ED%A0%80"):  # fmt: skip
@@ -163,18 +163,18 @@ def test_bad_input_anywhere_is_a_json_4xx(server_artifacts, server_manifest, tmp
 
 
 def test_forwarded_addresses_are_trusted_only_from_named_proxies(server_artifacts, tmp_path):
-    with ServerProcess(server_artifacts, tmp_path / "a", enroll_per_minute=2) as s:
+    with serve(server_artifacts, tmp_path / "a", enroll_per_minute=2) as s:
         codes = [httpx.post(f"{s.url}/v1/devices", json={"enrollment_key": "enrollment-key-for-tests"},
                             headers={"X-Forwarded-For": f"10.0.0.{i}"}).status_code for i in range(4)]  # fmt: skip
         assert codes == [201, 201, 429, 429]
-    with ServerProcess(server_artifacts, tmp_path / "b", enroll_per_minute=2, forwarded_allow_ips="127.0.0.1") as s:
+    with serve(server_artifacts, tmp_path / "b", enroll_per_minute=2, forwarded_allow_ips="127.0.0.1") as s:
         codes = [httpx.post(f"{s.url}/v1/devices", json={"enrollment_key": "enrollment-key-for-tests"},
                             headers={"X-Forwarded-For": f"10.0.0.{i}"}).status_code for i in range(4)]  # fmt: skip
         assert codes == [201] * 4
 
 
 def test_failed_authentication_is_throttled_per_address(server_artifacts, tmp_path):
-    with ServerProcess(server_artifacts, tmp_path / "data", auth_failures_per_minute=5) as s:
+    with serve(server_artifacts, tmp_path / "data", auth_failures_per_minute=5) as s:
         _, device = enroll(s.url)
         guesses = [httpx.get(f"{s.url}/v1/admin/models/latest/base", headers={"Authorization": f"Bearer guess-{i}"})
                    for i in range(5)]  # fmt: skip
@@ -188,14 +188,14 @@ def test_failed_authentication_is_throttled_per_address(server_artifacts, tmp_pa
 
 
 def test_short_admin_tokens_are_refused(server_artifacts, tmp_path):
-    s = ServerProcess(server_artifacts, tmp_path / "data")
+    s = serve(server_artifacts, tmp_path / "data")
     s.env["FEDPER_ADMIN_TOKEN"] = "only-20-characters.."
     with pytest.raises(RuntimeError, match="at least 32"):
         s.start(timeout=30)
 
 
 def test_a_client_disconnect_mid_upload_is_one_info_line(server_artifacts, tmp_path):
-    with ServerProcess(server_artifacts, tmp_path / "data") as s:
+    with serve(server_artifacts, tmp_path / "data") as s:
         _, h = enroll(s.url)
         for _ in range(20):
             with socket.create_connection(("127.0.0.1", s.port)) as sock:
@@ -212,7 +212,7 @@ def test_a_client_disconnect_mid_upload_is_one_info_line(server_artifacts, tmp_p
 
 def test_rejected_uploads_leave_no_trace(server_artifacts, server_manifest, tmp_path):
     data = tmp_path / "data"
-    with ServerProcess(server_artifacts, data, target_clients=1, min_clients=1, round_timeout=0, rounds=5) as s:
+    with serve(server_artifacts, data, target_clients=1, min_clients=1, round_timeout=0, rounds=5) as s:
         (_, a), (_, b) = enroll(s.url), enroll(s.url)
         assert _post(s.url, update_body(base_like(server_manifest)), a).status_code == 202  # closes round 1
         assert _leftovers(data) == []
@@ -229,7 +229,7 @@ def _fds(pid: int) -> int:
 
 
 def test_slow_and_idle_clients_are_cut_off(server_artifacts, server_manifest, tmp_path):
-    with ServerProcess(server_artifacts, tmp_path / "data", header_timeout=1, upload_timeout=2,
+    with serve(server_artifacts, tmp_path / "data", header_timeout=1, upload_timeout=2,
                        max_inflight_uploads=3, round_timeout=0) as s:  # fmt: skip
         assert s.proc is not None
         devices = [enroll(s.url) for _ in range(5)]
@@ -266,7 +266,7 @@ def test_slow_and_idle_clients_are_cut_off(server_artifacts, server_manifest, tm
 
 
 def test_a_revoked_devices_update_is_withdrawn(server_artifacts, server_manifest, tmp_path):
-    with ServerProcess(server_artifacts, tmp_path / "data", target_clients=2, min_clients=1, round_timeout=0) as s:
+    with serve(server_artifacts, tmp_path / "data", target_clients=2, min_clients=1, round_timeout=0) as s:
         (bad_id, bad), (_, good) = enroll(s.url), enroll(s.url)
         poison = {k: np.full_like(v, 100.0) for k, v in base_like(server_manifest).items()}
         assert _post(s.url, update_body(poison, 50), bad).status_code == 202
@@ -287,7 +287,7 @@ def test_a_revoked_devices_update_is_withdrawn(server_artifacts, server_manifest
 
 def test_stop_records_the_round_and_answers_uploads_410(server_artifacts, server_manifest, tmp_path):
     data = tmp_path / "data"
-    with ServerProcess(server_artifacts, data, target_clients=3, round_timeout=0) as s:
+    with serve(server_artifacts, data, target_clients=3, round_timeout=0) as s:
         _, h = enroll(s.url)
         assert _post(s.url, update_body(base_like(server_manifest)), h).status_code == 202
         assert httpx.post(f"{s.url}/v1/admin/stop", headers=admin()).status_code == 200
@@ -302,7 +302,7 @@ def test_stop_records_the_round_and_answers_uploads_410(server_artifacts, server
 
 
 def test_metrics_are_bounded_and_their_means_finite(server_artifacts, server_manifest, tmp_path):
-    with ServerProcess(server_artifacts, tmp_path / "data", target_clients=3, round_timeout=0) as s:
+    with serve(server_artifacts, tmp_path / "data", target_clients=3, round_timeout=0) as s:
         devices = [enroll(s.url) for _ in range(3)]
         for value in ("1e308", "1e10", "-1e9999", "0x10", "1_000", " 1"):
             r = _post(s.url, update_body(base_like(server_manifest), metrics={"accuracy": value}), devices[0][1])
@@ -318,7 +318,7 @@ def test_metrics_are_bounded_and_their_means_finite(server_artifacts, server_man
 
 def test_the_update_bound(server_artifacts, server_manifest, tmp_path):
     initial = weights.load(server_artifacts / "base.safetensors")
-    with ServerProcess(server_artifacts, tmp_path / "data", target_clients=3, round_timeout=0,
+    with serve(server_artifacts, tmp_path / "data", target_clients=3, round_timeout=0,
                        max_update_norm=50) as s:  # fmt: skip
         _, h = enroll(s.url)
         huge = {k: np.full_like(v, 1e30) for k, v in initial.items()}
@@ -328,7 +328,7 @@ def test_the_update_bound(server_artifacts, server_manifest, tmp_path):
 
 
 def test_the_server_process_does_not_load_torch(server_artifacts, tmp_path):
-    with ServerProcess(server_artifacts, tmp_path / "data") as s:
+    with serve(server_artifacts, tmp_path / "data") as s:
         assert s.proc is not None
         maps = Path(f"/proc/{s.proc.pid}/maps").read_text()
         assert "libtorch" not in maps and "libc10" not in maps

@@ -5,17 +5,20 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from device_runtime.simulation import SimulationConfig, run
 from fedper import weights
 from fedper.cli import main
 from fedper.data import DataConfig
 from fedper.models import ModelConfig, build_model, split
+from fedper.train_config import TrainConfig
+from recipes.simulation import SimulationConfig, run
 
 
 @pytest.fixture(scope="module")
 def strongly_non_iid_run(tmp_path_factory) -> tuple[Path, dict]:
     out = tmp_path_factory.mktemp("sim")
-    sim = SimulationConfig(algorithms=("fedper", "fedavg"), kp=2, rounds=5, local_epochs=1, threads=1, out=out)
+    sim = SimulationConfig(
+        algorithms=("fedper", "fedavg"), kp=2, rounds=5, training=TrainConfig(local_epochs=1), threads=1, out=out
+    )
     data = DataConfig(dataset="digits", num_clients=10, classes_per_client=2, seed=0)
     run(sim, data)
     return out, json.loads((out / "results.json").read_text())
@@ -59,7 +62,7 @@ def _tiny(out: Path, **kw) -> dict:
     sim = SimulationConfig(
         algorithms=kw.pop("algorithms", ("fedper",)),
         rounds=1,
-        local_epochs=1,
+        training=TrainConfig(local_epochs=1),
         threads=1,
         out=out,
         **kw,

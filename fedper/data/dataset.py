@@ -7,12 +7,14 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from fedper.errors import FedperError
+
 # Normalization used for every dataset unless it says otherwise; goes into the manifest.
 DEFAULT_MEAN = (0.5, 0.5, 0.5)
 DEFAULT_STD = (0.25, 0.25, 0.25)
 
 
-class DatasetError(ValueError):
+class DatasetError(FedperError, ValueError):
     """A dataset that cannot be loaded: missing files, wrong format, bad options."""
 
 

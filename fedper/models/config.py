@@ -7,6 +7,7 @@ from typing import Any, Literal
 
 import torch
 
+from fedper.errors import ConfigError
 from fedper.models.mobilenet_v1 import MobileNetV1
 from fedper.models.resnet import ResNet34
 from fedper.models.staged import StagedModel
@@ -31,13 +32,13 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         if self.name not in MODEL_NAMES:
-            raise ValueError(f"unknown model {self.name!r}; choose one of: {', '.join(MODEL_NAMES)}")
+            raise ConfigError(f"unknown model {self.name!r}; choose one of: {', '.join(MODEL_NAMES)}")
         if self.num_classes < 2:
-            raise ValueError(f"num_classes must be at least 2, got {self.num_classes}")
+            raise ConfigError(f"num_classes must be at least 2, got {self.num_classes}")
         if self.input_size < 32:
-            raise ValueError(f"input_size must be at least 32, got {self.input_size}")
+            raise ConfigError(f"input_size must be at least 32, got {self.input_size}")
         if self.base not in ("model", "linear"):
-            raise ValueError(f"base must be 'model' or 'linear', got {self.base!r}")
+            raise ConfigError(f"base must be 'model' or 'linear', got {self.base!r}")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+from fedper.errors import ConfigError
 from fedper.models.staged import Stage, StagedModel
 
 # (output channels, stride) of the 13 depthwise-separable blocks, at width 1.0.
@@ -64,9 +65,9 @@ class MobileNetV1(StagedModel):
     def __init__(self, num_classes: int = 10, alpha: float = 1.0, input_size: int = 224):
         super().__init__()
         if alpha <= 0:
-            raise ValueError(f"width multiplier alpha must be positive, got {alpha}")
+            raise ConfigError(f"width multiplier alpha must be positive, got {alpha}")
         if input_size < 32:
-            raise ValueError(f"input_size must be at least 32, got {input_size}")
+            raise ConfigError(f"input_size must be at least 32, got {input_size}")
         stem_stride = 1 if input_size < 128 else 2
         ch = scaled_channels(STEM_CHANNELS, alpha)
         self.stem = ConvBN(3, ch, 3, stem_stride)

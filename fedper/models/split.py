@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
+from fedper.errors import ConfigError
 from fedper.models.staged import StagedModel
 
 
@@ -44,7 +45,7 @@ def split(model: StagedModel, kp: int) -> ModelSplit:
     """
     groups = model.layer_groups()
     if not 0 <= kp <= len(groups) - 1:
-        raise ValueError(
+        raise ConfigError(
             f"kp must be between 0 and {len(groups) - 1} for this model "
             f"({len(groups)} layers: {groups[0][0]} ... {groups[-1][0]}), got {kp}"
         )

@@ -7,6 +7,8 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import nn
 
+from fedper.errors import ConfigError
+
 Stage = Callable[[torch.Tensor], torch.Tensor]
 
 
@@ -48,7 +50,7 @@ class StagedModel(nn.Module):
         """Replace all layers below the top ``kp`` with a single linear layer (the ablation)."""
         n = len(self.stage_groups())
         if not 1 <= kp < n:
-            raise ValueError(f"the linear-base ablation needs 1 <= kp < {n}, got kp={kp}")
+            raise ConfigError(f"the linear-base ablation needs 1 <= kp < {n}, got kp={kp}")
         start = n - kp
         with torch.no_grad():
             was_training = self.training

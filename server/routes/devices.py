@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import secrets
+from dataclasses import asdict
 
 from anyio import to_thread
 from fastapi import APIRouter, Request, Response
@@ -67,7 +68,6 @@ def task(device_id: DeviceId, state: State) -> Response:
     retry = {Header.RETRY_AFTER: str(state.config.retry_after)}
     if snap.state != "open" or state.db.has_update(snap.round, device_id):
         return Response(status_code=204, headers=retry)
-    c = state.config
     body = Task(
         round=snap.round,
         model_version=snap.model_version,
@@ -75,7 +75,6 @@ def task(device_id: DeviceId, state: State) -> Response:
         base_url=Route.MODEL_BASE.format(version=snap.model_version),
         manifest_url=Route.ARTIFACT.format(name=MANIFEST_FILE),
         manifest_sha256=state.manifest_sha256,
-        config=TaskConfig(local_epochs=c.local_epochs, batch_size=c.batch_size,
-                          learning_rate=c.learning_rate, momentum=c.momentum),
-    )  # fmt: skip
+        config=TaskConfig(**asdict(state.config.training)),
+    )
     return JSONResponse(body.model_dump())

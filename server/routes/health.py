@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Response
 from fastapi.responses import PlainTextResponse
+from prometheus_client import CONTENT_TYPE_LATEST
 
 from fedper.protocol import Health, Route, Status
 from server.auth import State
+from server.metrics_registry import METRICS_PATH
 
 router = APIRouter()
 
@@ -29,9 +31,10 @@ def status(state: State) -> Status:
     )
 
 
-@router.get("/metrics", response_class=PlainTextResponse)
-def metrics(state: State) -> str:
+@router.get(METRICS_PATH, response_class=PlainTextResponse)
+def metrics(state: State) -> Response:
     snap = state.rounds.snapshot
-    return state.metrics.render(
+    text = state.metrics.render(
         snap.rounds_closed, snap.round, state.rounds.aggregation_seconds, state.uploads_in_flight
     )
+    return Response(text, media_type=CONTENT_TYPE_LATEST)

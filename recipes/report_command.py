@@ -7,6 +7,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from fedper.errors import FedperError
+
 
 def load_results(run_dir: Path) -> dict[str, Any]:
     path = Path(run_dir) / "results.json"
@@ -15,7 +17,7 @@ def load_results(run_dir: Path) -> dict[str, Any]:
     except FileNotFoundError as exc:
         raise FileNotFoundError(f"{path} does not exist: is {run_dir} a finished run?") from exc
     except json.JSONDecodeError as exc:
-        raise ValueError(f"{path} is not valid JSON: {exc}") from exc
+        raise FedperError(f"{path} is not valid JSON: {exc}") from exc
     return results
 
 

@@ -9,11 +9,20 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from device_runtime.simulation import SimulationConfig, run
-from fedper.config_cli import from_arguments
+from fedper.config_cli import add_command, from_arguments
 from fedper.data import DataConfig
+from recipes.simulation import SimulationConfig, run
 
 console = Console(stderr=True)
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    add_command(
+        sub, "simulate", simulate, [DataConfig, SimulationConfig],
+        help="compare FedPer, FedAvg and local training in one process",
+        description="In-process simulation (eager PyTorch) of FedPer vs FedAvg vs local training. "
+        "Writes results.json, metrics.csv, plots and final weights into --out.",
+    )  # fmt: skip
 
 
 def simulate(args: argparse.Namespace) -> int:

@@ -18,13 +18,15 @@ import torch
 
 from fedper import weights
 from fedper.aggregate import FedAvg
-from fedper.config_cli import option
+from fedper.config_cli import nested, option
 from fedper.data import DataConfig, FederatedData, load_federated, to_tensor
 from fedper.eager_trainer import EagerTrainer
-from fedper.local_training import TrainConfig, batch_order_rng, evaluate, train
+from fedper.errors import ConfigError
+from fedper.local_training import batch_order_rng, evaluate, train
 from fedper.models import ModelConfig, build_model, exchanged_state, split
 from fedper.models.split import batchnorm_stat_names
 from fedper.results import ClientRecord, RunRecorder, config_json
+from fedper.train_config import TrainConfig
 
 ALGORITHMS = ("fedper", "fedavg", "local")
 
@@ -36,10 +38,7 @@ class SimulationConfig:
     algorithms: tuple[str, ...] = option(("fedper", "fedavg", "local"), "comma-separated: fedper, fedavg (kp=0), local")
     kp: int = option(2, "personal layers counted from the top (1 = classifier)")
     rounds: int = option(30, "federated rounds")
-    local_epochs: int = option(2, "local epochs per round")
-    batch_size: int = option(32, "local batch size")
-    learning_rate: float = option(0.01, "SGD learning rate", flags=("--lr",))
-    momentum: float = option(0.9, "SGD momentum (reset every round)")
+    training: TrainConfig = nested(lambda: TrainConfig(local_epochs=2))
     fraction: float = option(1.0, "share of clients that train each round")
     bn: str = option(
         "shared", "base BatchNorm statistics: averaged (shared) or kept per client (local)",
@@ -57,15 +56,11 @@ class SimulationConfig:
     def __post_init__(self) -> None:
         unknown = [a for a in self.algorithms if a not in ALGORITHMS]
         if unknown or not self.algorithms:
-            raise ValueError(f"unknown algorithm(s) {unknown}; choose from {', '.join(ALGORITHMS)}")
-        if self.rounds < 1 or self.local_epochs < 1 or self.batch_size < 2:
-            raise ValueError("rounds and local epochs must be >= 1 and batch size >= 2")
+            raise ConfigError(f"unknown algorithm(s) {unknown}; choose from {', '.join(ALGORITHMS)}")
+        if self.rounds < 1:
+            raise ConfigError(f"--rounds must be >= 1, got {self.rounds}")
         if not 0 < self.fraction <= 1:
-            raise ValueError(f"fraction must be in (0, 1], got {self.fraction}")
-
-    @property
-    def train_config(self) -> TrainConfig:
-        return TrainConfig(self.local_epochs, self.batch_size, self.learning_rate, self.momentum)
+            raise ConfigError(f"fraction must be in (0, 1], got {self.fraction}")
 
 
 @dataclass
@@ -167,7 +162,7 @@ def _run_algorithm(
             acc_after = loss = None
             if cid in selected:
                 crng = batch_order_rng(seed, rnd, cid)
-                loss = train(trainer, client.x_train, client.y_train, sim.train_config, crng)
+                loss = train(trainer, client.x_train, client.y_train, sim.training, crng)
                 acc_after = evaluate(trainer, client.x_test, client.y_test)
                 personal[cid] = trainer.get_tensors(personal_names)
                 if fedavg is not None:
