@@ -11,6 +11,7 @@ BENCHMARKS = [
     "bench.server_ingest",
     "bench.train_step",
     "bench.export_sizes",
+    "bench.export_time",
 ]
 
 if __name__ == "__main__":

@@ -1,36 +1,91 @@
-"""Shared fixtures: one real export (ExecuTorch + ONNX) for the whole test session."""
+"""Shared fixtures: real exports (ExecuTorch + ONNX), made once per session in the background."""
 
 from __future__ import annotations
 
+import shutil
+import subprocess
+import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 import torch
 
-from device_runtime.training_program import check_exported
-from export.pipeline import ExportConfig, ExportReport, run_export
 from fedper.data import DataConfig, load_dataset, to_tensor
 from fedper.manifest import Manifest, read_manifest
 
 
-@pytest.fixture(scope="session")
-def exported(tmp_path_factory: pytest.TempPathFactory) -> ExportReport:
-    """MobileNet-V1 width 0.25, 32x32, 10 classes, kp=2, the default (fast) training graph:
-    exported once for the session (~70 s)."""
-    out = tmp_path_factory.mktemp("export") / "artifacts"
-    return run_export(ExportConfig(out=out, kp=2, dataset="digits", seed=0), check=check_exported)
+class BackgroundExport:
+    """``fedper export`` (the command line, with its check by the device runtime) in a child
+    process: an export is 1-2 minutes of single-threaded tracing, so it runs on one core while
+    the tests that need no export run first on the other."""
+
+    def __init__(self, out: Path, variant: str) -> None:
+        self.out, self.variant, self.log = out, variant, out.parent / f"export-{variant}.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> BackgroundExport:
+        if self.proc is None:
+            self.out.parent.mkdir(parents=True, exist_ok=True)
+            args = [sys.executable, "-m", "fedper.cli", "export", "--out", str(self.out), "--kp", "2",
+                    "--dataset", "digits", "--seed", "0", "--variant", self.variant]  # fmt: skip
+            with self.log.open("w") as log:
+                self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
+        return self
+
+    def result(self) -> Path:
+        if self.start().proc.wait() != 0:  # type: ignore[union-attr]
+            raise RuntimeError(f"the test export failed:\n{self.log.read_text()[-3000:]}")
+        return self.out
+
+
+# fixture name -> the training-graph variant it exports
+EXPORT_FIXTURES = {"artifacts": "fast", "plain_artifacts": "plain"}
+_exports: dict[str, BackgroundExport] = {}
+_export_root = Path(tempfile.mkdtemp(prefix="fedper-test-exports-"))
+
+
+@pytest.hookimpl(trylast=True)  # after -k and -m have deselected
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Start the export the selected tests need first, and order the tests: those that need no
+    export, then those that need the default one, then those that need the plain one (exported
+    once the default one is done, so that the two do not compete for the free core)."""
+
+    def needs(item: pytest.Item) -> set[str]:
+        """The variants an item's fixtures (or its ``export_fixture`` parameter) export."""
+        callspec = getattr(item, "callspec", None)
+        names = [*getattr(item, "fixturenames", ()), callspec.params.get("export_fixture") if callspec else None]
+        return {EXPORT_FIXTURES[f] for f in names if f in EXPORT_FIXTURES}
+
+    for variant in sorted(set().union(*(needs(item) for item in items))):
+        _exports[variant] = BackgroundExport(_export_root / variant / "artifacts", variant)
+    if _exports and not config.option.collectonly:
+        _exports.get("fast", _exports.get("plain")).start()  # type: ignore[union-attr]
+    items.sort(key=lambda item: (bool(needs(item)), "plain" in needs(item)))  # stable within groups
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    for export in _exports.values():
+        if export.proc is not None and export.proc.poll() is None:
+            export.proc.kill()
+            export.proc.wait()
+    shutil.rmtree(_export_root, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
-def plain_artifacts(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def artifacts() -> Path:
+    """MobileNet-V1 width 0.25, 32x32, 10 classes (digits), kp=2, the default (fast) training
+    graph: exported once for the session, in the background."""
+    out = _exports["fast"].result()
+    if "plain" in _exports:
+        _exports["plain"].start()
+    return out
+
+
+@pytest.fixture(scope="session")
+def plain_artifacts() -> Path:
     """The same export with the plain (nn.Conv2d) training graph, kept for comparison."""
-    out = tmp_path_factory.mktemp("export-plain") / "artifacts"
-    return run_export(ExportConfig(out=out, kp=2, dataset="digits", seed=0, variant="plain"), check=check_exported).out
-
-
-@pytest.fixture(scope="session")
-def artifacts(exported: ExportReport) -> Path:
-    return exported.out
+    return _exports["plain"].result()
 
 
 @pytest.fixture(scope="session")

@@ -68,11 +68,11 @@ def test_manifest_reader_refuses_tampering(artifacts, tmp_path):
         read_manifest(copy, verify_files=False)
 
 
-@pytest.mark.parametrize("variant", ["fast", "plain"])
-def test_training_step_matches_eager_pytorch(variant, artifacts, plain_artifacts, digits_batches):
+@pytest.mark.parametrize(("variant", "export_fixture"), [("fast", "artifacts"), ("plain", "plain_artifacts")])
+def test_training_step_matches_eager_pytorch(variant, export_fixture, request, digits_batches):
     """One step of either training graph equals nn.Conv2d/nn.BatchNorm2d in train mode."""
     x, y = digits_batches
-    artifacts = artifacts if variant == "fast" else plain_artifacts
+    artifacts = request.getfixturevalue(export_fixture)
     program = TrainingProgram(artifacts)
     assert program.manifest.training_program.variant == variant
     eager, model = _eager(artifacts)

@@ -1,0 +1,104 @@
+"""Lowering the training program: ``lower_training_program`` against the public ``to_edge`` path
+it replaced (our decompositions, then ``to_edge``'s own second ``run_decompositions``), in the
+same run on the same step, each in a fresh process (the first lowering in a process also pays
+one-time costs); the two programs must be byte-identical.
+
+Usage: python -m bench.export_time [--alpha 0.25] [--input-size 32] [--variant fast]
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import logging
+import subprocess
+import sys
+import time
+import warnings
+
+import torch
+from torch.export import Dim, export
+from torch.export.experimental import _export_forward_backward
+
+from bench.common import write_results
+from export.executorch_lowering import (
+    _num_features,
+    drop_aliases,
+    lower_training_program,
+    use_linear_for_transposed_matmul,
+)
+from export.fast_ops import DECOMPOSITIONS
+from export.training_graph import training_step
+from fedper.models import ModelConfig, build_model
+
+MAX_BATCH = 64
+
+
+def reference(step: torch.nn.Module, input_size: int) -> bytes:
+    """The lowering as it was: decompose with ours, then ``to_edge`` (which decomposes again)."""
+    from executorch.exir import EdgeCompileConfig, ExecutorchBackendConfig, to_edge
+
+    x, y = torch.zeros(2, 3, input_size, input_size), torch.zeros(2, dtype=torch.long)
+    stats = [torch.zeros(_num_features(step, n)) for n in step.stat_names]  # type: ignore[union-attr]
+    batch = Dim("batch", min=2, max=MAX_BATCH)
+    exported = export(step, (x, y, *stats), dynamic_shapes=({0: batch}, {0: batch}, tuple(None for _ in stats)),
+                      strict=False)  # fmt: skip
+    joint = _export_forward_backward(exported, joint_loss_index=0).run_decompositions(DECOMPOSITIONS)
+    drop_aliases(joint.graph_module)
+    use_linear_for_transposed_matmul(joint.graph_module)
+    config = EdgeCompileConfig(_check_ir_validity=False, preserve_ops=[torch.ops.aten.linear.default])
+    manager = to_edge(joint, compile_config=config).to_executorch(
+        ExecutorchBackendConfig(external_constants=True, external_mutable_weights=True)
+    )
+    return bytes(manager.buffer)
+
+
+def one(path: str, alpha: float, input_size: int, variant: str) -> None:
+    """Lower once (``path``: ours or reference) and print seconds and the program's sha256."""
+    warnings.simplefilter("ignore")
+    logging.getLogger("torch").setLevel(logging.ERROR)
+    step = training_step(build_model(ModelConfig(alpha=alpha, input_size=input_size), seed=0), variant)
+    start = time.perf_counter()
+    program = (
+        lower_training_program(step, input_size, MAX_BATCH).program if path == "ours" else reference(step, input_size)
+    )
+    print(json.dumps({"seconds": time.perf_counter() - start, "sha256": hashlib.sha256(program).hexdigest()}))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--alpha", type=float, default=0.25)
+    parser.add_argument("--input-size", type=int, default=32)
+    parser.add_argument("--variant", default="fast", choices=("fast", "plain"))
+    parser.add_argument("--one", choices=("ours", "reference"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.one:
+        one(args.one, args.alpha, args.input_size, args.variant)
+        return
+    measured = {}
+    for path in ("reference", "ours"):
+        out = subprocess.run(
+            [sys.executable, "-m", "bench.export_time", "--one", path, "--alpha", str(args.alpha),
+             "--input-size", str(args.input_size), "--variant", args.variant],
+            check=True, capture_output=True, text=True,
+        ).stdout  # fmt: skip
+        measured[path] = json.loads(out.strip().splitlines()[-1])
+    ref_s, ours_s = measured["reference"]["seconds"], measured["ours"]["seconds"]
+    row = {
+        "alpha": args.alpha,
+        "input_size": args.input_size,
+        "variant": args.variant,
+        "reference_s": round(ref_s, 1),
+        "ours_s": round(ours_s, 1),
+        "ratio": round(ours_s / ref_s, 3),
+        "identical": measured["ours"]["sha256"] == measured["reference"]["sha256"],
+    }
+    print(f"training program, width {args.alpha}, {args.input_size} px, {args.variant}: "
+          f"{ours_s:.0f} s vs {ref_s:.0f} s through to_edge ({row['ratio']:.2f}x); "
+          f"byte-identical: {row['identical']}")  # fmt: skip
+    print("wrote", write_results(f"export_time_{args.variant}", row))
+
+
+if __name__ == "__main__":
+    main()
