@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import shutil
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -95,6 +96,11 @@ def run_demo(config: DemoConfig) -> dict[str, Any]:
             f"[bold]{step}/4[/] {label}: server + fleet of {config.devices} devices, {config.rounds} rounds ..."
         )
         t = time.perf_counter()
+        # A demo starts from scratch: a previous run's server state (a finished run) and device
+        # identities (enrolled with that server) in the same --out would end this one at once.
+        for stale in (out / f"server-{label}", out / f"fleet-{label}", out / label):
+            shutil.rmtree(stale, ignore_errors=True)
+        (out / f"server-{label}.log").unlink(missing_ok=True)
         with _server(artifacts, out / f"server-{label}", config, keys) as server:
             fleet = FleetConfig(
                 server=server.url,

@@ -10,6 +10,8 @@ import string
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from fedper.errors import FedperError
+
 if TYPE_CHECKING:
     from recipes.demo import DemoConfig
 
@@ -18,6 +20,9 @@ def compare(results: dict[str, Any], last: int = 5) -> dict[str, float]:
     """FedPer vs FedAvg per device (same users, same test photos): the paired difference of the
     final accuracies with its standard error, devices won, and both means over the last rounds."""
     algos = results["algorithms"]
+    missing = [a for a in ("fedper", "fedavg") if a not in algos]
+    if missing:
+        raise FedperError(f"the {' and '.join(missing)} fleet recorded no round: see its server log in the output")
     fp, fa = algos["fedper"]["final_per_client"], algos["fedavg"]["final_per_client"]
     diffs = [fp[c] - fa[c] for c in fp if c in fa]
     se = statistics.stdev(diffs) / len(diffs) ** 0.5 if len(diffs) > 1 else float("nan")
