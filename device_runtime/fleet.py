@@ -30,8 +30,9 @@ from device_runtime.events import (
     Uploaded,
     WorkerDone,
 )
+from fedper.baselines import per_client_accuracy
 from fedper.config_cli import option
-from fedper.data import DataConfig
+from fedper.data import DataConfig, load_federated
 from fedper.errors import ConfigError
 from fedper.results import ClientRecord, RunRecorder, config_json
 
@@ -163,6 +164,8 @@ def run_fleet(fleet: FleetConfig, data: DataConfig, enrollment_key: str, recorde
     data = dataclasses.replace(data, num_clients=fleet.devices)
     workers = min(fleet.workers or os.cpu_count() or 1, fleet.devices)
     recorder = recorder or RunRecorder({"fleet": config_json(fleet), "data": config_json(data)})
+    if not recorder.baselines:  # the devices' own split, scored as the devices score themselves
+        recorder.baselines = per_client_accuracy(load_federated(data), data.seed)
     ctx = mp.get_context("spawn")
     events = ctx.Queue()
     shares = [list(range(fleet.devices))[w::workers] for w in range(workers)]

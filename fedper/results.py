@@ -48,6 +48,8 @@ class RunRecorder:
 
     def __init__(self, config: dict[str, Any]):
         self.config = config
+        # name -> each client's accuracy on its own test split (fedper.baselines), client order
+        self.baselines: dict[str, list[float]] = {}
         self._records: dict[str, list[ClientRecord]] = defaultdict(list)
 
     def add(self, record: ClientRecord) -> None:
@@ -97,10 +99,23 @@ class RunRecorder:
             "final_per_client": {str(r.client): r.accuracy for r in final},
         }
 
+    def baseline_summary(self) -> dict[str, dict[str, Any]]:
+        """Each baseline's mean, std and per-client accuracies on the run's own split."""
+        out = {}
+        for name, accuracies in self.baselines.items():
+            finite = [a for a in accuracies if math.isfinite(a)]
+            if not finite:  # no client has a test split
+                continue
+            s = summarize(finite)
+            out[name] = {"mean_accuracy": s.mean, "std": s.std,
+                         "per_client": {str(c): a for c, a in enumerate(accuracies)}}  # fmt: skip
+        return out
+
     def summary(self) -> dict[str, Any]:
         return {
             "config": self.config,
             "algorithms": {a: self.final(a) for a in self.algorithms},
+            "baselines": self.baseline_summary(),
             "rounds": {a: self.rounds(a) for a in self.algorithms},
         }
 

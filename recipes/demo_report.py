@@ -10,6 +10,7 @@ import string
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from fedper.baselines import DESCRIPTIONS
 from fedper.errors import FedperError
 
 if TYPE_CHECKING:
@@ -85,6 +86,11 @@ def render_report(config: DemoConfig, results: dict[str, Any], out: Path) -> str
         f"<tr><td>{html.escape(a)}</td><td>{r['final_mean_accuracy']:.3f}</td><td>{r['final_weighted_mean_accuracy']:.3f}</td>"
         f"<td>{r['final_std']:.3f}</td><td>{r['final_round']}</td></tr>"
         for a, r in algos.items()
+    )
+    rows += "".join(
+        f"<tr><td>baseline: {html.escape(name)} <small>({html.escape(DESCRIPTIONS[name])})</small></td>"
+        f"<td>{b['mean_accuracy']:.3f}</td><td></td><td>{b['std']:.3f}</td><td></td></tr>"
+        for name, b in results.get("baselines", {}).items()
     )
     sizes = "".join(f"<tr><td>{html.escape(n)}</td><td>{s:,}</td></tr>" for n, s in demo["export"]["sizes"].items())
     rounds_done = {a: len(results["rounds"][a]) for a in algos}

@@ -29,7 +29,8 @@ def _mean_at(rows: list[dict[str, Any]], rnd: int) -> str:
 
 
 def markdown_table(run_dirs: list[Path], at_rounds: tuple[int, ...] = (10, 20)) -> str:
-    """One row per algorithm per run: the final accuracy summary, and the mean at given rounds."""
+    """One row per algorithm per run: the final accuracy summary, and the mean at given rounds;
+    then one row per baseline computed on the run's own split (fedper.baselines)."""
     extra = "".join(f" round {r} |" for r in at_rounds)
     lines = [
         f"| run | algorithm | kp | base |{extra} final mean acc | weighted | std |",
@@ -46,6 +47,12 @@ def markdown_table(run_dirs: list[Path], at_rounds: tuple[int, ...] = (10, 20)) 
                 f"| {Path(run_dir).name} | {algorithm} | {kp} | {sim.get('base', 'model')} |{at} "
                 f"{final['final_mean_accuracy']:.3f} | "
                 f"{final['final_weighted_mean_accuracy']:.3f} | {final['final_std']:.3f} |"
+            )
+        for name, b in results.get("baselines", {}).items():
+            dashes = " - |" * len(at_rounds)
+            lines.append(
+                f"| {Path(run_dir).name} | baseline: {name} | - | - |{dashes} "
+                f"{b['mean_accuracy']:.3f} | - | {b['std']:.3f} |"
             )
     return "\n".join(lines)
 

@@ -58,6 +58,8 @@ def simulate(args: argparse.Namespace) -> int:
             f"{f['final_std']:.4f}",
             str(f["final_round"]),
         )
+    for name, b in recorder.baseline_summary().items():
+        table.add_row(f"[dim]baseline: {name}[/]", f"{b['mean_accuracy']:.4f}", "", f"{b['std']:.4f}", "")
     Console().print(table)
     console.print(f"wrote {sim.out}/results.json, metrics.csv, plots ({time.perf_counter() - start:.0f} s)")
     return 0

@@ -18,6 +18,7 @@ import torch
 
 from fedper import weights
 from fedper.aggregate import FedAvg
+from fedper.baselines import per_client_accuracy
 from fedper.config_cli import nested, option
 from fedper.data import DataConfig, FederatedData, load_federated, to_tensor
 from fedper.eager_trainer import EagerTrainer
@@ -126,6 +127,7 @@ def run(sim: SimulationConfig, data: DataConfig, progress: ProgressFn | None = N
         "clients_train_samples": [c.num_samples for c in clients],
     }
     recorder = RunRecorder(config)
+    recorder.baselines = per_client_accuracy(fed, data.seed)
     sim.out.mkdir(parents=True, exist_ok=True)
     for algorithm in sim.algorithms:
         _run_algorithm(sim, mcfg, algorithm, clients, recorder, progress, data.seed)

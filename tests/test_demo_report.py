@@ -27,7 +27,9 @@ def test_demo_report_is_self_contained_and_says_what_the_numbers_mean(tmp_path):
                        "export": {"sizes": {"train.pte": 123}}}  # fmt: skip
     results["demo"]["comparison"] = c = compare(results)
     assert c["difference"] == pytest.approx(0.10, abs=0.05) and c["devices_won"] >= 9
+    results["baselines"] = {"majority": {"mean_accuracy": 0.366, "std": 0.1, "per_client": {}}}
     page = render_report(DemoConfig(), results, tmp_path)
+    assert "baseline: majority" in page and "0.366" in page
     assert "beat one global model" in page and "FedPer wins on" in page
     assert page.count("data:image/png;base64,") == 2 and 'src="http' not in page
 

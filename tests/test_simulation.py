@@ -34,6 +34,10 @@ def test_fedper_beats_fedavg_when_clients_see_two_classes_each(strongly_non_iid_
 def test_run_writes_metrics_plots_and_reusable_weights(strongly_non_iid_run):
     out, results = strongly_non_iid_run
     assert results["config"]["simulation"]["kp"] == 2
+    # Digits have no generator features: only the majority baseline, one value per client.
+    assert set(results["baselines"]) == {"majority"}
+    assert len(results["baselines"]["majority"]["per_client"]) == 10
+    assert results["algorithms"]["fedper"]["final_mean_accuracy"] > results["baselines"]["majority"]["mean_accuracy"]
     assert [r["round"] for r in results["rounds"]["fedper"]] == [1, 2, 3, 4, 5]
     first = results["rounds"]["fedper"][0]
     assert set(first) >= {"accuracy", "accuracy_after", "train_loss"}
@@ -101,3 +105,12 @@ def test_cli_reports_bad_options_without_a_traceback(tmp_path, capsys):
     assert main(["simulate", "--dataset", "cifar10", "--out", str(tmp_path / "x")]) == 2
     assert "--data-root" in capsys.readouterr().err
     assert not (tmp_path / "x").exists()
+
+
+def test_report_table_lists_the_baselines_under_the_algorithms(strongly_non_iid_run):
+    from recipes.report_command import markdown_table
+
+    out, results = strongly_non_iid_run
+    rows = markdown_table([out]).splitlines()
+    assert [r.split("|")[2].strip() for r in rows[2:]] == ["fedper", "fedavg", "baseline: majority"]
+    assert f"{results['baselines']['majority']['mean_accuracy']:.3f}" in rows[-1]

@@ -247,4 +247,5 @@ def load(config: SynthConfig | None = None) -> ImageDataset:
         classes=CLASSES,
         groups=np.concatenate([np.full(len(r.labels), u) for u, r in enumerate(per_user)]),
         info={"users": config.users, "images_per_user": list(config.images_per_user)},
+        features=np.concatenate([_feature_matrix(r.looks, r.sources) for r in per_user]),
     )

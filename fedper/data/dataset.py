@@ -34,6 +34,9 @@ class ImageDataset:
     mean: tuple[float, float, float] = DEFAULT_MEAN
     std: tuple[float, float, float] = DEFAULT_STD
     info: dict[str, object] = field(default_factory=dict)
+    # What a generator knows of each sample (N, F): what its labels are a function of. The
+    # ceiling baselines learn from it; None for real data.
+    features: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         if self.images.ndim != 4 or self.images.shape[-1] != 3 or self.images.dtype != np.uint8:
@@ -44,6 +47,8 @@ class ImageDataset:
             raise DatasetError(f"{self.name}: {len(self.images)} images but labels {self.labels.shape}")
         if self.groups is not None and self.groups.shape != self.labels.shape:
             raise DatasetError(f"{self.name}: groups do not match labels")
+        if self.features is not None and (self.features.ndim != 2 or len(self.features) != len(self.labels)):
+            raise DatasetError(f"{self.name}: features {self.features.shape} do not match {len(self.labels)} labels")
         if len(self.labels) and (self.labels.min() < 0 or self.labels.max() >= len(self.classes)):
             raise DatasetError(f"{self.name}: labels outside 0..{len(self.classes) - 1}")
 
@@ -68,6 +73,7 @@ class ImageDataset:
             mean=self.mean,
             std=self.std,
             info=self.info,
+            features=None if self.features is None else self.features[indices],
         )
 
 
