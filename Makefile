@@ -42,7 +42,10 @@ android-test: $(INSTALLED)
 	android_demo/core/ensure-jdk.sh
 	android_demo/core/host-test.sh $(abspath $(BIN))/python
 
-test: lint typecheck pytest android-test
+# Two at a time: pytest's first minutes leave a core to spare (its exports are single-threaded),
+# which the checks use; each target's output is printed in one piece when it ends.
+test: $(INSTALLED)
+	$(MAKE) --no-print-directory -j2 --output-sync=target pytest lint typecheck android-test
 
 bench: $(BENCH_INSTALLED)
 	$(BIN)/python -m bench
