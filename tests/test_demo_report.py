@@ -30,6 +30,8 @@ def test_demo_report_is_self_contained_and_says_what_the_numbers_mean(tmp_path):
     results["baselines"] = {"majority": {"mean_accuracy": 0.366, "std": 0.1, "per_client": {}}}
     page = render_report(DemoConfig(), results, tmp_path)
     assert "baseline: majority" in page and "0.366" in page
+    assert "most common rating scores 0.366: FedPer is above it" in page and "Seed 0" in page
+    assert "RESULTS.md" not in page  # the report's claims come from its own numbers
     assert "beat one global model" in page and "FedPer wins on" in page
     assert page.count("data:image/png;base64,") == 2 and 'src="http' not in page
 
