@@ -18,14 +18,13 @@ import time
 import warnings
 
 import torch
-from torch.export import Dim, export
-from torch.export.experimental import _export_forward_backward
 
 from bench.common import write_results
 from export.executorch_lowering import (
-    _num_features,
+    PRESERVED_OPS,
     drop_aliases,
     lower_training_program,
+    trace_joint,
     use_linear_for_transposed_matmul,
 )
 from export.fast_ops import DECOMPOSITIONS
@@ -39,15 +38,10 @@ def reference(step: torch.nn.Module, input_size: int) -> bytes:
     """The lowering as it was: decompose with ours, then ``to_edge`` (which decomposes again)."""
     from executorch.exir import EdgeCompileConfig, ExecutorchBackendConfig, to_edge
 
-    x, y = torch.zeros(2, 3, input_size, input_size), torch.zeros(2, dtype=torch.long)
-    stats = [torch.zeros(_num_features(step, n)) for n in step.stat_names]  # type: ignore[union-attr]
-    batch = Dim("batch", min=2, max=MAX_BATCH)
-    exported = export(step, (x, y, *stats), dynamic_shapes=({0: batch}, {0: batch}, tuple(None for _ in stats)),
-                      strict=False)  # fmt: skip
-    joint = _export_forward_backward(exported, joint_loss_index=0).run_decompositions(DECOMPOSITIONS)
+    joint = trace_joint(step, input_size, MAX_BATCH).run_decompositions(DECOMPOSITIONS)
     drop_aliases(joint.graph_module)
     use_linear_for_transposed_matmul(joint.graph_module)
-    config = EdgeCompileConfig(_check_ir_validity=False, preserve_ops=[torch.ops.aten.linear.default])
+    config = EdgeCompileConfig(_check_ir_validity=False, preserve_ops=PRESERVED_OPS)
     manager = to_edge(joint, compile_config=config).to_executorch(
         ExecutorchBackendConfig(external_constants=True, external_mutable_weights=True)
     )

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
-from torch.export import Dim, export
+from torch.export import Dim, ExportedProgram, export
 from torch.export.experimental import _export_forward_backward
 
 from export.fast_ops import DECOMPOSITIONS
@@ -21,6 +21,10 @@ from fedper.errors import FedperError
 
 class ExportError(FedperError, RuntimeError):
     """The export produced something that would not behave as the model does."""
+
+
+# Kept as one op: ExecuTorch's linear computes a @ b.T without copying b transposed.
+PRESERVED_OPS = [torch.ops.aten.linear.default]
 
 
 @dataclass(frozen=True)
@@ -98,29 +102,32 @@ def lower_training_program(step: nn.Module, input_size: int, max_batch: int) -> 
         _generate_edge_program,
     )
 
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        logging.getLogger("torch").setLevel(logging.ERROR)
+        table = {**_default_decomposition_table(), **DECOMPOSITIONS}
+        for op in PRESERVED_OPS:
+            table.pop(op, None)
+        joint = trace_joint(step, input_size, max_batch).run_decompositions(table)
+        drop_aliases(joint.graph_module)
+        use_linear_for_transposed_matmul(joint.graph_module)
+        config = EdgeCompileConfig(_check_ir_validity=False, preserve_ops=PRESERVED_OPS)
+        edge_program = _generate_edge_program(config, joint, preserve_ops=PRESERVED_OPS)
+        edge = EdgeProgramManager({"forward": edge_program}, None, config)
+        manager = edge.to_executorch(ExecutorchBackendConfig(external_constants=True, external_mutable_weights=True))
+    return _split_files(manager)
+
+
+def trace_joint(step: nn.Module, input_size: int, max_batch: int) -> ExportedProgram:
+    """The step's forward + backward graph in ATen, traced with a dynamic batch (2..max_batch)."""
     example_batch = 2
     x = torch.zeros(example_batch, 3, input_size, input_size)
     y = torch.zeros(example_batch, dtype=torch.long)
     stats = [torch.zeros(_num_features(step, n)) for n in step.stat_names]  # type: ignore[union-attr]
     batch = Dim("batch", min=2, max=max_batch)
     dynamic = ({0: batch}, {0: batch}, tuple(None for _ in stats))
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        logging.getLogger("torch").setLevel(logging.ERROR)
-        exported = export(step, (x, y, *stats), dynamic_shapes=dynamic, strict=False)
-        joint = _export_forward_backward(exported, joint_loss_index=0)
-        preserve = [torch.ops.aten.linear.default]
-        table = {**_default_decomposition_table(), **DECOMPOSITIONS}
-        for op in preserve:
-            table.pop(op, None)
-        joint = joint.run_decompositions(table)
-        drop_aliases(joint.graph_module)
-        use_linear_for_transposed_matmul(joint.graph_module)
-        config = EdgeCompileConfig(_check_ir_validity=False, preserve_ops=preserve)
-        edge_program = _generate_edge_program(config, joint, preserve_ops=preserve)
-        edge = EdgeProgramManager({"forward": edge_program}, None, config)
-        manager = edge.to_executorch(ExecutorchBackendConfig(external_constants=True, external_mutable_weights=True))
-    return _split_files(manager)
+    exported = export(step, (x, y, *stats), dynamic_shapes=dynamic, strict=False)
+    return _export_forward_backward(exported, joint_loss_index=0)
 
 
 def lower_inference_program(model: nn.Module, input_size: int) -> LoweredProgram:

@@ -126,7 +126,12 @@ class TrainingDefaults(_Strict):
 
     def train_config(self) -> TrainConfig:
         """The defaults as the config local training takes."""
-        return TrainConfig(self.local_epochs, self.batch_size, self.learning_rate, self.momentum)
+        return TrainConfig(
+            local_epochs=self.local_epochs,
+            batch_size=self.batch_size,
+            learning_rate=self.learning_rate,
+            momentum=self.momentum,
+        )
 
 
 class Manifest(_Strict):

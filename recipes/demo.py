@@ -46,7 +46,7 @@ class DemoConfig:
     seed: int = option(0, "seed for data, initial weights and training order")
 
 
-def _server(artifacts: Path, data_dir: Path, config: DemoConfig, keys: dict[str, str]) -> ServerProcess:
+def _server(artifacts: Path, data_dir: Path, log: Path, config: DemoConfig, keys: dict[str, str]) -> ServerProcess:
     options = {
         "rounds": config.rounds,
         "target_clients": config.devices,
@@ -55,7 +55,7 @@ def _server(artifacts: Path, data_dir: Path, config: DemoConfig, keys: dict[str,
         "retry_after": 1,
         **asdict(config.training),
     }
-    return ServerProcess(artifacts, data_dir, options, env=keys)
+    return ServerProcess(artifacts, data_dir, options, env=keys, log=log)
 
 
 def run_demo(config: DemoConfig) -> dict[str, Any]:
@@ -98,10 +98,11 @@ def run_demo(config: DemoConfig) -> dict[str, Any]:
         t = time.perf_counter()
         # A demo starts from scratch: a previous run's server state (a finished run) and device
         # identities (enrolled with that server) in the same --out would end this one at once.
-        for stale in (out / f"server-{label}", out / f"fleet-{label}", out / label):
+        data_dir, log = out / f"server-{label}", out / f"server-{label}.log"
+        for stale in (data_dir, out / f"fleet-{label}", out / label):
             shutil.rmtree(stale, ignore_errors=True)
-        (out / f"server-{label}.log").unlink(missing_ok=True)
-        with _server(artifacts, out / f"server-{label}", config, keys) as server:
+        log.unlink(missing_ok=True)
+        with _server(artifacts, data_dir, log, config, keys) as server:
             fleet = FleetConfig(
                 server=server.url,
                 devices=config.devices,
