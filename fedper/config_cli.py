@@ -5,6 +5,10 @@ A field's default, type and help (``field(metadata={"help": ...})``) become an
 ``metadata["flags"]`` adds aliases, ``metadata["choices"]`` restricts values. A field made with
 ``nested`` holds another config dataclass whose options join the command's own (same names, the
 holder's defaults), so a setting composed into several commands is defined once.
+
+The parsed options remember which ones the user gave (:func:`given`), so a command can bring
+other defaults for the rest (:func:`with_defaults`, e.g. a dataset's paper setting) without
+declaring any option again.
 """
 
 from __future__ import annotations
@@ -13,11 +17,61 @@ import argparse
 import dataclasses
 import types
 import typing
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar, Union, get_args, get_origin
 
 T = TypeVar("T")
+_GIVEN = "_given_options"  # where the parsed namespace keeps the names of the options given
+
+
+def _note_given(namespace: argparse.Namespace, dest: str) -> None:
+    vars(namespace).setdefault(_GIVEN, set()).add(dest)
+
+
+class _Store(argparse.Action):
+    """``store``, noting that the user gave the option."""
+
+    def __call__(
+        self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+        values: Any, option_string: str | None = None,
+    ) -> None:  # fmt: skip
+        setattr(namespace, self.dest, values)
+        _note_given(namespace, self.dest)
+
+
+class _StoreFlag(argparse.BooleanOptionalAction):
+    """``--flag/--no-flag``, noting that the user gave it."""
+
+    def __call__(
+        self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+        values: Any, option_string: str | None = None,
+    ) -> None:  # fmt: skip
+        super().__call__(parser, namespace, values, option_string)
+        _note_given(namespace, self.dest)
+
+
+def given(args: argparse.Namespace) -> frozenset[str]:
+    """The options (field names) the user put on the command line; the others hold defaults."""
+    return frozenset(vars(args).get(_GIVEN, ()))
+
+
+def with_defaults(args: argparse.Namespace, defaults: Mapping[str, object]) -> argparse.Namespace:
+    """``args`` with ``defaults`` (field name -> value) for the options the user did not give.
+
+    A name that is not an option of the command, or a value of another type than the option's
+    own default, is a bug in the caller's table and raises (``KeyError``, ``TypeError``).
+    """
+    out = argparse.Namespace(**vars(args))
+    for name, value in defaults.items():
+        if name == _GIVEN or not hasattr(args, name):
+            raise KeyError(f"{name!r} is not an option of this command")
+        current = getattr(args, name)
+        if current is not None and type(value) is not type(current):
+            raise TypeError(f"default for --{name.replace('_', '-')} is {value!r}, expected a {type(current).__name__}")
+        if name not in given(args):
+            setattr(out, name, value)
+    return out
 
 
 def option(default: Any, help: str, **extra: Any) -> Any:
@@ -94,13 +148,14 @@ def add_arguments(
         help_text = described + (f" (default: {shown})" if shown != "" else "")
         if tp is bool:
             parser.add_argument(
-                *flags, dest=f.name, action=argparse.BooleanOptionalAction,
+                *flags, dest=f.name, action=_StoreFlag,
                 default=default, help=described,
             )  # fmt: skip
             continue
         conv, _ = _converter(tp)
         kwargs: dict[str, Any] = {
             "dest": f.name,
+            "action": _Store,
             "type": conv,
             "default": default,
             "help": help_text,

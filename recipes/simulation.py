@@ -20,7 +20,7 @@ from fedper import weights
 from fedper.aggregate import FedAvg
 from fedper.baselines import per_client_accuracy
 from fedper.config_cli import nested, option
-from fedper.data import DataConfig, FederatedData, load_federated, to_tensor
+from fedper.data import DataConfig, load_federated, to_tensor
 from fedper.eager_trainer import EagerTrainer
 from fedper.errors import ConfigError
 from fedper.local_training import batch_order_rng, evaluate, train
@@ -79,15 +79,23 @@ class _Client:
 ProgressFn = Callable[[str, int, int], None]
 
 
-def model_config(sim: SimulationConfig, fed: FederatedData) -> ModelConfig:
+StartFn = Callable[[ModelConfig, list[int]], None]
+
+
+def model_config(sim: SimulationConfig, num_classes: int, input_size: int) -> ModelConfig:
     return ModelConfig(
         name=sim.model,
-        num_classes=fed.dataset.num_classes,
+        num_classes=num_classes,
         alpha=sim.alpha,
-        input_size=fed.dataset.image_size,
+        input_size=input_size,
         base=sim.base,
         linear_base_kp=sim.kp if sim.base == "linear" else 0,
     )
+
+
+def clients_per_round(sim: SimulationConfig, num_clients: int) -> int:
+    """How many clients train in each round (``fraction`` of them, at least one)."""
+    return max(1, round(sim.fraction * num_clients))
 
 
 def shared_names(sim: SimulationConfig, algorithm: str, model: torch.nn.Module) -> tuple[str, ...]:
@@ -101,13 +109,17 @@ def shared_names(sim: SimulationConfig, algorithm: str, model: torch.nn.Module) 
     return s.base
 
 
-def run(sim: SimulationConfig, data: DataConfig, progress: ProgressFn | None = None) -> RunRecorder:
-    """Run every algorithm on the same clients and initial weights; write the run's files."""
+def run(
+    sim: SimulationConfig, data: DataConfig, progress: ProgressFn | None = None, on_start: StartFn | None = None
+) -> RunRecorder:
+    """Run every algorithm on the same clients and initial weights; write the run's files.
+    ``on_start`` gets the model config and each client's number of training samples once the
+    data is loaded, before any training (the command estimates the run's time with them)."""
     if sim.threads:
         torch.set_num_threads(sim.threads)
     fed = load_federated(data)
-    mcfg = model_config(sim, fed)
     ds = fed.dataset
+    mcfg = model_config(sim, ds.num_classes, ds.image_size)
     clients = []
     for i in range(len(fed.clients)):
         tr, te = fed.client_train(i), fed.client_test(i)
@@ -126,6 +138,8 @@ def run(sim: SimulationConfig, data: DataConfig, progress: ProgressFn | None = N
         "partition": fed.partition,
         "clients_train_samples": [c.num_samples for c in clients],
     }
+    if on_start is not None:
+        on_start(mcfg, config["clients_train_samples"])
     recorder = RunRecorder(config)
     recorder.baselines = per_client_accuracy(fed, data.seed)
     sim.out.mkdir(parents=True, exist_ok=True)
@@ -153,7 +167,7 @@ def _run_algorithm(
     personal = [{n: initial[n].clone() for n in personal_names} for _ in clients]
     trainer = EagerTrainer(model)
     rng = np.random.default_rng([seed, 20])
-    n_train = max(1, round(sim.fraction * len(clients)))
+    n_train = clients_per_round(sim, len(clients))
     for rnd in range(1, sim.rounds + 1):
         selected = set(rng.choice(len(clients), size=n_train, replace=False).tolist())
         fedavg = FedAvg(layout) if shared else None

@@ -10,7 +10,7 @@ import pytest
 
 from export.pipeline import ExportConfig
 from fedper import cli
-from fedper.config_cli import add_arguments, from_arguments
+from fedper.config_cli import add_arguments, from_arguments, given, option, with_defaults
 from fedper.errors import ConfigError, FedperError
 from fedper.manifest import TrainingDefaults
 from fedper.train_config import TrainConfig
@@ -80,3 +80,45 @@ def test_expected_errors_print_one_line_and_bugs_keep_their_traceback(monkeypatc
     parser._subparsers._group_actions[0].choices["report"].set_defaults(run=bug)  # type: ignore[union-attr]
     with pytest.raises(ValueError, match="an internal invariant broke"):
         cli.main(["report", "x"])
+
+
+def _parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser, SimulationConfig)
+    return parser.parse_args(argv)
+
+
+def test_the_options_given_are_told_apart_from_defaults():
+    args = _parse_args(["--batch-size", "32", "--rounds=3"])
+    assert given(args) == {"batch_size", "rounds"}  # --batch-size 32 is given even though 32 is its default
+    assert given(_parse_args([])) == frozenset()
+    assert given(_parse_args(["--algorithms", "fedper"])) == {"algorithms"}
+
+
+def test_other_defaults_fill_only_the_options_not_given():
+    args = with_defaults(_parse_args(["--batch-size", "32"]), {"batch_size": 4, "rounds": 35, "alpha": 1.0})
+    sim = from_arguments(SimulationConfig, args)
+    assert sim.training.batch_size == 32 and sim.rounds == 35 and sim.alpha == 1.0
+    # A nested config keeps its holder's defaults where neither the user nor the table set one.
+    assert sim.training.local_epochs == SimulationConfig().training.local_epochs
+    assert given(args) == {"batch_size"}
+
+
+def test_a_defaults_table_naming_no_option_or_the_wrong_type_is_refused():
+    with pytest.raises(KeyError, match="'image_size' is not an option"):
+        with_defaults(_parse_args([]), {"image_size": 224})
+    with pytest.raises(TypeError, match="--rounds is '35', expected a int"):
+        with_defaults(_parse_args([]), {"rounds": "35"})
+
+
+@dataclasses.dataclass(frozen=True)
+class _Flags:
+    verbose: bool = option(False, "say more")
+
+
+def test_a_boolean_flag_is_given_whichever_way_it_is_set():
+    parser = argparse.ArgumentParser()
+    add_arguments(parser, _Flags)
+    assert given(parser.parse_args(["--no-verbose"])) == {"verbose"}
+    assert from_arguments(_Flags, with_defaults(parser.parse_args(["--no-verbose"]), {"verbose": True})) == _Flags()
+    assert from_arguments(_Flags, with_defaults(parser.parse_args([]), {"verbose": True})) == _Flags(verbose=True)

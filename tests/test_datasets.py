@@ -1,9 +1,12 @@
+import json
 import pickle
+import re
 
 import numpy as np
 import pytest
 from PIL import Image
 
+from fedper.cli import main
 from fedper.data import (
     DataConfig,
     DatasetError,
@@ -198,3 +201,26 @@ def test_flickr_aes_bad_csv_is_a_clear_error(tmp_path):
     (tmp_path / flickr_aes.RATINGS_CSV).write_text("worker, imagePair, score\nA1, x.jpg, 9\n")
     with pytest.raises(DatasetError, match=r":2: score 9 outside 1..5"):
         flickr_aes.read_ratings(tmp_path / flickr_aes.RATINGS_CSV)
+
+
+def test_simulate_on_flickr_aes_files_takes_the_paper_setting_but_for_what_is_given(tmp_path, capsys):
+    _flickr(tmp_path, {"A1": [1, 2, 3, 4, 5] * 12, "A2": [1, 2, 3, 4, 5] * 14})
+    out = tmp_path / "run"
+    argv = ["simulate", "--dataset", "flickr-aes", "--data-root", str(tmp_path), "--out", str(out),
+            # Given for speed; batch size, local epochs and the rest stay the preset's.
+            "--users", "2", "--clients", "2", "--image-size", "32", "--alpha", "0.25", "--rounds", "1",
+            "--algorithms", "fedper", "--threads", "1"]  # fmt: skip
+    assert main(argv) == 0
+    config = json.loads((out / "results.json").read_text())["config"]
+    assert config["data"]["image_size"] == 32 and config["model"]["alpha"] == 0.25
+    training = {k: config["simulation"][k] for k in ("local_epochs", "batch_size", "learning_rate", "momentum")}
+    assert training == {"local_epochs": 4, "batch_size": 4, "learning_rate": 0.01, "momentum": 0.9}
+    assert config["simulation"]["rounds"] == 1
+    assert config["clients_train_samples"] == [48, 56]
+    err = " ".join(capsys.readouterr().err.split())
+    assert "flickr-aes: 2 clients, 32 px, mobilenet_v1 width 0.25, kp 2, 1 round x 4 local epochs, batch 4" in err
+    assert "conf/flickr.yaml: batch_size, local_epochs)" in err
+    # 48 and 56 samples in batches of 4, over 4 local epochs: (12 + 14) * 4 steps.
+    assert re.search(
+        r"estimate: about \d+ s on this machine \(\d+ ms per step x 104 steps per round x 1 round x 1 algorithm;", err
+    )

@@ -104,6 +104,9 @@ def test_cli_reports_bad_options_without_a_traceback(tmp_path, capsys):
     assert "unknown algorithm(s) ['fedsgd']" in capsys.readouterr().err
     assert main(["simulate", "--dataset", "cifar10", "--out", str(tmp_path / "x")]) == 2
     assert "--data-root" in capsys.readouterr().err
+    # A preset does not stand in for the data: FLICKR-AES still needs its files.
+    assert main(["simulate", "--dataset", "flickr-aes", "--out", str(tmp_path / "x")]) == 2
+    assert "dataset 'flickr-aes' reads local files: pass --data-root DIR" in capsys.readouterr().err
     assert not (tmp_path / "x").exists()
 
 

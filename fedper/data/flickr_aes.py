@@ -65,7 +65,7 @@ def eligible_workers(ratings: dict[str, list[tuple[str, int]]]) -> list[str]:
     return sorted(keep)
 
 
-def load(root: Path, num_workers: int = 30, seed: int = 0, image_size: int = 224) -> ImageDataset:
+def load(root: Path, num_workers: int, seed: int, image_size: int) -> ImageDataset:
     root = Path(root)
     ratings = read_ratings(root / RATINGS_CSV)
     eligible = eligible_workers(ratings)
