@@ -13,7 +13,7 @@ import httpx
 
 from device_runtime.retry import Backoff, TransientError, with_retries
 from fedper.errors import FedperError
-from fedper.protocol import Enrolled, EnrollmentRequest, ErrorCode, Header, Route, Task
+from fedper.protocol import Enrolled, EnrollmentRequest, ErrorCode, Header, Route, Status, Task
 
 
 class RunFinishedError(FedperError):
@@ -104,6 +104,13 @@ class ProtocolClient:
         if r.status_code != 200:
             raise self._refused(r)
         return Task.model_validate_json(r.content)
+
+    def status(self) -> Status:
+        """``GET /v1/status`` (no auth): the run's state and its newest model version."""
+        r = self._request("GET", Route.STATUS)
+        if r.status_code != 200:
+            raise self._refused(r)
+        return Status.model_validate_json(r.content)
 
     def download(self, path: str, etag: str | None = None) -> tuple[bytes | None, str]:
         """(body, etag); body is None when the cached copy (``etag``) is current (304)."""

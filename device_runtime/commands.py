@@ -103,6 +103,6 @@ def fleet(args: argparse.Namespace) -> int:
     out = config.out or config.storage / "results"
     final = recorder.final(config.label)
     if final:
-        print(f"{config.label}: final mean accuracy {final['final_mean_accuracy']:.4f} "
-              f"(round {final['final_round']}); wrote {out}", file=sys.stderr)  # fmt: skip
+        print(f"{config.label}: final mean accuracy {final['final_mean_accuracy']:.4f} ({final['final_point']}), "
+              f"last-5 mean {final['last5_mean_accuracy']:.4f}; wrote {out}", file=sys.stderr)  # fmt: skip
     return 0

@@ -3,6 +3,8 @@
 Round: task -> manifest/programs (once, cached by sha256) -> base (cached by ETag) -> load
 base + own head -> evaluate (``metric.accuracy``) -> train -> save head (atomic) -> upload
 the base only. The head never leaves this object except into the device's own storage.
+When the run is finished (410), a device that trained evaluates once more with the newest
+model version's base and its final head: the run's final point (:mod:`fedper.results`).
 """
 
 from __future__ import annotations
@@ -20,14 +22,23 @@ import torch
 
 from device_runtime.client import NoTask, ProtocolClient, RefusedError, RunFinishedError
 from device_runtime.device_storage import DeviceStorage
-from device_runtime.events import Dropped, Evaluated, Event, Finished, RoundReport, Training, Uploaded
+from device_runtime.events import (
+    Dropped,
+    Evaluated,
+    Event,
+    FinalEvaluated,
+    Finished,
+    RoundReport,
+    Training,
+    Uploaded,
+)
 from device_runtime.local_data import LocalData
 from device_runtime.retry import TransientError
 from fedper import weights
 from fedper.errors import FedperError
 from fedper.local_training import batch_order_rng, evaluate, train
 from fedper.manifest import MANIFEST_FILE, Manifest, read_manifest, sha256_file
-from fedper.protocol import ErrorCode, Metadata, Task, TaskConfig
+from fedper.protocol import ErrorCode, Metadata, Route, Task, TaskConfig
 from fedper.train_config import TrainConfig
 from fedper.trainer import Trainer
 
@@ -99,7 +110,7 @@ class Device:
             try:
                 task = self.client.task()
             except RunFinishedError:
-                self._emit(Finished())
+                self._finish()
                 break
             except TransientError as exc:
                 log.warning("device %s: %s; waiting", self.device_id, exc)
@@ -112,7 +123,7 @@ class Device:
             try:
                 report = self.run_round(task)
             except RunFinishedError:  # the operator stopped the run while this device trained
-                self._emit(Finished())
+                self._finish()
                 break
             except TransientError as exc:
                 log.warning("device %s: round %d failed: %s", self.device_id, task.round, exc)
@@ -125,9 +136,31 @@ class Device:
             reports.append(report)
         return reports
 
+    def _finish(self) -> None:
+        self.evaluate_final()
+        self._emit(Finished())
+
+    def evaluate_final(self) -> float | None:
+        """Score the test split with the newest model version's base (``GET /v1/status``) and
+        the head this device kept, as the simulation's final point; emits FinalEvaluated. None,
+        and nothing emitted, for a device that never trained (it has no head)."""
+        sha = self.storage.pinned_manifest()
+        head = self.storage.load_head(sha) if sha is not None else None
+        if sha is None or head is None:
+            return None
+        status = self.client.status()
+        manifest, trainer, (_x, y, xt, yt) = self._prepare(sha, Route.ARTIFACT.format(name=MANIFEST_FILE))
+        base = self._base(status.model_version, Route.MODEL_BASE.format(version=status.model_version), manifest)
+        with self._compute():
+            trainer.set_tensors(base)
+            trainer.set_tensors(head)
+            accuracy = evaluate(trainer, xt, yt)
+        self._emit(FinalEvaluated(status.round + 1, status.model_version, len(y), accuracy))
+        return accuracy
+
     def run_round(self, task: Task) -> RoundReport:
-        manifest, trainer, (x, y, xt, yt) = self._prepare(task)
-        base = self._base(task, manifest)
+        manifest, trainer, (x, y, xt, yt) = self._prepare(task.manifest_sha256, task.manifest_url)
+        base = self._base(task.model_version, task.base_url, manifest)
         sha = task.manifest_sha256
         head = self.storage.load_head(sha)
         rng = random.Random(hash((self.options.seed, self.options.client_id, task.round)))
@@ -174,14 +207,13 @@ class Device:
     def _compute(self) -> Any:
         return self._lock if self._lock is not None else contextlib.nullcontext()
 
-    def _prepare(self, task: Task) -> tuple[Manifest, Trainer, tuple[torch.Tensor, ...]]:
-        sha = task.manifest_sha256
+    def _prepare(self, sha: str, manifest_url: str) -> tuple[Manifest, Trainer, tuple[torch.Tensor, ...]]:
         if sha in self._trainers:
             return self._trainers[sha]
         pinned = self.storage.pinned_manifest()
         directory = self.storage.artifact_dir(sha)
         if not (directory / MANIFEST_FILE).exists():
-            (directory / MANIFEST_FILE).write_bytes(self.client.download_verified(task.manifest_url, sha))
+            (directory / MANIFEST_FILE).write_bytes(self.client.download_verified(manifest_url, sha))
         manifest = read_manifest(directory, verify_files=False)
         if pinned is not None and pinned != sha:
             old = read_manifest(self.storage.artifact_dir(pinned), verify_files=False)
@@ -202,12 +234,12 @@ class Device:
         self._trainers[sha] = prepared
         return prepared
 
-    def _base(self, task: Task, manifest: Manifest) -> dict[str, np.ndarray]:
-        path = self.storage.base_path(task.model_version)
-        etag = self.storage.base_etag(task.model_version) if path.exists() else None
-        body, new_etag = self.client.download(task.base_url, etag)
+    def _base(self, version: int, url: str, manifest: Manifest) -> dict[str, np.ndarray]:
+        path = self.storage.base_path(version)
+        etag = self.storage.base_etag(version) if path.exists() else None
+        body, new_etag = self.client.download(url, etag)
         if body is not None:
-            self.storage.save_base(task.model_version, body, new_etag)
+            self.storage.save_base(version, body, new_etag)
         return weights.load_checked([path], manifest.layout("base"))
 
     def _initial_head(self, sha: str, manifest: Manifest) -> dict[str, np.ndarray]:

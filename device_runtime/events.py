@@ -51,13 +51,27 @@ class Uploaded:
 
 
 @dataclass(frozen=True)
+class FinalEvaluated:
+    """After the run finished: scored its test split with the final base and its own final head.
+
+    ``round`` is the server's last round + 1, the final point's number in results.json.
+    """
+
+    round: int
+    model_version: int
+    num_samples: int
+    accuracy: float
+    kind: ClassVar[str] = "final_evaluated"
+
+
+@dataclass(frozen=True)
 class Finished:
     """The server answered 410: the run is over."""
 
     kind: ClassVar[str] = "finished"
 
 
-DeviceEvent = Evaluated | Dropped | Training | Uploaded | Finished
+DeviceEvent = Evaluated | Dropped | Training | Uploaded | FinalEvaluated | Finished
 Event = Callable[[DeviceEvent], None]
 
 

@@ -3,7 +3,8 @@
 Each worker process (one compute thread) runs its share of the devices as threads that
 take turns computing; each device has its own storage directory and data share and talks
 to the server over real HTTP. Devices report their metrics to the fleet, which shows a
-live view and writes results.json, metrics.csv and plots like ``fedper simulate``.
+live view and writes results.json, metrics.csv and plots like ``fedper simulate``,
+including the final point each device measures once the run is finished.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from device_runtime.events import (
     DeviceEvent,
     DeviceFailed,
     Dropped,
+    FinalEvaluated,
     Finished,
     Training,
     Uploaded,
@@ -198,6 +200,9 @@ def run_fleet(fleet: FleetConfig, data: DataConfig, enrollment_key: str, recorde
                     progress.accuracy.setdefault(r.round, []).append(r.accuracy)
                     recorder.add(ClientRecord(fleet.label, r.round, client_id, r.num_samples,
                                               r.accuracy, r.accuracy_after, r.train_loss))  # fmt: skip
+                case FinalEvaluated(round=number, num_samples=n, accuracy=accuracy):
+                    progress.accuracy.setdefault(number, []).append(accuracy)
+                    recorder.add(ClientRecord(fleet.label, number, client_id, n, accuracy, final=True))
                 case Dropped():
                     progress.dropped += 1
                 case Finished():

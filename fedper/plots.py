@@ -1,4 +1,5 @@
-"""PNG plots of a run: accuracy per round with the per-client spread, final accuracy per client."""
+"""PNG plots of a run: accuracy per evaluation point with the per-client spread (the last point,
+marked, is the final evaluation after the last round), final accuracy per client."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import io
 import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
 from fedper.atomic_write import atomic_write_bytes
 from fedper.results import RunRecorder
@@ -39,8 +41,11 @@ def plot_run(recorder: RunRecorder, out: Path, title: str = "") -> list[Path]:
         color = COLORS.get(algorithm)
         ax.plot(rounds, mean, label=algorithm, color=color, lw=2)
         ax.fill_between(rounds, mean - std, mean + std, color=color, alpha=0.18, lw=0)
-    ax.set_xlabel("round")
-    ax.set_ylabel("client accuracy (own test split, before local training)")
+        final = [i for i, r in enumerate(rows) if r.get("final")]
+        ax.plot(rounds[final], mean[final], "D", color=color, ms=6)
+    ax.set_xlabel("round (diamond: the final evaluation, after the last round)")
+    ax.set_ylabel("client accuracy (own test split,\nat the start of the round)")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_ylim(0, 1)
     ax.grid(alpha=0.3)
     ax.legend(title="mean ± std across clients")
@@ -61,12 +66,14 @@ def plot_run(recorder: RunRecorder, out: Path, title: str = "") -> list[Path]:
             label=algorithm,
             color=COLORS.get(algorithm),
         )
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("client")
     ax.set_ylabel("final accuracy")
     ax.set_ylim(0, 1)
     ax.grid(axis="y", alpha=0.3)
     ax.legend()
-    ax.set_title("Final accuracy per client")
+    points = {recorder.final(a).get("final_point", "") for a in recorder.algorithms}
+    ax.set_title("Final accuracy per client" + (f" ({points.pop()})" if len(points) == 1 else ""))
     _save(fig, paths[1])
     return paths
 

@@ -2,7 +2,13 @@
 
 Shared by ``fedper simulate`` and ``fedper fleet`` so both report the same way:
 ``results.json`` (config, per-round summaries, final summary), ``metrics.csv``
-(one row per client per round) and PNG plots.
+(one row per client per evaluation point) and PNG plots.
+
+Evaluation points: round r's point is each client's accuracy at the start of round r (the
+received base + its own head, before local training), and one more, the *final* point, is
+recorded after the last round's aggregation under round number N + 1 (N = the last round):
+the final base + each client's final head. It is the one record with ``final=True``, and the
+headline (:meth:`RunRecorder.final`).
 """
 
 from __future__ import annotations
@@ -27,12 +33,19 @@ CSV_FIELDS = (
     "accuracy",
     "accuracy_after",
     "train_loss",
+    "final",
 )
+LAST_POINTS = 5  # last5_mean_accuracy averages over this many evaluation points
 
 
 @dataclass(frozen=True)
 class ClientRecord:
-    """One client's numbers in one round; ``accuracy`` is measured before local training."""
+    """One client's numbers at one evaluation point.
+
+    In round r: ``accuracy`` at the start of the round, before local training; ``accuracy_after``
+    and ``train_loss`` if it trained. ``final``: the evaluation after the last round N's
+    aggregation (final base + the client's final head), recorded as round N + 1 with neither.
+    """
 
     algorithm: str
     round: int
@@ -41,6 +54,12 @@ class ClientRecord:
     accuracy: float
     accuracy_after: float | None = None
     train_loss: float | None = None
+    final: bool = False
+
+
+def point_label(round_number: int, final: bool) -> str:
+    """How a report names an evaluation point: "after round N" for the final one."""
+    return f"after round {round_number - 1}" if final else f"start of round {round_number}"
 
 
 class RunRecorder:
@@ -71,6 +90,9 @@ class RunRecorder:
         for rnd in sorted(by_round):
             recs = by_round[rnd]
             row: dict[str, Any] = {"round": rnd, "clients": len(recs)}
+            if any(r.final for r in recs):
+                row["final"] = True
+                row["after_round"] = rnd - 1
             for metric in ("accuracy", "accuracy_after", "train_loss"):
                 pairs = [
                     (getattr(r, metric), r.num_samples)
@@ -84,19 +106,54 @@ class RunRecorder:
         return out
 
     def final(self, algorithm: str) -> dict[str, Any]:
-        """The headline: each client's accuracy in the last round, before local training."""
+        """The headline: each client's accuracy at the final evaluation point, after the last
+        round's aggregation (final base + its own final head), summarized across clients.
+
+        ``final_round`` is that point's round number in metrics.csv and ``rounds`` (the last
+        round N + 1), ``final_after_round`` is N, ``final_point`` says it in words. A run
+        without a final point (e.g. a fleet whose devices all failed before it) falls back to
+        the last round's start-of-round accuracy, and ``final_point`` says so.
+        Plus :meth:`last_points` (``last5_*``).
+        """
         recs = self._records[algorithm]
         if not recs:
             return {}
-        last = max(r.round for r in recs)
-        final = sorted((r for r in recs if r.round == last), key=lambda r: r.client)
-        s = summarize([r.accuracy for r in final], [r.num_samples for r in final])
+        finals = [r for r in recs if r.final]
+        last = max(r.round for r in finals or recs)
+        chosen = sorted((r for r in finals or recs if r.round == last), key=lambda r: r.client)
+        s = summarize([r.accuracy for r in chosen], [r.num_samples for r in chosen])
         return {
             "final_round": last,
+            "final_after_round": last - 1 if finals else None,
+            "final_point": point_label(last, bool(finals)),
             "final_mean_accuracy": s.mean,
             "final_weighted_mean_accuracy": s.weighted_mean,
             "final_std": s.std,
-            "final_per_client": {str(r.client): r.accuracy for r in final},
+            "final_per_client": {str(r.client): r.accuracy for r in chosen},
+            **self.last_points(algorithm),
+        }
+
+    def last_points(self, algorithm: str) -> dict[str, Any]:
+        """A headline less sensitive to one round's noise: ``last5_mean_accuracy`` is the mean
+        over clients of each client's mean accuracy over the run's last 5 (``LAST_POINTS``)
+        evaluation points (the 5 largest round numbers with any record, the final point included;
+        a client missing at some of them is averaged over those it has), ``last5_std`` the
+        population std of those per-client means, ``last5_rounds`` the round numbers used."""
+        recs = self._records[algorithm]
+        points = sorted({r.round for r in recs})[-LAST_POINTS:]
+        per_client: dict[int, list[float]] = defaultdict(list)
+        for r in recs:
+            if r.round in points and math.isfinite(r.accuracy):
+                per_client[r.client].append(r.accuracy)
+        if not per_client:
+            return {}
+        means = {c: sum(v) / len(v) for c, v in sorted(per_client.items())}
+        s = summarize(list(means.values()))
+        return {
+            "last5_mean_accuracy": s.mean,
+            "last5_std": s.std,
+            "last5_rounds": points,
+            "last5_per_client": {str(c): m for c, m in means.items()},
         }
 
     def baseline_summary(self) -> dict[str, dict[str, Any]]:

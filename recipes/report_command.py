@@ -28,13 +28,23 @@ def _mean_at(rows: list[dict[str, Any]], rnd: int) -> str:
     return "-"
 
 
+def _last5(final: dict[str, Any]) -> str:
+    """The last-5-points mean and std; "-" for a results.json written before they existed."""
+    if "last5_mean_accuracy" not in final:
+        return " - | - |"
+    return f" {final['last5_mean_accuracy']:.3f} | {final['last5_std']:.3f} |"
+
+
 def markdown_table(run_dirs: list[Path], at_rounds: tuple[int, ...] = (10, 20)) -> str:
-    """One row per algorithm per run: the final accuracy summary, and the mean at given rounds;
-    then one row per baseline computed on the run's own split (fedper.baselines)."""
+    """One row per algorithm per run: the final accuracy summary (after the last round; its
+    ``final_point`` says when, for runs written before the final point existed), the mean over
+    the last 5 evaluation points, and the mean at the start of given rounds; then one row per
+    baseline computed on the run's own split (fedper.baselines)."""
     extra = "".join(f" round {r} |" for r in at_rounds)
     lines = [
-        f"| run | algorithm | kp | base |{extra} final mean acc | weighted | std |",
-        "|---|---|---|---|" + "---|" * len(at_rounds) + "---|---|---|",
+        f"| run | algorithm | kp | base |{extra} final mean acc | weighted | std | last-5 mean | last-5 std |"
+        " final at |",
+        "|---|---|---|---|" + "---|" * len(at_rounds) + "---|---|---|---|---|---|",
     ]
     for run_dir in run_dirs:
         results = load_results(run_dir)
@@ -43,16 +53,18 @@ def markdown_table(run_dirs: list[Path], at_rounds: tuple[int, ...] = (10, 20)) 
             kp = {"fedper": sim.get("kp", ""), "fedavg": 0}.get(algorithm, "-")
             rows = results.get("rounds", {}).get(algorithm, [])
             at = "".join(f" {_mean_at(rows, r)} |" for r in at_rounds)
+            point = final.get("final_point") or f"start of round {final['final_round']}"
             lines.append(
                 f"| {Path(run_dir).name} | {algorithm} | {kp} | {sim.get('base', 'model')} |{at} "
                 f"{final['final_mean_accuracy']:.3f} | "
-                f"{final['final_weighted_mean_accuracy']:.3f} | {final['final_std']:.3f} |"
+                f"{final['final_weighted_mean_accuracy']:.3f} | {final['final_std']:.3f} |{_last5(final)} "
+                f"{point} |"
             )
         for name, b in results.get("baselines", {}).items():
             dashes = " - |" * len(at_rounds)
             lines.append(
                 f"| {Path(run_dir).name} | baseline: {name} | - | - |{dashes} "
-                f"{b['mean_accuracy']:.3f} | - | {b['std']:.3f} |"
+                f"{b['mean_accuracy']:.3f} | - | {b['std']:.3f} | - | - | - |"
             )
     return "\n".join(lines)
 

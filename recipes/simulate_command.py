@@ -75,7 +75,8 @@ def simulate(args: argparse.Namespace) -> int:
         title=f"{data.dataset}, {len(recorder.config['clients_train_samples'])} clients, "
         f"partition {recorder.config['partition']}, kp={sim.kp}"
     )
-    for col in ("algorithm", "final mean acc", "weighted", "std", "round"):
+    columns = ("algorithm", "final mean acc", "weighted", "std", "last-5 mean", "last-5 std", "final at")
+    for col in columns:
         table.add_column(col, justify="right" if col != "algorithm" else "left")
     for a in recorder.algorithms:
         f = recorder.final(a)
@@ -84,10 +85,12 @@ def simulate(args: argparse.Namespace) -> int:
             f"{f['final_mean_accuracy']:.4f}",
             f"{f['final_weighted_mean_accuracy']:.4f}",
             f"{f['final_std']:.4f}",
-            str(f["final_round"]),
+            f"{f['last5_mean_accuracy']:.4f}",
+            f"{f['last5_std']:.4f}",
+            f["final_point"],
         )
     for name, b in recorder.baseline_summary().items():
-        table.add_row(f"[dim]baseline: {name}[/]", f"{b['mean_accuracy']:.4f}", "", f"{b['std']:.4f}", "")
+        table.add_row(f"[dim]baseline: {name}[/]", f"{b['mean_accuracy']:.4f}", "", f"{b['std']:.4f}", "", "", "")
     Console().print(table)
     console.print(f"wrote {sim.out}/results.json, metrics.csv, plots ({time.perf_counter() - start:.0f} s)")
     return 0

@@ -3,7 +3,9 @@
 Every client trains from the received base plus its own personal tensors; the
 base is aggregated by the toolkit's one FedAvg (:class:`fedper.aggregate.FedAvg`).
 Accuracy is measured on each client's own test split with the model it holds at
-the start of the round, before local training, as Flower's reproduction does.
+the start of the round, before local training, as Flower's reproduction does, and
+once more after the last round's aggregation: the final point, the headline
+(:mod:`fedper.results`).
 """
 
 from __future__ import annotations
@@ -189,6 +191,11 @@ def _run_algorithm(
             global_shared = weights.to_torch(fedavg.result())
         if progress is not None:
             progress(algorithm, rnd, sim.rounds)
+    for cid, client in enumerate(clients):  # the final point: final base + own final head
+        trainer.set_tensors(global_shared)
+        trainer.set_tensors(personal[cid])
+        acc = evaluate(trainer, client.x_test, client.y_test)
+        recorder.add(ClientRecord(algorithm, sim.rounds + 1, cid, client.num_samples, acc, final=True))
     _write_state(sim.out / algorithm, global_shared, personal)
 
 

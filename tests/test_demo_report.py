@@ -17,16 +17,26 @@ def test_demo_report_is_self_contained_and_says_what_the_numbers_mean(tmp_path):
     recorder = RunRecorder({})
     rng = np.random.default_rng(0)
     for algorithm, level in (("fedper", 0.45), ("fedavg", 0.35)):
-        for rnd in range(1, 6):
+        for rnd in range(1, 7):  # rounds 1-5, then the final point after round 5
             for client in range(10):
                 acc = float(np.clip(level + rng.normal(0, 0.03), 0, 1))
-                recorder.add(ClientRecord(algorithm, rnd, client, 100, acc, acc, 1.0))
+                if rnd == 6:
+                    recorder.add(ClientRecord(algorithm, rnd, client, 100, acc, final=True))
+                else:
+                    recorder.add(ClientRecord(algorithm, rnd, client, 100, acc, acc, 1.0))
     recorder.write(tmp_path)
     results = json.loads((tmp_path / "results.json").read_text())
-    results["demo"] = {"step_ms": 87.0, "timings": {"total": 500.0}, "traffic": {"fedper": {"up": 10, "down": 20}},
+    results["demo"] = {"step_ms": 87.0, "timings": {"total": 500.0}, "traffic": {"fedper": {"up": 100, "down": 600}},
                        "export": {"sizes": {"train.pte": 123}}}  # fmt: skip
     results["demo"]["comparison"] = c = compare(results)
     assert c["difference"] == pytest.approx(0.10, abs=0.05) and c["devices_won"] >= 9
+    # The paired comparison is of the final point (after round 5), not of round 5's start.
+    finals = {a: {str(r.client): r.accuracy for r in recorder.records(a) if r.final} for a in ("fedper", "fedavg")}
+    assert c["difference"] == pytest.approx(
+        np.mean([finals["fedper"][k] - finals["fedavg"][k] for k in finals["fedper"]])
+    )
+    assert c["fedper_last_rounds"] == results["algorithms"]["fedper"]["last5_mean_accuracy"]
+    assert c["last_rounds"] == 5
     results["baselines"] = {"majority": {"mean_accuracy": 0.366, "std": 0.1, "per_client": {}}}
     page = render_report(DemoConfig(), results, tmp_path)
     assert "baseline: majority" in page and "0.366" in page
@@ -34,12 +44,17 @@ def test_demo_report_is_self_contained_and_says_what_the_numbers_mean(tmp_path):
     assert "RESULTS.md" not in page  # the report's claims come from its own numbers
     assert "beat one global model" in page and "FedPer wins on" in page
     assert page.count("data:image/png;base64,") == 2 and 'src="http' not in page
+    assert "<td>after round 5</td>" in page and "last 5 evaluation points" in page
+    fedper_row = f"<td>{results['algorithms']['fedper']['final_mean_accuracy']:.3f}</td>"
+    assert fedper_row + f"<td>{results['algorithms']['fedper']['final_weighted_mean_accuracy']:.3f}</td>" in page
+    assert f"<td>{results['algorithms']['fedper']['last5_mean_accuracy']:.3f}</td>" in page
+    # Per device per round: the final point is no round of traffic (5 rounds of 10 devices, not 6).
+    assert "<td>fedper</td><td>600</td><td>100</td><td>12</td><td>2</td>" in page
 
     # The same report for a run where FedPer does not win says so.
     for record in results["algorithms"]["fedavg"]["final_per_client"]:
         results["algorithms"]["fedavg"]["final_per_client"][record] = 0.9
-    for r in results["rounds"]["fedavg"]:
-        r["accuracy"]["mean"] = 0.9
+    results["algorithms"]["fedavg"]["last5_mean_accuracy"] = 0.9
     results["demo"]["comparison"] = compare(results)
     assert "did not beat FedAvg in this run" in render_report(DemoConfig(), results, tmp_path)
 

@@ -20,7 +20,7 @@ import pytest
 from device_runtime.client import ProtocolClient
 from device_runtime.device import Device, DeviceOptions
 from device_runtime.device_storage import DeviceStorage
-from device_runtime.events import RoundReport
+from device_runtime.events import DeviceEvent, FinalEvaluated, Finished, RoundReport
 from device_runtime.fleet import FleetConfig, run_fleet
 from device_runtime.local_data import share
 from device_runtime.network_faults import RecordingTransport
@@ -38,9 +38,14 @@ SERVER = {"rounds": 2, "target_clients": 3, "min_clients": 3, "local_epochs": 1,
 
 
 def _run_devices(
-    url: str, root: Path, options: list[DeviceOptions], transport: httpx.BaseTransport | None = None
+    url: str,
+    root: Path,
+    options: list[DeviceOptions],
+    transport: httpx.BaseTransport | None = None,
+    events: list[list[DeviceEvent]] | None = None,
 ) -> list[list[RoundReport]]:
-    """Devices as threads of this process (one compute lock, as in a fleet worker)."""
+    """Devices as threads of this process (one compute lock, as in a fleet worker); each
+    device's events go into ``events[i]`` when given."""
     lock = threading.Lock()
     reports: list[list[RoundReport]] = [[] for _ in options]
     errors: list[BaseException] = []
@@ -48,8 +53,9 @@ def _run_devices(
     def run(i: int) -> None:
         client = ProtocolClient(url, transport=transport)
         local = share(DATA, options[i].client_id)
+        on_event = events[i].append if events is not None else None
         device = Device(client, DeviceStorage(root / f"device_{i}"), lambda _m: local, options[i], ENROLL,
-                        compute_lock=lock)  # fmt: skip
+                        on_event, compute_lock=lock)  # fmt: skip
         try:
             reports[i] = device.run()
         except BaseException as exc:  # re-raised in the test thread
@@ -92,6 +98,7 @@ def fleet_runs(artifacts: Path, tmp_path_factory: pytest.TempPathFactory) -> dic
                 "records": recorder.records("fedper"),
                 "status": httpx.get(f"{server.url}/v1/status").json(),
                 "rounds": [_round(server.url, n) for n in (1, 2)],
+                "final_base": _latest_base(server.url),
                 "storage": fleet.storage,
                 "out": fleet.out,
             }
@@ -108,7 +115,7 @@ def test_fleet_runs_the_exported_program_over_http(fleet_runs, artifacts):
     assert run["status"]["devices"] == 3
     assert [r["state"] for r in run["rounds"]] == ["closed", "closed"]
     assert [r["received"] for r in run["rounds"]] == [3, 3]
-    records = run["records"]
+    records = [r for r in run["records"] if not r.final]
     assert sorted((r.round, r.client) for r in records) == [(n, c) for n in (1, 2) for c in range(3)]
     # Every device reported what it trained on: its own share's distinct training examples.
     for r in records:
@@ -130,6 +137,18 @@ def test_fleet_runs_the_exported_program_over_http(fleet_runs, artifacts):
         assert sorted(head) == sorted(manifest.head_names)
         assert not np.allclose(head["classifier.weight"], initial["classifier.weight"])
     assert not np.allclose(heads[0]["classifier.weight"], heads[1]["classifier.weight"])
+    # Once the run finished, every device scored the final base (version 2) with its final head:
+    # the final point (round 3 = after round 2), which is the headline.
+    finals = sorted((r for r in run["records"] if r.final), key=lambda r: r.client)
+    assert [(r.round, r.client) for r in finals] == [(3, c) for c in range(3)]
+    for r, head in zip(finals, heads, strict=True):
+        assert r.accuracy_after is None and r.num_samples == len(share(DATA, r.client).train)
+        assert r.accuracy == pytest.approx(_accuracy(artifacts, run["final_base"], head, r.client), abs=0.02)
+    headline = run["results"]["algorithms"]["fedper"]
+    assert headline["final_per_client"] == {str(r.client): r.accuracy for r in finals}
+    assert (headline["final_round"], headline["final_point"]) == (3, "after round 2")
+    assert headline["last5_rounds"] == [1, 2, 3]
+    assert run["results"]["rounds"]["fedper"][-1]["final"] is True
 
 
 def test_engines_and_simulation_agree(fleet_runs):
@@ -142,10 +161,14 @@ def test_engines_and_simulation_agree(fleet_runs):
     assert et.keys() == eager.keys() == sim.keys()
     table = {k: (sim[k].accuracy, eager[k].accuracy, et[k].accuracy, sim[k].train_loss, eager[k].train_loss,
                  et[k].train_loss) for k in sorted(sim)}  # fmt: skip
+    assert {k for k, r in sim.items() if r.final} == {k for k, r in et.items() if r.final} == {(3, c) for c in range(3)}
     for (rnd, _client), (acc_s, acc_e, acc_x, loss_s, loss_e, loss_x) in table.items():
         # Round 1 evaluates the exported initial weights: the same model everywhere.
         tol = 0.0 if rnd == 1 else 0.05
         assert abs(acc_e - acc_s) <= tol and abs(acc_x - acc_s) <= tol, table
+        if rnd == 3:  # the final point: evaluated, not trained
+            assert loss_s is loss_e is loss_x is None
+            continue
         # Eager PyTorch in a fleet computes what the simulation computes (one thread, same batches,
         # same FedAvg up to summation order).
         assert loss_e == pytest.approx(loss_s, rel=2e-3), table
@@ -189,7 +212,8 @@ def test_dropout_with_min_clients_closes_rounds_at_the_deadline(artifacts, tmp_p
     with serve(artifacts, tmp_path / "server", **config) as s:  # type: ignore[arg-type]
         options = [DeviceOptions(client_id=i, seed=0, max_idle_wait=0.5) for i in range(3)]
         options[2] = dataclasses.replace(options[2], dropout=1.0)  # quits every round after evaluating
-        reports = _run_devices(s.url, tmp_path / "devices", options, recording)
+        events: list[list[DeviceEvent]] = [[] for _ in options]
+        reports = _run_devices(s.url, tmp_path / "devices", options, recording, events)
         rounds = [_round(s.url, n) for n in (1, 2)]
         final = _latest_base(s.url)
     assert [len(r) for r in reports[:2]] == [2, 2]
@@ -204,17 +228,26 @@ def test_dropout_with_min_clients_closes_rounds_at_the_deadline(artifacts, tmp_p
     for name in manifest.base_names:
         expected = sum(w * t[name].astype(np.float64) for w, (t, _) in zip(n / n.sum(), decoded, strict=True))
         np.testing.assert_allclose(final[name], expected, rtol=1e-5, atol=1e-6)
+    # After the run, the two devices that trained evaluated the final base with their heads; the
+    # one that never trained has no head and skipped that final evaluation.
+    finals = [[e for e in device_events if isinstance(e, FinalEvaluated)] for device_events in events]
+    assert [[(e.round, e.model_version) for e in f] for f in finals] == [[(3, 2)], [(3, 2)], []]
+    assert all(isinstance(device_events[-1], Finished) for device_events in events)
+    sha = sha256_file(artifacts / "manifest.json")
+    head_0 = weights.load(tmp_path / "devices" / "device_0" / "heads" / f"{sha}.safetensors")
+    assert finals[0][0].accuracy == pytest.approx(_accuracy(artifacts, final, head_0), abs=0.02)
+    assert not (tmp_path / "devices" / "device_2" / "heads").exists()
 
 
-def _accuracy(artifacts: Path, base: dict[str, np.ndarray], head: dict[str, np.ndarray]) -> float:
-    """Client 0's test accuracy with this base and head, in eager PyTorch."""
+def _accuracy(artifacts: Path, base: dict[str, np.ndarray], head: dict[str, np.ndarray], client: int = 0) -> float:
+    """A client's test accuracy with this base and head, in eager PyTorch."""
     from device_runtime.device import make_trainer
     from fedper.local_training import evaluate
 
     manifest = read_manifest(artifacts)
     trainer = make_trainer("eager", artifacts, manifest)
     trainer.set_tensors(weights.to_torch({**base, **head}))
-    _, _, x_test, y_test = share(DATA, 0).tensors(manifest)
+    _, _, x_test, y_test = share(DATA, client).tensors(manifest)
     return evaluate(trainer, x_test, y_test)
 
 

@@ -4,11 +4,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from fedper import weights
 from fedper.cli import main
-from fedper.data import DataConfig
+from fedper.data import DataConfig, load_federated, to_tensor
+from fedper.eager_trainer import EagerTrainer
+from fedper.local_training import evaluate
 from fedper.models import ModelConfig, build_model, split
+from fedper.models.split import exchanged_names
 from fedper.train_config import TrainConfig
 from recipes.simulation import SimulationConfig, run
 
@@ -38,15 +42,24 @@ def test_run_writes_metrics_plots_and_reusable_weights(strongly_non_iid_run):
     assert set(results["baselines"]) == {"majority"}
     assert len(results["baselines"]["majority"]["per_client"]) == 10
     assert results["algorithms"]["fedper"]["final_mean_accuracy"] > results["baselines"]["majority"]["mean_accuracy"]
-    assert [r["round"] for r in results["rounds"]["fedper"]] == [1, 2, 3, 4, 5]
+    # Rounds 1-5 at their start, then the final point after round 5's aggregation.
+    assert [r["round"] for r in results["rounds"]["fedper"]] == [1, 2, 3, 4, 5, 6]
+    assert [r.get("final", False) for r in results["rounds"]["fedper"]] == [False] * 5 + [True]
+    assert results["rounds"]["fedper"][-1]["after_round"] == 5
+    assert "accuracy_after" not in results["rounds"]["fedper"][-1]
+    assert results["algorithms"]["fedper"]["final_round"] == 6
+    assert results["algorithms"]["fedper"]["final_point"] == "after round 5"
+    assert results["algorithms"]["fedper"]["last5_rounds"] == [2, 3, 4, 5, 6]
     first = results["rounds"]["fedper"][0]
     assert set(first) >= {"accuracy", "accuracy_after", "train_loss"}
     assert set(first["accuracy"]) == {"mean", "weighted_mean", "std", "count"}
     with (out / "metrics.csv").open() as f:
         rows = list(csv.DictReader(f))
-    assert len(rows) == 2 * 5 * 10
+    assert len(rows) == 2 * 6 * 10
     assert {r["algorithm"] for r in rows} == {"fedper", "fedavg"}
-    last = [float(r["accuracy"]) for r in rows if r["algorithm"] == "fedper" and r["round"] == "5"]
+    last = [float(r["accuracy"]) for r in rows if r["algorithm"] == "fedper" and r["round"] == "6"]
+    assert {r["final"] for r in rows if r["round"] == "6"} == {"True"}
+    assert {r["final"] for r in rows if r["round"] != "6"} == {"False"}
     assert np.mean(last) == pytest.approx(results["algorithms"]["fedper"]["final_mean_accuracy"])
     for png in ("accuracy_per_round.png", "final_accuracy_per_client.png"):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -60,6 +73,51 @@ def test_run_writes_metrics_plots_and_reusable_weights(strongly_non_iid_run):
     # FedAvg shares everything: one global model, no personal tensors.
     assert set(weights.load(out / "fedavg" / "final_base.safetensors")) == set(s.names)
     assert not (out / "fedavg" / "heads").exists()
+
+
+def _reevaluate(out: Path, results: dict, data: DataConfig, algorithm: str) -> dict[str, float]:
+    """Each client's accuracy with the files the run saved for ``algorithm`` (final base + its
+    head), loaded into a freshly built model: independent of the simulation's own trainer."""
+    fed = load_federated(data)
+    model = build_model(ModelConfig(**results["config"]["model"]))
+    trainer = EagerTrainer(model)
+    base_file = out / algorithm / "final_base.safetensors"
+    base = weights.load(base_file) if base_file.exists() else {}
+    accuracies = {}
+    for cid in range(len(fed.clients)):
+        head_file = out / algorithm / "heads" / f"client_{cid:03d}.safetensors"
+        head = weights.load(head_file) if head_file.exists() else {}
+        assert set(base) | set(head) == set(exchanged_names(model))
+        trainer.set_tensors(weights.to_torch({**base, **head}))
+        test = fed.client_test(cid)
+        x = to_tensor(test.images, fed.dataset.mean, fed.dataset.std)
+        accuracies[str(cid)] = evaluate(trainer, x, torch.from_numpy(test.labels))
+    return accuracies
+
+
+def test_final_point_is_the_saved_final_model_after_the_last_round(tmp_path):
+    """The headline is measured after round 2's aggregation, with exactly the weights saved."""
+    sim = SimulationConfig(algorithms=("fedper", "fedavg", "local"), rounds=2, alpha=0.25,
+                           training=TrainConfig(local_epochs=1), threads=1, out=tmp_path)  # fmt: skip
+    data = DataConfig(dataset="digits", num_clients=3, classes_per_client=2, seed=0)
+    recorder = run(sim, data)
+    results = json.loads((tmp_path / "results.json").read_text())
+    for algorithm in sim.algorithms:
+        records = recorder.records(algorithm)
+        finals = [r for r in records if r.final]
+        assert sorted((r.round, r.client) for r in finals) == [(3, c) for c in range(3)]
+        assert all(r.accuracy_after is None and r.train_loss is None for r in finals)
+        headline = results["algorithms"][algorithm]
+        assert headline["final_per_client"] == _reevaluate(tmp_path, results, data, algorithm)
+        assert headline["final_per_client"] == {str(r.client): r.accuracy for r in finals}
+        assert (headline["final_round"], headline["final_after_round"]) == (3, 2)
+        round_2 = {str(r.client): r.accuracy for r in records if r.round == 2}
+        assert headline["final_per_client"] != round_2  # not the start of the last round
+        assert results["rounds"][algorithm][-1]["accuracy"]["mean"] == headline["final_mean_accuracy"]
+    # Local training's final model is the one each client had just after training in round 2.
+    local = recorder.records("local")
+    after_2 = {str(r.client): r.accuracy_after for r in local if r.round == 2}
+    assert results["algorithms"]["local"]["final_per_client"] == after_2
 
 
 def _tiny(out: Path, **kw) -> dict:
