@@ -8,7 +8,7 @@ INSTALLED := $(VENV)/.installed-test
 BENCH_INSTALLED := $(VENV)/.installed-bench
 DEMO_OUT ?= demo-out
 
-.PHONY: install demo test lint typecheck pytest android-test bench clean
+.PHONY: install demo test lint typecheck pytest android-test bench results clean
 
 install: $(INSTALLED)
 
@@ -46,6 +46,11 @@ android-test: $(INSTALLED)
 # which the checks use; each target's output is printed in one piece when it ends.
 test: $(INSTALLED)
 	$(MAKE) --no-print-directory -j2 --output-sync=target pytest lint typecheck android-test
+
+# Every table of docs/RESULTS.md, on 3 seeds, written into it (runs reused from runs/results).
+results: $(INSTALLED)
+	$(BIN)/python docs/scripts/data_figure.py docs/img/synth_users.png
+	$(BIN)/python -m recipes.results_suite --out runs/results --write docs/RESULTS.md
 
 bench: $(BENCH_INSTALLED)
 	$(BIN)/python -m bench

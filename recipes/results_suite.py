@@ -1,0 +1,178 @@
+"""``make results``: every experiment of docs/RESULTS.md on 3 seeds, and the tables it prints.
+
+Each experiment is one ``fedper simulate`` command per seed, run as a subprocess (two at a
+time, one torch thread each); a run whose ``results.json`` exists with the same command is
+reused, so an interrupted suite resumes. The tables give, over seeds, the mean +- std of
+the clients' mean final accuracy (after the last aggregation) and of the last-5 mean, and
+per-client paired differences against the other algorithms pooled over seeds (mean +- SE),
+and the baselines on the same splits. The tables replace the block between the markers in
+docs/RESULTS.md (``--write``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from fedper.atomic_write import atomic_write_text
+from fedper.errors import FedperError
+
+SEEDS = (0, 1, 2)
+BEGIN, END = "<!-- results:begin (make results) -->", "<!-- results:end -->"
+SYNTH = ("--dataset", "aesthetic-synth")
+DIGITS = ("--dataset", "digits", "--local-epochs", "2", "--rounds", "30")
+
+
+@dataclass(frozen=True)
+class Experiment:
+    """One row group of the tables: a name, its ``fedper simulate`` options and its table."""
+
+    name: str
+    table: str
+    options: tuple[str, ...]
+
+
+SWEEP = "aesthetic-synth: kp sweep and linear base"
+ALL3 = ("--algorithms", "fedper,fedavg,local")
+EXPERIMENTS: tuple[Experiment, ...] = (
+    Experiment("synth", "aesthetic-synth", (*SYNTH, *ALL3)),
+    Experiment("synth-kp1", SWEEP, (*SYNTH, "--algorithms", "fedper", "--kp", "1")),
+    Experiment("synth-kp3", SWEEP, (*SYNTH, "--algorithms", "fedper", "--kp", "3")),
+    Experiment("synth-linear", SWEEP, (*SYNTH, "--algorithms", "fedper", "--base", "linear")),
+    Experiment("digits-k4", "digits", (*DIGITS, "--classes-per-client", "4", *ALL3, "--kp", "2")),
+    Experiment("digits-k10", "digits", (*DIGITS, "--classes-per-client", "10", *ALL3, "--kp", "2")),
+)
+
+
+def _command(fedper: str, experiment: Experiment, seed: int, out: Path) -> list[str]:
+    return [fedper, "simulate", *experiment.options, "--seed", str(seed), "--threads", "1", "--out", str(out)]
+
+
+def _run_one(fedper: str, experiment: Experiment, seed: int, root: Path) -> Path:
+    out = root / f"{experiment.name}-seed{seed}"
+    command = _command(fedper, experiment, seed, out)
+    stamp = out / "command.json"
+    if (out / "results.json").exists() and stamp.exists() and json.loads(stamp.read_text()) == command[1:]:
+        return out
+    out.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    with (root / f"{out.name}.log").open("w") as log:
+        done = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, check=False)
+    if done.returncode != 0:
+        raise FedperError(f"{' '.join(command)} failed ({done.returncode}); see {root / out.name}.log")
+    atomic_write_text(stamp, json.dumps(command[1:]) + "\n")
+    print(f"  {out.name}: {time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
+    return out
+
+
+def run_all(fedper: str, root: Path, seeds: Sequence[int], jobs: int) -> dict[str, list[Path]]:
+    """Every experiment on every seed (longest first); experiment name -> run dirs, seed order."""
+    root.mkdir(parents=True, exist_ok=True)
+    work = [(e, s) for e in EXPERIMENTS for s in seeds]
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        dirs = list(pool.map(lambda es: _run_one(fedper, es[0], es[1], root), work))
+    out: dict[str, list[Path]] = {}
+    for (experiment, _), d in zip(work, dirs, strict=True):
+        out.setdefault(experiment.name, []).append(d)
+    return out
+
+
+def _load(run_dir: Path) -> dict[str, Any]:
+    results: dict[str, Any] = json.loads((run_dir / "results.json").read_text())
+    return results
+
+
+def _mean_std(values: Sequence[float]) -> str:
+    return f"{np.mean(values):.3f} ± {np.std(values):.3f}"
+
+
+def _paired(runs: list[dict[str, Any]], a: str, b: str) -> str:
+    """Per-client final differences a - b pooled over seeds: mean ± standard error (n pairs)."""
+    diffs = []
+    for r in runs:
+        pa, pb = r["algorithms"][a]["final_per_client"], r["algorithms"][b]["final_per_client"]
+        diffs += [pa[c] - pb[c] for c in pa if c in pb]
+    if len(diffs) < 2:
+        return "-"
+    se = float(np.std(diffs, ddof=1)) / math.sqrt(len(diffs))
+    wins = sum(d > 0 for d in diffs)
+    losses = sum(d < 0 for d in diffs)
+    return f"{np.mean(diffs):+.3f} ± {se:.3f} ({wins} won / {losses} lost of {len(diffs)})"
+
+
+def tables(runs_by_name: dict[str, list[Path]]) -> str:
+    """The markdown tables: one per EXPERIMENTS table, rows per experiment and algorithm."""
+    lines: list[str] = []
+    for table in dict.fromkeys(e.table for e in EXPERIMENTS):
+        lines += [f"**{table}** (seeds {', '.join(map(str, SEEDS))})", ""]
+        lines += [
+            "| run | algorithm | kp | base | final mean acc (mean ± std over seeds) | last-5 mean | "
+            "client std | paired difference per client (mean ± SE) |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        baselines: dict[str, list[float]] = {}
+        for experiment in (e for e in EXPERIMENTS if e.table == table):
+            runs = [_load(d) for d in runs_by_name[experiment.name]]
+            sim = runs[0]["config"]["simulation"]
+            algorithms = list(runs[0]["algorithms"])
+            for algorithm in algorithms:
+                finals = [r["algorithms"][algorithm] for r in runs]
+                kp = {"fedper": sim["kp"], "fedavg": 0}.get(algorithm, "-")
+                others = [o for o in algorithms if o != algorithm] if algorithm == "fedper" else []
+                paired = "; ".join(f"vs {o}: {_paired(runs, algorithm, o)}" for o in others) or "-"
+                lines.append(
+                    f"| {experiment.name} | {algorithm} | {kp} | {sim['base']} | "
+                    f"{_mean_std([f['final_mean_accuracy'] for f in finals])} | "
+                    f"{_mean_std([f['last5_mean_accuracy'] for f in finals])} | "
+                    f"{np.mean([f['final_std'] for f in finals]):.3f} | {paired} |"
+                )
+            if not baselines:
+                for name in runs[0].get("baselines", {}):
+                    baselines[name] = [r["baselines"][name]["mean_accuracy"] for r in runs]
+        for name, values in baselines.items():
+            lines.append(f"| same splits | baseline: {name} | - | - | {_mean_std(values)} | - | - | - |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def write_into(doc: Path, text: str) -> None:
+    """Replace the block between BEGIN and END in ``doc`` with ``text``."""
+    content = doc.read_text()
+    if BEGIN not in content or END not in content:
+        raise FedperError(f"{doc} has no '{BEGIN}' ... '{END}' block to replace")
+    head, rest = content.split(BEGIN, 1)
+    _, tail = rest.split(END, 1)
+    atomic_write_text(doc, f"{head}{BEGIN}\n{text}\n{END}{tail}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m recipes.results_suite", description=__doc__)
+    p.add_argument("--out", type=Path, default=Path("runs/results"), help="where the runs go")
+    p.add_argument("--jobs", type=int, default=2, help="runs at a time (each one torch thread)")
+    p.add_argument("--fedper", default=str(Path(sys.executable).with_name("fedper")), help="the fedper command")
+    p.add_argument("--write", type=Path, default=None, help="replace the tables block of this markdown file")
+    args = p.parse_args(argv)
+    start = time.perf_counter()
+    runs = run_all(args.fedper, args.out, SEEDS, args.jobs)
+    text = tables(runs)
+    atomic_write_text(args.out / "tables.md", text + "\n")
+    print(text)
+    if args.write is not None:
+        write_into(args.write, text)
+    print(f"{len(EXPERIMENTS) * len(SEEDS)} runs, {time.perf_counter() - start:.0f} s", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

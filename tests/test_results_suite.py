@@ -1,0 +1,57 @@
+"""make results' tables: seeds aggregated, per-client paired differences, the docs block replaced."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from fedper.errors import FedperError
+from recipes import results_suite
+from recipes.results_suite import EXPERIMENTS, tables, write_into
+
+
+def _fake_run(path: Path, per_client: dict[str, list[float]], kp: int = 2) -> Path:
+    algorithms = {
+        a: {
+            "final_mean_accuracy": sum(v) / len(v),
+            "last5_mean_accuracy": sum(v) / len(v) - 0.01,
+            "final_std": 0.1,
+            "final_per_client": {str(c): x for c, x in enumerate(v)},
+        }
+        for a, v in per_client.items()
+    }
+    results = {
+        "config": {"simulation": {"kp": kp, "base": "model"}},
+        "algorithms": algorithms,
+        "baselines": {"majority": {"mean_accuracy": 0.3, "std": 0.05, "per_client": {}}},
+    }
+    path.mkdir(parents=True)
+    (path / "results.json").write_text(json.dumps(results))
+    return path
+
+
+def test_tables_pool_paired_differences_over_seeds(tmp_path: Path) -> None:
+    runs: dict[str, list[Path]] = {}
+    for e in EXPERIMENTS:
+        runs[e.name] = [
+            _fake_run(tmp_path / f"{e.name}-{s}", {"fedper": [0.6, 0.5 + s / 10], "fedavg": [0.4, 0.5]})
+            for s in range(3)
+        ]
+    text = tables(runs)
+    # fedper - fedavg per client: seed s gives 0.2 and s/10 -> diffs 0.2, 0, 0.2, 0.1, 0.2, 0.2.
+    assert "vs fedavg: +0.150 ± 0.034 (5 won / 0 lost of 6)" in text
+    # Means over seeds of the clients' mean: 0.55, 0.6, 0.65.
+    assert "| synth | fedper | 2 | model | 0.600 ± 0.041 |" in text
+    assert "baseline: majority | - | - | 0.300 ± 0.000" in text
+
+
+def test_write_into_replaces_only_the_marked_block(tmp_path: Path) -> None:
+    doc = tmp_path / "RESULTS.md"
+    doc.write_text(f"intro\n{results_suite.BEGIN}\nold\n{results_suite.END}\noutro\n")
+    write_into(doc, "new table")
+    assert doc.read_text() == f"intro\n{results_suite.BEGIN}\nnew table\n{results_suite.END}\noutro\n"
+    (tmp_path / "other.md").write_text("no markers")
+    with pytest.raises(FedperError, match="no .* block"):
+        write_into(tmp_path / "other.md", "x")
