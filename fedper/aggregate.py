@@ -1,6 +1,13 @@
 """Sample-weighted FedAvg, streaming: updates are folded into a float64 accumulator as
-they arrive, so memory stays flat however many clients report (at most seven updates
+they are added, so memory stays flat however many clients report (at most seven updates
 wait to be folded together with the next one).
+
+The products n_i * w_i are exact in float64 (float16/32 weights, n_i < 2^29), but each
+addition rounds, so the float32 result can depend on the order of :meth:`FedAvg.add` by a
+rounding. A caller that needs the same bytes from the same updates adds them in an order
+of its own: the server in ascending sha256 of its stored file of each (``server/rounds.py``),
+the simulation by client index. The order of summation inside a group of 8 (one BLAS
+matrix-vector product) is fixed by the numpy/BLAS build and the CPU it runs on.
 
 This is the only FedAvg in the toolkit: the server and the in-process simulation
 both use :class:`FedAvg`. It needs numpy only, so the server runs without torch.

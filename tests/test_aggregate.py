@@ -27,7 +27,7 @@ def test_weighted_mean_equals_float64_reference():
     assert agg.total_samples == total and agg.count == 7
 
 
-def test_streaming_is_order_independent_and_equals_batch():
+def test_another_order_changes_at_most_the_last_rounding_and_equals_batch():
     rng = np.random.default_rng(1)
     updates = [(_update(rng), int(n)) for n in (3, 100, 7, 55)]
     forward, backward = FedAvg(LAYOUT), FedAvg(LAYOUT)
