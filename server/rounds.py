@@ -13,10 +13,10 @@ checks the 409 conditions and writes the canonical file into ``tmp/`` (outside t
 ``commit`` checks them again under the lock, then renames the file into the round's
 folder, records it, and closes the round if it is full.
 
-Closing aggregates the round's stored files, read one at a time, in a canonical order: by
-the sha256 of each file. The float64 sum of FedAvg depends on the order of its terms (by
-a rounding, which can reach the float32 result), so the new base depends only on the set
-of accepted updates: not on the order they arrived in, nor on the (random) device ids.
+Closing aggregates the round's stored files, read and folded one at a time, in a canonical
+order: by the sha256 of each file. The float64 sum of FedAvg depends on the order of its
+terms (by a rounding, which can reach the float32 result), so the new base depends only on
+the set of accepted updates: not on the order they arrived in, nor on the (random) device ids.
 """
 
 from __future__ import annotations
@@ -251,7 +251,7 @@ class RoundManager:
         current = self.db.round(number)
         assert current is not None and current.state == "open"
         updates = self.db.updates(number)
-        fedavg = FedAvg(self._layout)
+        fedavg = FedAvg(self._layout, group=1)  # one loaded update in memory at a time
         for update, tensors in self._stored(number):
             fedavg.add(tensors, update.num_samples)
         if fedavg.count < len(updates):
