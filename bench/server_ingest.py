@@ -10,11 +10,13 @@ Also the server's resident memory when idle (after start, before any upload) and
 time (process launch to the first answered ``/v1/health``). ``--serve-args ''`` and
 ``--name`` measure an older server for a before/after comparison.
 
-Then, in process (no HTTP), the median time of each step of one upload: checking, writing
-the server's canonical file, committing (``--no-phases`` skips it; ``--devices ''`` runs
-only it).
+Then, in process (no HTTP), ``--phase-uploads`` uploads into one round that closes with the
+last: the median time of each step of one upload (checking, writing the server's canonical
+file, committing), the time of closing the round (aggregation included) and of all commits
+together (``--no-phases`` skips it; ``--devices ''`` runs only it).
 
-Usage: python -m bench.server_ingest [--devices 1,10,50] [--uploads 100] [--serve-args ARGS] [--name NAME]
+Usage: python -m bench.server_ingest [--devices 1,10,50] [--uploads 100] [--phase-uploads 20]
+       [--serve-args ARGS] [--name NAME]
 """
 
 from __future__ import annotations
@@ -134,10 +136,13 @@ def measure(n: int, uploads: int, workdir: Path, serve_args: list[str]) -> dict[
     }
 
 
-def per_upload_phases(workdir: Path, uploads: int = 20) -> dict[str, float]:
-    """Median milliseconds of each step of one width-1.0 upload in process (no HTTP): checking
-    (strict header, the library's reading, data and finiteness), writing the canonical file
-    (with fsync), and the commit under the round lock."""
+def per_upload_phases(workdir: Path, uploads: int = 20) -> dict[str, dict[str, float]]:
+    """``uploads`` width-1.0 uploads in process (no HTTP) into a round that closes with the last.
+    Per upload, the median milliseconds of each step: checking (strict header, the library's
+    reading, data and finiteness), writing the canonical file (with fsync), and the commit
+    under the round lock (of the uploads before the last). Per round: the milliseconds spent
+    closing it (``aggregation_seconds``: aggregation, writing the new version, the database)
+    and those of all commits together, the closing one included (work under the round lock)."""
     import os
 
     from export.pipeline import write_server_only_export
@@ -154,8 +159,8 @@ def per_upload_phases(workdir: Path, uploads: int = 20) -> dict[str, float]:
     rng = np.random.default_rng(0)
     tensors = {name: rng.standard_normal(shape).astype(np.float32) for name, shape in manifest.layout("base")}
     body = weights.encode(tensors, {"num_samples": "10", "base_version": "0"})
-    config = ServerConfig(artifacts=artifacts, data_dir=workdir / "data-phases", target_clients=uploads + 1,
-                          round_timeout=0)  # fmt: skip
+    config = ServerConfig(artifacts=artifacts, data_dir=workdir / "data-phases", target_clients=uploads,
+                          min_clients=1, round_timeout=0)  # fmt: skip
     state = open_state(config)
     times: dict[str, list[float]] = {"check": [], "write_canonical": [], "commit": []}
     for i in range(uploads):
@@ -171,8 +176,15 @@ def per_upload_phases(workdir: Path, uploads: int = 20) -> dict[str, float]:
         t3 = time.perf_counter()
         for key, seconds in zip(times, (t1 - t0, t2 - t1, t3 - t2), strict=True):
             times[key].append(1000 * seconds)
+    assert state.rounds.snapshot.model_version == 1, "the round did not close"
+    close_ms = 1000 * state.rounds.aggregation_seconds
     state.db.close()
-    return {key: statistics.median(values) for key, values in times.items()}
+    commits_ms = sum(times["commit"])
+    times["commit"].pop()  # the closing one
+    return {
+        "per_upload_ms": {key: statistics.median(values) for key, values in times.items()},
+        "round_ms": {"uploads": uploads, "close": close_ms, "all_commits": commits_ms},
+    }
 
 
 def main() -> None:
@@ -184,6 +196,7 @@ def main() -> None:
         default="--max-inflight-uploads 64",
         help="extra options of fedper serve (50 uploads at once need more than the default 32 in flight)",
     )
+    parser.add_argument("--phase-uploads", type=int, default=20, help="uploads of the in-process round")
     parser.add_argument("--no-phases", action="store_true", help="skip the in-process per-upload timing")
     parser.add_argument("--name", default="server_ingest", help="results file name (bench/results/NAME.json)")
     args = parser.parse_args()
@@ -201,10 +214,13 @@ def main() -> None:
                 f"{100 * row['vs_minimal_handler']:.0f}% of the transport's limit",  # type: ignore[operator]
                 flush=True,
             )
-        phases = {} if args.no_phases else per_upload_phases(Path(tmp))
+        phases = {} if args.no_phases else per_upload_phases(Path(tmp), args.phase_uploads)
     if phases:
-        print("per upload, in process (median ms): " + ", ".join(f"{k} {v:.1f}" for k, v in phases.items()))
-    print("wrote", write_results(args.name, {"rows": rows, "per_upload_ms": phases}))
+        per_upload, per_round = phases["per_upload_ms"], phases["round_ms"]
+        print("per upload, in process (median ms): " + ", ".join(f"{k} {v:.1f}" for k, v in per_upload.items()))
+        print(f"round of {per_round['uploads']:.0f} uploads: closing {per_round['close']:.0f} ms, "
+              f"all commits (the closing one included) {per_round['all_commits']:.0f} ms")  # fmt: skip
+    print("wrote", write_results(args.name, {"rows": rows, **phases}))
 
 
 if __name__ == "__main__":

@@ -11,7 +11,12 @@ never runs ahead of or behind the database. Time comes from an injected clock.
 An upload goes through two steps so that a rejected one leaves nothing behind: ``stage``
 checks the 409 conditions and writes the canonical file into ``tmp/`` (outside the lock);
 ``commit`` checks them again under the lock, then renames the file into the round's
-folder, records it, folds it into the streaming FedAvg, and closes the round if it is full.
+folder, records it, and closes the round if it is full.
+
+Closing aggregates the round's stored files, read and folded one at a time, in a canonical
+order: by the sha256 of each file. The float64 sum of FedAvg depends on the order of its
+terms (by a rounding, which can reach the float32 result), so the new base depends only on
+the set of accepted updates: not on the order they arrived in, nor on the (random) device ids.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -81,7 +86,6 @@ class RoundManager:
         self._layout = manifest.layout("base")
         self.store = UpdateStore(data_dir, self._layout)
         self._lock = threading.RLock()
-        self._accumulator: FedAvg | None = None  # of the open round; rebuilt from its files when None
         self._bases: dict[int, dict[str, np.ndarray]] = {}  # model versions, for the update bound
         self.snapshot = Snapshot(False, 0, "open", 0, None, 0, 0)
         self.aggregation_seconds = 0.0
@@ -106,35 +110,42 @@ class RoundManager:
             assert current is not None
             open_round = current.round if current.state == "open" and not self._finished() else None
             if open_round is not None:
-                self._open_accumulator(open_round)
+                for _ in self._stored(open_round):  # quarantines what the loader refuses
+                    pass
             referenced = {u.file for u in self.db.updates(open_round)} if open_round is not None else set()
             self.store.remove_leftovers(open_round, {f for f in referenced if f is not None})
             self._refresh()
         self.tick()  # a deadline that passed while we were down, or a full round not yet closed
 
-    def _open_accumulator(self, number: int) -> FedAvg:
-        """The open round's accumulator; when there is none (at start, after a withdrawal or a
-        failure) rebuilt from its stored updates, read with the loader. A file the loader refuses
-        is quarantined and its row removed, so the round's count is recomputed."""
-        if self._accumulator is not None:
-            return self._accumulator
-        acc = FedAvg(self._layout)
+    def _stored(self, number: int) -> Iterator[tuple[StoredUpdate, dict[str, np.ndarray]]]:
+        """Round ``number``'s stored updates, read with the loader one at a time, in ascending
+        order of the sha256 of their files (then device id, for identical files). A file that
+        cannot be read or that the loader refuses is quarantined and its row removed, so the
+        round's count is recomputed and that device may upload again."""
+        keyed = []
         for update in self.db.updates(number):
             try:
                 if update.file is None:
                     raise FileNotFoundError("no file recorded")
+                keyed.append((self.store.digest(update.file), update.device_id, update))
+            except OSError as exc:
+                self._drop(update, exc)
+        for _, _, update in sorted(keyed, key=lambda k: k[:2]):
+            assert update.file is not None
+            try:
                 tensors = self.store.load(update.file)
             except (weights.WeightsError, OSError) as exc:
-                if update.file is not None:
-                    self.store.quarantine(update.file, str(exc))
-                with self.db.transaction() as conn:
-                    self.db.delete_update(conn, number, update.device_id)
-                log.warning(json.dumps({"event": "update_dropped", "round": number, "device": update.device_id,
-                                        "reason": str(exc)[:300]}))  # fmt: skip
+                self._drop(update, exc)
                 continue
-            acc.add(tensors, update.num_samples)
-        self._accumulator = acc
-        return acc
+            yield update, tensors
+
+    def _drop(self, update: StoredUpdate, exc: Exception) -> None:
+        if update.file is not None:
+            self.store.quarantine(update.file, str(exc))
+        with self.db.transaction() as conn:
+            self.db.delete_update(conn, update.round, update.device_id)
+        log.warning(json.dumps({"event": "update_dropped", "round": update.round, "device": update.device_id,
+                                "reason": str(exc)[:300]}))  # fmt: skip
 
     def _deadline(self, now: float) -> float | None:
         return now + self.config.round_timeout if self.config.round_timeout > 0 else None
@@ -202,17 +213,12 @@ class RoundManager:
                 if self.db.device_revoked(staged.device_id):
                     raise unauthorized("this device has been revoked")
                 self.check_conflicts(staged.device_id, staged.round, staged.upload)
-                acc = self._open_accumulator(staged.round)
                 try:
                     relative = self.store.commit(staged.temp, staged.round, staged.device_id)
                     update = StoredUpdate(staged.round, staged.device_id, staged.upload.num_samples,
                                           staged.upload.base_version, relative, staged.upload.metrics)  # fmt: skip
                     with self.db.transaction() as conn:
                         self.db.insert_update(conn, update, self.clock())
-                    acc.add(staged.upload.tensors, staged.upload.num_samples)
-                except BaseException:
-                    self._accumulator = None  # whatever happened, rebuild it from the database
-                    raise
                 finally:
                     self._refresh()
                 received = self.snapshot.received
@@ -236,12 +242,24 @@ class RoundManager:
             log.exception(json.dumps({"event": "round_close_failed", "round": number}))
 
     def _close(self, number: int, reason: str) -> None:
-        """Aggregate, write version v+1 durably, then record it and open the next round."""
+        """Aggregate, write version v+1 durably, then record it and open the next round.
+
+        If a stored update had to be dropped, the round stays open with its recomputed count,
+        as after a restart: whether it closes is decided again (a later upload, the deadline).
+        """
         start = time.perf_counter()
         current = self.db.round(number)
         assert current is not None and current.state == "open"
         updates = self.db.updates(number)
-        base = self._open_accumulator(number).result()
+        fedavg = FedAvg(self._layout, group=1)  # one loaded update in memory at a time
+        for update, tensors in self._stored(number):
+            fedavg.add(tensors, update.num_samples)
+        if fedavg.count < len(updates):
+            self._refresh()
+            log.warning(json.dumps({"event": "round_close_deferred", "round": number,
+                                    "dropped": len(updates) - fedavg.count}))  # fmt: skip
+            return
+        base = fedavg.result()
         version = current.model_version + 1
         target = self.models_dir / f"v{version}.safetensors"
         weights.save(target, base)  # temp file, fsync, rename, fsync directory
@@ -258,7 +276,6 @@ class RoundManager:
                     self.db.open_round(conn, number + 1, version, now, self._deadline(now))
         finally:
             self._refresh()
-        self._accumulator = None
         self.store.remove_round(number)
         self.aggregation_seconds += time.perf_counter() - start
         log.info(json.dumps({
@@ -274,7 +291,6 @@ class RoundManager:
                 self.db.open_round(conn, number + 1, version, now, self._deadline(now))
         finally:
             self._refresh()
-        self._accumulator = None
         self.store.remove_round(number)
         log.info(json.dumps({"event": "round_abandoned", "round": number, "model_version": version}))
 
@@ -312,7 +328,6 @@ class RoundManager:
                     self.db.set_meta(conn, "state", "finished")
             finally:
                 self._refresh()
-            self._accumulator = None
             if stopped:
                 self.store.remove_round(current.round)
         log.info(json.dumps({"event": "run_stopped", "round": current.round}))
@@ -330,7 +345,6 @@ class RoundManager:
                     self.db.delete_update(conn, current.round, device_id)
             finally:
                 self._refresh()
-            self._accumulator = None  # rebuilt from the remaining files: exact, no subtraction
             for file in files:
                 if file is not None:
                     self.store.remove_file(file)

@@ -24,6 +24,7 @@ from safetensors import SafetensorError, safe_open
 
 from fedper import weights
 from fedper.atomic_write import fsync_directory
+from fedper.manifest import sha256_file
 from fedper.weights import TensorSpec, WeightsError
 
 log = logging.getLogger("fedper.server")
@@ -87,6 +88,10 @@ class UpdateStore:
         os.replace(temp, final)
         fsync_directory(round_dir)
         return f"r{number}/{final.name}"
+
+    def digest(self, relative: str) -> str:
+        """The sha256 of a stored update's file: a key that depends on its content only."""
+        return sha256_file(self.updates_dir / relative)
 
     def load(self, relative: str) -> dict[str, np.ndarray]:
         """A stored update, read by the library and checked against the manifest (WeightsError if not)."""

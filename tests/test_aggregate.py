@@ -1,3 +1,5 @@
+import weakref
+
 import numpy as np
 import pytest
 
@@ -27,7 +29,7 @@ def test_weighted_mean_equals_float64_reference():
     assert agg.total_samples == total and agg.count == 7
 
 
-def test_streaming_is_order_independent_and_equals_batch():
+def test_another_order_changes_at_most_the_last_rounding_and_equals_batch():
     rng = np.random.default_rng(1)
     updates = [(_update(rng), int(n)) for n in (3, 100, 7, 55)]
     forward, backward = FedAvg(LAYOUT), FedAvg(LAYOUT)
@@ -119,3 +121,30 @@ def test_bad_updates_are_refused():
     with pytest.raises(AggregationError, match="no updates"):
         agg.result()
     assert agg.count == 0
+
+
+def test_a_group_of_one_folds_within_add_in_strict_sequence():
+    rng = np.random.default_rng(4)
+    updates = [(_update(rng), int(n)) for n in (3, 100, 7, 55, 2)]
+    agg = FedAvg(LAYOUT, group=1)
+    for u, n in updates:
+        agg.add(u, n)
+    acc = {name: np.zeros(shape) for name, shape in LAYOUT}
+    for u, n in updates:
+        for name, _ in LAYOUT:
+            acc[name] = acc[name] + n * u[name].astype(np.float64)  # each product exact
+    out = agg.result()
+    for name, _ in LAYOUT:
+        np.testing.assert_array_equal(out[name], (acc[name] / 167).astype(np.float32))
+    with pytest.raises(AggregationError, match="group"):
+        FedAvg(LAYOUT, group=0)
+
+
+@pytest.mark.parametrize(("group", "kept"), [(1, False), (8, True)])
+def test_only_a_group_of_one_lets_go_of_an_update_in_add(group, kept):
+    update = _update(np.random.default_rng(5))
+    large = weakref.ref(update["b.weight"])
+    agg = FedAvg(LAYOUT, group=group)
+    agg.add(update, 1)
+    del update
+    assert (large() is not None) == kept

@@ -350,9 +350,9 @@ def test_fifty_concurrent_width1_devices(tmp_path):
         for name, _ in manifest.layout("base")[:20]:
             np.testing.assert_allclose(v1[name], base[name].astype(np.float64) + shift, rtol=1e-6, atol=1e-6)
         # 40 more uploads of 8.7 MB each (350 MB) after the first 10: the server keeps at most
-        # the (up to 16, 10 of them already counted) uploads in flight plus a group of 8 pending
-        # in the accumulator, so its peak moves by 6 + 8 updates' worth plus allocator slack,
-        # well under the 40 it would if memory grew with the number of uploads.
+        # the (up to 16, 10 of them already counted) uploads in flight, and at close a group of
+        # 8 stored updates loaded for FedAvg, so its peak moves by about 6 + 8 updates' worth plus
+        # allocator slack, well under the 40 it would if memory grew with the number of uploads.
         update_mb = len(body0) / 2**20
         print(f"server peak RSS: start {rss_start:.0f} MB, after 10 {rss_10:.0f} MB, after 50 {rss_50:.0f} MB")
         assert rss_50 - rss_10 < 24 * update_mb, (rss_start, rss_10, rss_50)

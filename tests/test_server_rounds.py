@@ -164,3 +164,27 @@ def test_withdrawal_of_a_revoked_device_and_stop(server_artifacts, tmp_path):
         rounds.stage(c, 1, _upload(server_artifacts, 2))
     assert (finished.value.status, finished.value.code) == (410, "run_finished")
     assert _files(data) == []
+
+
+def test_an_update_unloadable_at_close_is_quarantined_and_the_round_stays_open(server_artifacts, tmp_path):
+    """The aggregate is computed from the stored files at close: one the loader refuses then is
+    dropped as at a restart, and whether the round closes is decided again on the new count."""
+    data, clock = tmp_path / "data", Clock()
+    state = _open(server_artifacts, data, clock, target_clients=3, min_clients=1)
+    a, b, c = _devices(state, 3)
+    rounds = state.rounds
+    rounds.commit(rounds.stage(a, 1, _upload(server_artifacts, 0, n=2)))
+    rounds.commit(rounds.stage(b, 1, _upload(server_artifacts, 1, n=3)))
+    (data / "updates" / "r1" / f"{a}.safetensors").write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{}      ")
+    assert rounds.commit(rounds.stage(c, 1, _upload(server_artifacts, 2, n=5))) == 3  # stored: its 202 stands
+    assert (rounds.snapshot.round, rounds.snapshot.state, rounds.snapshot.received) == (1, "open", 2)
+    assert [p.name.split(".")[0] for p in (data / "quarantine").iterdir()] == [f"r1-{a}"]
+    assert not (data / "models" / "v1.safetensors").exists()
+    assert rounds.commit(rounds.stage(a, 1, _upload(server_artifacts, 3, n=7))) == 3  # a sends again
+    assert (rounds.snapshot.round, rounds.snapshot.model_version) == (2, 1)
+    v1 = weights.load(data / "models" / "v1.safetensors")
+    parts = [(_upload(server_artifacts, seed).tensors, n) for seed, n in ((3, 7), (1, 3), (2, 5))]
+    for name, value in v1.items():
+        expected = sum(n * t[name].astype(np.float64) for t, n in parts) / 15
+        np.testing.assert_allclose(value, expected.astype(np.float32), rtol=1.2e-7, atol=1e-30)
+    assert _files(data) == []
