@@ -29,6 +29,7 @@ from fedper.protocol import Env
 from fedper.results import RunRecorder, config_json
 from fedper.train_config import TrainConfig
 from recipes.demo_report import compare, render_report
+from recipes.presets import SYNTH_LOCAL_EPOCHS, SYNTH_ROUNDS
 from server.process import ServerProcess
 
 console = Console(stderr=True)
@@ -38,8 +39,8 @@ console = Console(stderr=True)
 class DemoConfig:
     out: Path = option(Path("demo-out"), "where the report and results go")
     devices: int = option(10, "emulated devices (aesthetic-synth users)")
-    rounds: int = option(20, "federated rounds per algorithm")
-    training: TrainConfig = nested(lambda: TrainConfig(local_epochs=3), "as the server's tasks ask")
+    rounds: int = option(SYNTH_ROUNDS, "federated rounds per algorithm")
+    training: TrainConfig = nested(lambda: TrainConfig(local_epochs=SYNTH_LOCAL_EPOCHS), "as the server's tasks ask")
     images_per_user: tuple[int, int] = option((100, 200), "images each user rated, N or MIN-MAX")
     workers: int = option(0, "worker processes for the fleet (0 = one per core)")
     engine: str = option("executorch", "device training engine", choices=("executorch", "eager"))

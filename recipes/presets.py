@@ -27,7 +27,16 @@ class Preset:
     values: Mapping[str, int | float | str] = field(default_factory=dict)
 
 
+# The flagship setting: the demo's fleets and `fedper simulate --dataset aesthetic-synth` train
+# this long, so the simulation's tables and the demo's report measure the same thing.
+SYNTH_ROUNDS = 20
+SYNTH_LOCAL_EPOCHS = 3
+
 PRESETS: dict[str, Preset] = {
+    "aesthetic-synth": Preset(
+        source="the demo's setting",
+        values={"rounds": SYNTH_ROUNDS, "local_epochs": SYNTH_LOCAL_EPOCHS},
+    ),
     "flickr-aes": Preset(
         source=f"Flower's FedPer baseline, {FLOWER_FEDPER}/conf/flickr.yaml",
         values={
