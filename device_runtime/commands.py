@@ -37,13 +37,13 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
     from device_runtime.fleet import FleetConfig
 
     add_command(
-        sub, "device", device, [DataConfig, DeviceConfig],
+        sub, "device", device, [DataConfig, DeviceConfig], skip=("holdout_clients",),
         help="run one device (also on a real Linux board)",
         description="One device: takes part in rounds until the run is finished, training the "
         "exported program with its own data and keeping its personal head in --storage.",
     )  # fmt: skip
     add_command(
-        sub, "fleet", fleet, [DataConfig, FleetConfig], skip=("num_clients",),
+        sub, "fleet", fleet, [DataConfig, FleetConfig], skip=("num_clients", "holdout_clients"),
         help="emulate many devices against a running server",
         description="Emulated devices in worker processes against a running `fedper serve`; "
         "each has its own storage and data share (client i of --devices). Writes results.json, "

@@ -15,7 +15,9 @@ class EagerTrainer:
     """SGD with momentum on an eager model; ``trainable`` limits what the optimizer updates.
 
     Frozen tensors stay bit-identical: their BatchNorm running statistics are
-    restored after each step, as the exported program's caller would discard them.
+    restored after each step, as the exported program's caller would discard them. Frozen
+    parameters get no gradient (``requires_grad`` off), so a head-only step does not
+    backpropagate through the base (same numbers, half the time for kp=2).
     """
 
     def __init__(self, model: nn.Module, trainable: Sequence[str] | None = None):
@@ -28,6 +30,7 @@ class EagerTrainer:
         if unknown:
             raise KeyError(f"unknown trainable tensors: {sorted(unknown)[:3]}")
         self._trainable = [p for n, p in self._params.items() if n in trainable_set]
+        self._needs_grad = [(p, n in trainable_set) for n, p in self._params.items()]
         self._frozen_stats = [n for n in self._names if n not in self._params and n not in trainable_set]
         self._loss = nn.CrossEntropyLoss()
         self._optimizer: torch.optim.SGD | None = None
@@ -59,6 +62,8 @@ class EagerTrainer:
         if len(x) < 2:
             raise ValueError("BatchNorm cannot train on a batch of one; drop such batches")
         saved = {n: self._state[n].detach().clone() for n in self._frozen_stats}
+        for p, needed in self._needs_grad:  # set per step: another trainer may share the model
+            p.requires_grad_(needed)
         self.model.train()
         self._optimizer.zero_grad(set_to_none=True)
         loss = self._loss(self.model(x), y)

@@ -1,9 +1,11 @@
 """PNG plots of a run: accuracy per evaluation point with the per-client spread (the last point,
-marked, is the final evaluation after the last round), final accuracy per client."""
+marked, is the final evaluation after the last round), final accuracy per client, and (with
+held-out users) new users' accuracy against their number of rated photos."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import matplotlib
 
@@ -21,6 +23,14 @@ from fedper.results import RunRecorder
 COLORS = {"fedper": "tab:blue", "fedavg": "tab:orange", "local": "tab:green"}
 ACCURACY_PLOT = "accuracy_per_round.png"
 CLIENT_PLOT = "final_accuracy_per_client.png"
+NEW_USERS_PLOT = "new_users.png"
+VARIANT_STYLES = {
+    "fedper: head": ("tab:blue", "-"),
+    "fedper: head+base": ("tab:blue", "--"),
+    "fedavg: head": ("tab:orange", "-"),
+    "scratch": ("tab:gray", ":"),
+    "majority of N": ("black", ":"),
+}
 
 
 def _save(fig: Figure, path: Path) -> None:
@@ -75,7 +85,35 @@ def plot_run(recorder: RunRecorder, out: Path, title: str = "") -> list[Path]:
     points = {recorder.final(a).get("final_point", "") for a in recorder.algorithms}
     ax.set_title("Final accuracy per client" + (f" ({points.pop()})" if len(points) == 1 else ""))
     _save(fig, paths[1])
+    if recorder.new_users:
+        paths.append(out / NEW_USERS_PLOT)
+        plot_new_users(recorder.new_users, paths[-1])
     return paths
+
+
+def plot_new_users(new_users: dict[str, Any], path: Path) -> None:
+    """Accuracy against N, one line per variant, the standard error of the mean shaded."""
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for name, curve in new_users["curves"].items():
+        rows = [(int(n), r) for n, r in curve.items() if r["users"]]
+        sizes = np.array([n for n, _ in rows])
+        mean = np.array([r["mean"] for _, r in rows])
+        se = np.array([r["se"] or 0.0 for _, r in rows])
+        color, style = VARIANT_STYLES.get(name, (None, "-"))
+        ax.plot(sizes, mean, style, marker="o", ms=4, label=name, color=color, lw=2)
+        ax.fill_between(sizes, mean - se, mean + se, color=color, alpha=0.15, lw=0)
+    ax.set_xscale("symlog", linthresh=5)  # N=0 and the small N apart, 100 still on the page
+    ax.minorticks_off()
+    covered: dict[str, Any] = next(iter(new_users["curves"].values()), {})
+    ax.set_xticks([int(n) for n in covered])
+    ax.set_xticklabels([f"{n}\n({r['users']})" for n, r in covered.items()])
+    ax.set_xlabel("photos the new user rated, N (users covered)")
+    ax.set_ylabel("accuracy on the new user's test split")
+    ax.set_ylim(0, 1)
+    ax.grid(alpha=0.3)
+    ax.legend(title="mean ± s.e. across held-out users")
+    ax.set_title(f"New users: fine-tuning on their first N photos ({new_users['steps']} steps each)")
+    _save(fig, path)
 
 
 def _num_clients(recorder: RunRecorder) -> int:

@@ -69,6 +69,8 @@ class RunRecorder:
         self.config = config
         # name -> each client's accuracy on its own test split (fedper.baselines), client order
         self.baselines: dict[str, list[float]] = {}
+        # new users' accuracy against their number of photos (recipes/new_users.py), if measured
+        self.new_users: dict[str, Any] = {}
         self._records: dict[str, list[ClientRecord]] = defaultdict(list)
 
     def add(self, record: ClientRecord) -> None:
@@ -169,12 +171,15 @@ class RunRecorder:
         return out
 
     def summary(self) -> dict[str, Any]:
-        return {
+        out = {
             "config": self.config,
             "algorithms": {a: self.final(a) for a in self.algorithms},
             "baselines": self.baseline_summary(),
             "rounds": {a: self.rounds(a) for a in self.algorithms},
         }
+        if self.new_users:
+            out["new_users"] = self.new_users
+        return out
 
     def write(self, out: Path, plots: bool = True) -> None:
         out = Path(out)

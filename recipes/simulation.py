@@ -22,7 +22,7 @@ from fedper import weights
 from fedper.aggregate import FedAvg
 from fedper.baselines import per_client_accuracy
 from fedper.config_cli import nested, option
-from fedper.data import DataConfig, load_federated, to_tensor
+from fedper.data import DataConfig, FederatedData, load_federated, to_tensor
 from fedper.eager_trainer import EagerTrainer
 from fedper.errors import ConfigError
 from fedper.local_training import batch_order_rng, evaluate, train
@@ -30,6 +30,7 @@ from fedper.models import ModelConfig, build_model, exchanged_state, split
 from fedper.models.split import batchnorm_stat_names
 from fedper.results import ClientRecord, RunRecorder, config_json
 from fedper.train_config import TrainConfig
+from recipes.new_users import new_user_curves
 
 ALGORITHMS = ("fedper", "fedavg", "local")
 
@@ -54,6 +55,7 @@ class SimulationConfig:
     model: str = option("mobilenet_v1", "model", choices=("mobilenet_v1", "resnet34"))
     alpha: float = option(0.25, "MobileNet-V1 width multiplier")
     threads: int = option(0, "torch threads (0 = all cores)")
+    fine_tune_steps: int = option(50, "SGD steps each held-out user (--holdout-clients) trains for, at every N")
     out: Path = option(Path("runs/simulation"), "output directory")
 
     def __post_init__(self) -> None:
@@ -64,6 +66,8 @@ class SimulationConfig:
             raise ConfigError(f"--rounds must be >= 1, got {self.rounds}")
         if not 0 < self.fraction <= 1:
             raise ConfigError(f"fraction must be in (0, 1], got {self.fraction}")
+        if self.fine_tune_steps < 1:
+            raise ConfigError(f"--fine-tune-steps must be >= 1, got {self.fine_tune_steps}")
 
 
 @dataclass
@@ -148,7 +152,24 @@ def run(
     for algorithm in sim.algorithms:
         _run_algorithm(sim, mcfg, algorithm, clients, recorder, progress, data.seed)
         recorder.write(sim.out)  # keep what finished if a later algorithm crashes
+    if fed.holdout:
+        _new_users(sim, mcfg, fed, recorder, progress, data.seed)
     return recorder
+
+
+def _new_users(
+    sim: SimulationConfig,
+    mcfg: ModelConfig,
+    fed: FederatedData,
+    recorder: RunRecorder,
+    progress: ProgressFn | None,
+    seed: int,
+) -> None:
+    """The held-out users' accuracy against their number of rated photos (recipes/new_users.py)."""
+    recorder.new_users = new_user_curves(
+        fed, mcfg, sim.kp, sim.algorithms, sim.out, sim.training, sim.fine_tune_steps, seed, progress
+    )
+    recorder.write(sim.out)
 
 
 def _run_algorithm(

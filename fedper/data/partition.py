@@ -67,6 +67,24 @@ def by_user(groups: np.ndarray | None, num_clients: int, rng: np.random.Generato
     return [np.flatnonzero(groups == u) for u in chosen]
 
 
+def other_users(
+    groups: np.ndarray | None, taken: list[np.ndarray], count: int, rng: np.random.Generator
+) -> list[np.ndarray]:
+    """``count`` users drawn from those who own none of the ``taken`` samples: new users who never
+    took part in training. Its own generator, so the training clients do not depend on ``count``."""
+    if groups is None:
+        raise DatasetError("held-out users need a dataset with owners (users)")
+    used = np.unique(np.concatenate([groups[t] for t in taken])) if taken else np.array([], groups.dtype)
+    free = np.setdiff1d(np.unique(groups), used)
+    if count > len(free):
+        raise DatasetError(
+            f"{count} held-out users requested but only {len(free)} users are not training clients "
+            f"({len(used)} are); generate or draw more users (--users)"
+        )
+    chosen = np.sort(rng.choice(free, size=count, replace=False))
+    return [np.flatnonzero(groups == u) for u in chosen]
+
+
 def train_test(indices: np.ndarray, test_fraction: float, rng: np.random.Generator) -> ClientIndices:
     """Split one client's samples into local train and test (at least one of each)."""
     if not 0 < test_fraction < 1:

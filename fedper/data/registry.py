@@ -16,8 +16,10 @@ from fedper.data.partition import (
     classes_per_client,
     dirichlet,
     iid,
+    other_users,
     train_test,
 )
+from fedper.errors import ConfigError
 
 DATASETS: tuple[str, ...] = ("digits", "aesthetic-synth", "cifar10", "cifar100", "flickr-aes")
 PARTITIONS: tuple[str, ...] = ("auto", "classes", "dirichlet", "iid", "user")
@@ -43,21 +45,37 @@ class DataConfig:
     users: int = option(30, "aesthetic-synth users generated / FLICKR-AES workers drawn")
     images_per_user: tuple[int, int] = option((100, 200), "aesthetic-synth images rated per user, N or MIN-MAX")
     seed: int = option(0, "seed for data generation, partitioning and training")
+    holdout_clients: int = option(
+        0, "new users who never train with the federation, drawn from the users no client has "
+        "(user partition only); each gets a fine-tuning pool and a test split",
+    )  # fmt: skip
+
+    def __post_init__(self) -> None:
+        if self.holdout_clients < 0:
+            raise ConfigError(f"--holdout-clients must be >= 0, got {self.holdout_clients}")
 
 
 @dataclass(frozen=True)
 class FederatedData:
-    """A dataset and each client's share of it."""
+    """A dataset and each client's share of it; ``holdout``: the held-out users' shares, whose
+    ``train`` is the fine-tuning pool in the (seeded) order the user rates its photos."""
 
     dataset: ImageDataset
     clients: tuple[ClientIndices, ...]
     partition: str
+    holdout: tuple[ClientIndices, ...] = ()
 
     def client_train(self, client: int) -> ImageDataset:
         return self.dataset.subset(self.clients[client].train)
 
     def client_test(self, client: int) -> ImageDataset:
         return self.dataset.subset(self.clients[client].test)
+
+    def holdout_pool(self, user: int) -> ImageDataset:
+        return self.dataset.subset(self.holdout[user].train)
+
+    def holdout_test(self, user: int) -> ImageDataset:
+        return self.dataset.subset(self.holdout[user].test)
 
 
 @dataclass(frozen=True)
@@ -137,7 +155,30 @@ def partition(dataset: ImageDataset, config: DataConfig) -> FederatedData:
             clients.append(train_test(share, config.test_fraction, np.random.default_rng([config.seed, 11, i])))
         except DatasetError as exc:
             raise DatasetError(f"client {i}: {exc} (too many clients for this dataset?)") from exc
-    return FederatedData(dataset=dataset, clients=tuple(clients), partition=kind)
+    holdout = _holdout(dataset, config, kind, shares) if config.holdout_clients else ()
+    return FederatedData(dataset=dataset, clients=tuple(clients), partition=kind, holdout=holdout)
+
+
+def _holdout(
+    dataset: ImageDataset, config: DataConfig, kind: str, shares: list[np.ndarray]
+) -> tuple[ClientIndices, ...]:
+    """The held-out users: whole users outside the training clients, so only the user partition
+    has them (dealing extra shares of a class partition would change the training clients')."""
+    if kind != "user":
+        raise DatasetError(
+            f"--holdout-clients needs the 'user' partition (aesthetic-synth, flickr-aes), "
+            f"not {kind!r}: only whole users can be new to the federation"
+        )
+    users = other_users(dataset.groups, shares, config.holdout_clients, np.random.default_rng([config.seed, 12]))
+    out = []
+    for j, share in enumerate(users):
+        rng = np.random.default_rng([config.seed, 13, j])
+        try:
+            split = train_test(share, config.test_fraction, rng)
+        except DatasetError as exc:
+            raise DatasetError(f"held-out user {j}: {exc}") from exc
+        out.append(ClientIndices(train=rng.permutation(split.train), test=split.test))
+    return tuple(out)
 
 
 def load_federated(config: DataConfig) -> FederatedData:
