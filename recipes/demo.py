@@ -24,15 +24,19 @@ from device_runtime.training_program import check_exported, median_step_ms
 from export.pipeline import ExportConfig, run_export
 from fedper.atomic_write import atomic_write_text
 from fedper.config_cli import nested, option
-from fedper.data import DataConfig
+from fedper.data import DataConfig, load_federated
+from fedper.errors import ConfigError
+from fedper.models import ModelConfig
 from fedper.protocol import Env
 from fedper.results import RunRecorder, config_json
 from fedper.train_config import TrainConfig
 from recipes.demo_report import compare, render_report
+from recipes.new_users import FINAL_BASE, new_user_curves
 from recipes.presets import SYNTH_LOCAL_EPOCHS, SYNTH_ROUNDS
 from server.process import ServerProcess
 
 console = Console(stderr=True)
+DEMO_ALPHA, DEMO_INPUT_SIZE, DEMO_KP = 0.25, 32, 2  # the exported model: MobileNet-V1 width, pixels, kp
 
 
 @dataclass(frozen=True)
@@ -42,9 +46,22 @@ class DemoConfig:
     rounds: int = option(SYNTH_ROUNDS, "federated rounds per algorithm")
     training: TrainConfig = nested(lambda: TrainConfig(local_epochs=SYNTH_LOCAL_EPOCHS), "as the server's tasks ask")
     images_per_user: tuple[int, int] = option((100, 200), "images each user rated, N or MIN-MAX")
+    new_users: int = option(
+        3, "held-out users who never join a fleet; the report shows their accuracy against their number of "
+        "rated photos, from FedPer's and FedAvg's final models (0 = none)",
+    )  # fmt: skip
+    fine_tune_steps: int = option(50, "SGD steps each new user trains for, at every number of photos")
     workers: int = option(0, "worker processes for the fleet (0 = one per core)")
     engine: str = option("executorch", "device training engine", choices=("executorch", "eager"))
     seed: int = option(0, "seed for data, initial weights and training order")
+
+    def __post_init__(self) -> None:
+        if self.devices < 1 or self.rounds < 1:
+            raise ConfigError(f"--devices and --rounds must be >= 1, got {self.devices} and {self.rounds}")
+        if self.new_users < 0 or self.fine_tune_steps < 1:
+            raise ConfigError(
+                f"--new-users must be >= 0 and --fine-tune-steps >= 1, got {self.new_users} and {self.fine_tune_steps}"
+            )
 
 
 def _server(artifacts: Path, data_dir: Path, log: Path, config: DemoConfig, keys: dict[str, str]) -> ServerProcess:
@@ -59,6 +76,19 @@ def _server(artifacts: Path, data_dir: Path, log: Path, config: DemoConfig, keys
     return ServerProcess(artifacts, data_dir, options, env=keys, log=log)
 
 
+def _new_user_curves(config: DemoConfig, data: DataConfig, out: Path) -> dict[str, Any]:
+    """The held-out users' fine-tuning curves from each fleet's last model version (what the
+    server would ship to a new phone), as ``fedper simulate --holdout-clients`` computes them."""
+    for label in ("fedper", "fedavg"):
+        versions = sorted((out / f"server-{label}" / "models").glob("v*.safetensors"), key=lambda p: int(p.stem[1:]))
+        shutil.copyfile(versions[-1], out / label / FINAL_BASE)
+    mcfg = ModelConfig(name="mobilenet_v1", num_classes=5, alpha=DEMO_ALPHA, input_size=DEMO_INPUT_SIZE)
+    return new_user_curves(
+        load_federated(data), mcfg, DEMO_KP, ("fedper", "fedavg"), out, config.training, config.fine_tune_steps,
+        config.seed,
+    )  # fmt: skip
+
+
 def run_demo(config: DemoConfig) -> dict[str, Any]:
     out = config.out
     out.mkdir(parents=True, exist_ok=True)
@@ -67,7 +97,12 @@ def run_demo(config: DemoConfig) -> dict[str, Any]:
     console.print(f"[bold]1/4[/] exporting MobileNet-V1 width 0.25 for aesthetic-synth into {out / 'artifacts'} ...")
     exported = run_export(
         ExportConfig(
-            alpha=0.25, input_size=32, dataset="aesthetic-synth", kp=2, out=out / "artifacts", seed=config.seed
+            alpha=DEMO_ALPHA,
+            input_size=DEMO_INPUT_SIZE,
+            dataset="aesthetic-synth",
+            kp=DEMO_KP,
+            out=out / "artifacts",
+            seed=config.seed,
         ),
         check=check_exported,
     )
@@ -80,7 +115,9 @@ def run_demo(config: DemoConfig) -> dict[str, Any]:
     data = DataConfig(
         dataset="aesthetic-synth",
         partition="user",
-        users=config.devices,
+        users=config.devices + config.new_users,
+        num_clients=config.devices,
+        holdout_clients=config.new_users,
         images_per_user=config.images_per_user,
         seed=config.seed,
     )
@@ -121,7 +158,12 @@ def run_demo(config: DemoConfig) -> dict[str, Any]:
                 "down": int(server.metric("fedper_bytes_sent_total")),
             }
         timings[label] = time.perf_counter() - t
-    console.print("[bold]4/4[/] writing the report ...")
+    if config.new_users:
+        t = time.perf_counter()
+        console.print(f"[bold]4/4[/] {config.new_users} new users fine-tune FedPer's and FedAvg's final models ...")
+        recorder.new_users = _new_user_curves(config, data, out)
+        timings["new users"] = time.perf_counter() - t
+    console.print("writing the report ...")
     recorder.write(out)
     timings["total"] = time.perf_counter() - start
     summary = {

@@ -7,11 +7,13 @@ import html
 import os
 import statistics
 import string
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fedper.baselines import DESCRIPTIONS
 from fedper.errors import FedperError
+from fedper.plots import NEW_USERS_PLOT
 
 if TYPE_CHECKING:
     from recipes.demo import DemoConfig
@@ -54,6 +56,31 @@ def _against_baselines(fedper: float, baselines: dict[str, Any]) -> str:
         ceiling = baselines["per_client_features"]["mean_accuracy"]
         text += f"; a per-device model on the generator's own features, the ceiling, scores {ceiling:.3f}"
     return text + "."
+
+
+def _new_users_section(new_users: dict[str, Any] | None, img: Callable[[str], str]) -> str:
+    """New users' accuracy against their number of rated photos, as a plot and a table."""
+    if not new_users:
+        return ""
+    curves = new_users["curves"]
+    head = "".join(f"<th>{html.escape(name)}</th>" for name in curves)
+    rows = ""
+    for n in new_users["sizes"]:
+        cells = []
+        for curve in curves.values():
+            point = curve.get(str(n))
+            cells.append(
+                f"<td>{point['mean']:.3f} ± {point['se']:.3f}</td>" if point and point["users"] else "<td>-</td>"
+            )
+        users = max((c.get(str(n), {}).get("users", 0) for c in curves.values()), default=0)
+        rows += f"<tr><td>{n}</td><td>{users}</td>{''.join(cells)}</tr>"
+    return (
+        f"<h2>New users: how many ratings until the phone knows my taste?</h2><p>{len(new_users['users'])} users "
+        "who never joined a fleet get each final model and train on their first N rated photos "
+        f"({new_users['steps']} SGD steps whatever N); accuracy on their own test photos, mean ± standard error "
+        f'over users ("head": only the personal layers train).</p>{img(NEW_USERS_PLOT)}'
+        f"<table><tr><th>N photos</th><th>users</th>{head}</tr>{rows}</table>"
+    )
 
 
 def render_report(config: DemoConfig, results: dict[str, Any], out: Path) -> str:
@@ -106,6 +133,7 @@ def render_report(config: DemoConfig, results: dict[str, Any], out: Path) -> str
         for name, b in results.get("baselines", {}).items()
     )
     sizes = "".join(f"<tr><td>{html.escape(n)}</td><td>{s:,}</td></tr>" for n, s in demo["export"]["sizes"].items())
+    new_users = _new_users_section(results.get("new_users"), img)
     rounds_done = {a: sum(not r.get("final") for r in results["rounds"][a]) for a in algos}
     traffic = ""
     for a, t in demo["traffic"].items():
@@ -121,6 +149,7 @@ def render_report(config: DemoConfig, results: dict[str, Any], out: Path) -> str
         rows=rows,
         accuracy_plot=img("accuracy_per_round.png"),
         client_plot=img("final_accuracy_per_client.png"),
+        new_users=new_users,
         devices=config.devices,
         images_per_user=f"{config.images_per_user[0]}-{config.images_per_user[1]}",
         engine=html.escape(config.engine),

@@ -31,7 +31,7 @@ from fedper.errors import FedperError
 SEEDS = (0, 1, 2)
 BEGIN, END = "<!-- results:begin (make results) -->", "<!-- results:end -->"
 SYNTH = ("--dataset", "aesthetic-synth")
-DIGITS = ("--dataset", "digits", "--local-epochs", "2", "--rounds", "30")
+DIGITS = ("--dataset", "digits", "--local-epochs", "2", "--rounds", "20")
 
 
 @dataclass(frozen=True)
@@ -46,9 +46,8 @@ class Experiment:
 SWEEP = "aesthetic-synth: kp sweep and linear base"
 ALL3 = ("--algorithms", "fedper,fedavg,local")
 EXPERIMENTS: tuple[Experiment, ...] = (
-    Experiment("synth", "aesthetic-synth", (*SYNTH, *ALL3)),
+    Experiment("synth", "aesthetic-synth", (*SYNTH, *ALL3, "--holdout-clients", "5")),
     Experiment("synth-kp1", SWEEP, (*SYNTH, "--algorithms", "fedper", "--kp", "1")),
-    Experiment("synth-kp3", SWEEP, (*SYNTH, "--algorithms", "fedper", "--kp", "3")),
     Experiment("synth-linear", SWEEP, (*SYNTH, "--algorithms", "fedper", "--base", "linear")),
     Experiment("digits-k4", "digits", (*DIGITS, "--classes-per-client", "4", *ALL3, "--kp", "2")),
     Experiment("digits-k10", "digits", (*DIGITS, "--classes-per-client", "10", *ALL3, "--kp", "2")),

@@ -62,3 +62,25 @@ def test_demo_report_is_self_contained_and_says_what_the_numbers_mean(tmp_path):
 def test_a_fleet_that_recorded_nothing_is_a_clear_error():
     with pytest.raises(FedperError, match="the fedavg fleet recorded no round"):
         compare({"algorithms": {"fedper": {"final_per_client": {}}}, "rounds": {}})
+
+
+def test_demo_report_shows_the_new_users_curve(tmp_path):
+    recorder = RunRecorder({})
+    for algorithm in ("fedper", "fedavg"):
+        for client in range(3):
+            recorder.add(ClientRecord(algorithm, 1, client, 100, 0.4, 0.4, 1.0))
+            recorder.add(ClientRecord(algorithm, 2, client, 100, 0.5, final=True))
+    point = {"users": 2, "mean": 0.4321, "std": 0.1, "se": 0.0707, "per_user": {"0": 0.3, "1": 0.5}}
+    recorder.new_users = {
+        "users": [7, 8], "pool_sizes": [40, 40], "test_sizes": [10, 10], "sizes": [0, 5, 50], "steps": 50,
+        "curves": {"fedper: head": {"0": point, "5": point, "50": {"users": 0}}, "scratch": {"0": point, "5": point}},
+    }  # fmt: skip
+    recorder.write(tmp_path)
+    results = json.loads((tmp_path / "results.json").read_text())
+    results["demo"] = {"step_ms": 87.0, "timings": {"total": 500.0}, "traffic": {}, "export": {"sizes": {}}}
+    results["demo"]["comparison"] = compare(results)
+    page = render_report(DemoConfig(), results, tmp_path)
+    assert "how many ratings until the phone knows my taste" in page
+    assert page.count("data:image/png;base64,") == 3  # the new-users plot is embedded too
+    assert "<tr><td>5</td><td>2</td><td>0.432 ± 0.071</td><td>0.432 ± 0.071</td></tr>" in page
+    assert "<tr><td>50</td><td>0</td><td>-</td><td>-</td></tr>" in page
