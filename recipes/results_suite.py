@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import shutil
 import subprocess
 import sys
 import time
@@ -27,6 +28,7 @@ import numpy as np
 
 from fedper.atomic_write import atomic_write_text
 from fedper.errors import FedperError
+from recipes import bn_modes
 
 SEEDS = (0, 1, 2)
 BEGIN, END = "<!-- results:begin (make results) -->", "<!-- results:end -->"
@@ -145,6 +147,40 @@ def tables(runs_by_name: dict[str, list[Path]]) -> str:
     return "\n".join(lines)
 
 
+def new_users_table(runs: list[Path]) -> str:
+    """New users' accuracy against N per variant, users of every seed pooled: mean ± SE (users)."""
+    found = [_load(d)["new_users"] for d in runs if "new_users" in _load(d)]
+    if not found:
+        return ""
+    variants = list(found[0]["curves"])
+    lines = [
+        f"**new users** (`--holdout-clients`, {len(found[0]['users'])} per seed, seeds pooled; "
+        f"{found[0]['steps']} SGD steps at every N)",
+        "",
+        "| N photos | users | " + " | ".join(variants) + " |",
+        "|---|---|" + "---|" * len(variants),
+    ]
+    for n in found[0]["sizes"]:
+        cells, users = [], 0
+        for variant in variants:
+            values = [v for nu in found for v in nu["curves"][variant].get(str(n), {}).get("per_user", {}).values()]
+            users = max(users, len(values))
+            se = float(np.std(values, ddof=1)) / math.sqrt(len(values)) if len(values) > 1 else float("nan")
+            cells.append(f"{np.mean(values):.3f} ± {se:.3f}" if values else "-")
+        lines.append(f"| {n} | {users} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def copy_plots(runs_by_name: dict[str, list[Path]], img: Path) -> None:
+    """Seed 0's plots of the main experiments, as docs/img/<experiment>_<plot>.png."""
+    img.mkdir(parents=True, exist_ok=True)
+    for name in ("synth", "digits-k4", "digits-k10"):
+        for plot in ("accuracy_per_round.png", "new_users.png"):
+            src = runs_by_name[name][0] / plot
+            if src.exists():
+                shutil.copyfile(src, img / f"{name.replace('-', '_')}_{plot}")
+
+
 def write_into(doc: Path, text: str) -> None:
     """Replace the block between BEGIN and END in ``doc`` with ``text``."""
     content = doc.read_text()
@@ -164,11 +200,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(argv)
     start = time.perf_counter()
     runs = run_all(args.fedper, args.out, SEEDS, args.jobs)
-    text = tables(runs)
+    text = tables(runs) + "\n" + new_users_table(runs["synth"])
+    text += "\n**BatchNorm statistics at evaluation** (synth, final models, mean ± std over seeds)\n\n"
+    text += bn_modes.table(runs["synth"]) + "\n"
     atomic_write_text(args.out / "tables.md", text + "\n")
     print(text)
     if args.write is not None:
         write_into(args.write, text)
+        copy_plots(runs, args.write.parent / "img")
     print(f"{len(EXPERIMENTS) * len(SEEDS)} runs, {time.perf_counter() - start:.0f} s", file=sys.stderr)
     return 0
 

@@ -55,3 +55,18 @@ def test_write_into_replaces_only_the_marked_block(tmp_path: Path) -> None:
     (tmp_path / "other.md").write_text("no markers")
     with pytest.raises(FedperError, match="no .* block"):
         write_into(tmp_path / "other.md", "x")
+
+
+def test_new_users_table_pools_users_over_seeds(tmp_path: Path) -> None:
+    runs = []
+    for seed, values in enumerate(([0.2, 0.4], [0.6, 0.8])):
+        run = _fake_run(tmp_path / f"synth-{seed}", {"fedper": [0.5]})
+        results = json.loads((run / "results.json").read_text())
+        per_user = {str(u): v for u, v in enumerate(values)}
+        results["new_users"] = {"users": [0, 1], "steps": 50, "sizes": [0, 100],
+                                "curves": {"fedper: head": {"0": {"per_user": per_user}, "100": {"users": 0}}}}  # fmt: skip
+        (run / "results.json").write_text(json.dumps(results))
+        runs.append(run)
+    text = results_suite.new_users_table(runs)
+    # 4 users: mean 0.5, sample std 0.258, SE 0.129; nobody has 100 photos.
+    assert "| 0 | 4 | 0.500 ± 0.129 |" in text and "| 100 | 0 | - |" in text
