@@ -121,4 +121,4 @@ def new_users_table(new_users: dict[str, Any]) -> Table:
 def _cell(row: dict[str, Any]) -> str:
     if not row["users"]:
         return "-"
-    return f"{row['mean']:.3f}" + (f"±{row['se']:.3f}" if row["se"] is not None else "")
+    return f"{row['mean']:.3f}" + (f"\n±{row['se']:.3f}" if row["se"] is not None else "")  # fits 80 columns
