@@ -88,10 +88,12 @@ def new_user_curves(
     steps: int,
     seed: int,
     progress: ProgressFn | None = None,
+    skip: Sequence[str] = (),
 ) -> dict[str, Any]:
-    """Accuracy against N for every variant, as it goes into results.json's ``"new_users"``."""
+    """Accuracy against N for every variant but those in ``skip``, as it goes into results.json's
+    ``"new_users"``."""
     users = holdout_users(fed)
-    found = variants(mcfg, kp, algorithms, out, seed)
+    found = {k: v for k, v in variants(mcfg, kp, algorithms, out, seed).items() if k not in skip}
     sizes = FINE_TUNING_SIZES
     total = len(found) * sum(1 for u in users for n in sizes if n <= len(u.y_pool))
     done = 0
