@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from fedper import weights
-from fedper.data import FederatedData, to_tensor
+from fedper.data import FederatedData, labelled_tensors
 from fedper.fine_tuning import (
     FINE_TUNING_SIZES,
     NewUser,
@@ -48,14 +48,7 @@ def holdout_users(fed: FederatedData) -> list[NewUser]:
     users = []
     for j in range(len(fed.holdout)):
         pool, test = fed.holdout_pool(j), fed.holdout_test(j)
-        users.append(
-            NewUser(
-                to_tensor(pool.images, ds.mean, ds.std),
-                torch.from_numpy(pool.labels),
-                to_tensor(test.images, ds.mean, ds.std),
-                torch.from_numpy(test.labels),
-            )
-        )
+        users.append(NewUser(*labelled_tensors(pool, ds), *labelled_tensors(test, ds)))
     return users
 
 

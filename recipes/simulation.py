@@ -22,7 +22,7 @@ from fedper import weights
 from fedper.aggregate import FedAvg
 from fedper.baselines import per_client_accuracy
 from fedper.config_cli import nested, option
-from fedper.data import DataConfig, FederatedData, load_federated, to_tensor
+from fedper.data import DataConfig, FederatedData, labelled_tensors, load_federated
 from fedper.eager_trainer import EagerTrainer
 from fedper.errors import ConfigError
 from fedper.local_training import batch_order_rng, evaluate, train
@@ -129,14 +129,7 @@ def run(
     clients = []
     for i in range(len(fed.clients)):
         tr, te = fed.client_train(i), fed.client_test(i)
-        clients.append(
-            _Client(
-                to_tensor(tr.images, ds.mean, ds.std),
-                torch.from_numpy(tr.labels),
-                to_tensor(te.images, ds.mean, ds.std),
-                torch.from_numpy(te.labels),
-            )
-        )
+        clients.append(_Client(*labelled_tensors(tr, ds), *labelled_tensors(te, ds)))
     config: dict[str, Any] = {
         "simulation": config_json(sim),
         "data": config_json(data),

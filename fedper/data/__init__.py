@@ -1,6 +1,6 @@
 """Datasets (real and generated) and the partitioners that make them federated."""
 
-from fedper.data.dataset import DatasetError, ImageDataset, to_tensor
+from fedper.data.dataset import DatasetError, ImageDataset, labelled_tensors, to_tensor
 from fedper.data.registry import (
     DATASETS,
     PARTITIONS,
@@ -22,6 +22,7 @@ __all__ = [
     "FederatedData",
     "ImageDataset",
     "dataset_info",
+    "labelled_tensors",
     "load_dataset",
     "load_federated",
     "partition",

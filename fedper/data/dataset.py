@@ -83,3 +83,8 @@ def to_tensor(images: np.ndarray, mean: tuple[float, ...], std: tuple[float, ...
     m = torch.tensor(mean, dtype=torch.float32).view(1, 3, 1, 1)
     s = torch.tensor(std, dtype=torch.float32).view(1, 3, 1, 1)
     return ((x - m) / s).contiguous()
+
+
+def labelled_tensors(part: ImageDataset, like: ImageDataset) -> tuple[torch.Tensor, torch.Tensor]:
+    """A subset's (images, labels) as model inputs, normalized with its whole dataset's statistics."""
+    return to_tensor(part.images, like.mean, like.std), torch.from_numpy(part.labels)
