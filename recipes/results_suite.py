@@ -43,16 +43,18 @@ class Experiment:
     name: str
     table: str
     options: tuple[str, ...]
+    reference: str = ""  # an experiment on the same splits whose FedPer this one is paired with
 
 
 SWEEP = "aesthetic-synth: kp sweep and linear base"
 ALL3 = ("--algorithms", "fedper,fedavg,local")
+FEDPER_FEDAVG = ("--algorithms", "fedper,fedavg")  # digits: local dropped to keep make results near an hour
 EXPERIMENTS: tuple[Experiment, ...] = (
     Experiment("synth", "aesthetic-synth", (*SYNTH, *ALL3, "--holdout-clients", "5")),
-    Experiment("synth-kp1", SWEEP, (*SYNTH, "--algorithms", "fedper", "--kp", "1")),
-    Experiment("synth-linear", SWEEP, (*SYNTH, "--algorithms", "fedper", "--base", "linear")),
-    Experiment("digits-k4", "digits", (*DIGITS, "--classes-per-client", "4", *ALL3, "--kp", "2")),
-    Experiment("digits-k10", "digits", (*DIGITS, "--classes-per-client", "10", *ALL3, "--kp", "2")),
+    Experiment("synth-kp1", SWEEP, (*SYNTH, "--algorithms", "fedper", "--kp", "1"), reference="synth"),
+    Experiment("synth-linear", SWEEP, (*SYNTH, "--algorithms", "fedper", "--base", "linear"), reference="synth"),
+    Experiment("digits-k4", "digits", (*DIGITS, "--classes-per-client", "4", *FEDPER_FEDAVG, "--kp", "2")),
+    Experiment("digits-k10", "digits", (*DIGITS, "--classes-per-client", "10", *FEDPER_FEDAVG, "--kp", "2")),
 )
 
 
@@ -98,11 +100,12 @@ def _mean_std(values: Sequence[float]) -> str:
     return f"{np.mean(values):.3f} ± {np.std(values):.3f}"
 
 
-def _paired(runs: list[dict[str, Any]], a: str, b: str) -> str:
-    """Per-client final differences a - b pooled over seeds: mean ± standard error (n pairs)."""
+def _paired(runs: list[dict[str, Any]], a: str, b: str, against: list[dict[str, Any]] | None = None) -> str:
+    """Per-client final differences a - b pooled over seeds: mean ± standard error (n pairs); b
+    from ``against`` (runs of another experiment on the same splits, same seed order) if given."""
     diffs = []
-    for r in runs:
-        pa, pb = r["algorithms"][a]["final_per_client"], r["algorithms"][b]["final_per_client"]
+    for r, other in zip(runs, against or runs, strict=True):
+        pa, pb = r["algorithms"][a]["final_per_client"], other["algorithms"][b]["final_per_client"]
         diffs += [pa[c] - pb[c] for c in pa if c in pb]
     if len(diffs) < 2:
         return "-"
@@ -131,7 +134,11 @@ def tables(runs_by_name: dict[str, list[Path]]) -> str:
                 finals = [r["algorithms"][algorithm] for r in runs]
                 kp = {"fedper": sim["kp"], "fedavg": 0}.get(algorithm, "-")
                 others = [o for o in algorithms if o != algorithm] if algorithm == "fedper" else []
-                paired = "; ".join(f"vs {o}: {_paired(runs, algorithm, o)}" for o in others) or "-"
+                paired = "; ".join(f"vs {o}: {_paired(runs, algorithm, o)}" for o in others)
+                if experiment.reference and algorithm == "fedper":
+                    reference = [_load(d) for d in runs_by_name[experiment.reference]]
+                    paired = f"vs {experiment.reference}'s fedper: {_paired(runs, algorithm, algorithm, reference)}"
+                paired = paired or "-"
                 lines.append(
                     f"| {experiment.name} | {algorithm} | {kp} | {sim['base']} | "
                     f"{_mean_std([f['final_mean_accuracy'] for f in finals])} | "
