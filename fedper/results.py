@@ -90,7 +90,7 @@ class RunRecorder:
             by_round[r.round].append(r)
         out = []
         for rnd in sorted(by_round):
-            recs = by_round[rnd]
+            recs = sorted(by_round[rnd], key=lambda r: r.client)  # not arrival order: sums must not vary
             row: dict[str, Any] = {"round": rnd, "clients": len(recs)}
             if any(r.final for r in recs):
                 row["final"] = True
@@ -189,7 +189,7 @@ class RunRecorder:
         writer = csv.DictWriter(buf, fieldnames=CSV_FIELDS, lineterminator="\n")
         writer.writeheader()
         for algorithm in self.algorithms:
-            for r in self._records[algorithm]:
+            for r in sorted(self._records[algorithm], key=lambda r: (r.round, r.client)):
                 writer.writerow({k: "" if v is None else v for k, v in asdict(r).items()})
         atomic_write_text(out / "metrics.csv", buf.getvalue())
         if plots:

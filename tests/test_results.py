@@ -2,6 +2,7 @@
 
 import json
 
+import numpy as np
 import pytest
 
 from fedper.results import ClientRecord, RunRecorder
@@ -72,4 +73,25 @@ def test_results_json_and_metrics_csv_mark_the_final_point(tmp_path):
     assert "accuracy_after" not in rounds[-1] and not any("final" in r for r in rounds[:-1])
     lines = (tmp_path / "metrics.csv").read_text().splitlines()
     assert lines[0].split(",")[-1] == "final"
-    assert lines[6] == "fedper,6,0,10,1.0,,,True"
+    # Rows by round, then client: the final point's rows come last.
+    assert lines[-2:] == ["fedper,6,0,10,1.0,,,True", "fedper,6,1,30,0.0,,,True"]
+    assert lines[1].startswith("fedper,1,0,") and lines[2].startswith("fedper,1,1,")
+
+
+def test_arrival_order_of_reports_does_not_change_the_files(tmp_path):
+    """A fleet's devices report in whatever order they finish; the run's files must not show it."""
+    rng = np.random.default_rng(3)
+    records = [
+        ClientRecord("fedper", rnd, client, int(rng.integers(50, 200)), float(rng.random()), float(rng.random()),
+                     float(rng.random() * 2))
+        for rnd in (1, 2) for client in range(7)
+    ]  # fmt: skip
+    outputs = []
+    for order in (records, records[::-1], [records[i] for i in rng.permutation(len(records))]):
+        recorder = RunRecorder({})
+        for record in order:
+            recorder.add(record)
+        out = tmp_path / str(len(outputs))
+        recorder.write(out, plots=False)
+        outputs.append(((out / "results.json").read_bytes(), (out / "metrics.csv").read_bytes()))
+    assert outputs[0] == outputs[1] == outputs[2]
