@@ -46,7 +46,9 @@ def test_tables_pool_paired_differences_over_seeds(tmp_path: Path) -> None:
     assert "| synth | fedper | 2 | model | 0.600 ± 0.041 |" in text
     assert "baseline: majority | - | - | 0.300 ± 0.000" in text
     # A sweep row is paired with the reference experiment's FedPer on the same clients and seeds.
-    assert "| synth-kp1 | fedper | 2 | model | 0.600 ± 0.041 | 0.590 ± 0.041 | 0.100 | vs synth's fedper: +0.000" in text
+    assert (
+        "| synth-kp1 | fedper | 2 | model | 0.600 ± 0.041 | 0.590 ± 0.041 | 0.100 | vs synth's fedper: +0.000" in text
+    )
 
 
 def test_write_into_replaces_only_the_marked_block(tmp_path: Path) -> None:
