@@ -33,4 +33,5 @@ def test_pooled_training_scores_every_client_and_reports_majority() -> None:
     assert len(result["curve"]) == 2 and len(result["final"]) == 2 and len(result["majority"]) == 2
     assert all(0.0 <= a <= 1.0 for a in result["final"])
     table = summary({"ordinal": {"1": result}}, 2)
-    assert "| ordinal |" in table and "(n = 2)" in table
+    assert "| ordinal |" in table and "(n = 2)" in table and "baseline: ordinal_features" in table
+    assert len(result["ordinal_features"]) == 2 and all(0.0 <= a <= 1.0 for a in result["ordinal_features"])
