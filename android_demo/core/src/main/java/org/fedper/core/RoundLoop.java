@@ -129,7 +129,8 @@ public final class RoundLoop {
       head = initialHead(task.manifestSha256);
     }
     LocalData local = data.apply(manifest);
-    if (local.trainSize() < 2) {
+    int minBatch = Math.max(2, manifest.minBatch); // a batch of one cannot train BatchNorm
+    if (local.trainSize() < minBatch) {
       throw new IllegalStateException("too few examples to train on (" + local.trainSize() + "); rate more photos");
     }
     trainer.setBase(base);
@@ -143,10 +144,10 @@ public final class RoundLoop {
     int steps = 0;
     for (int epoch = 0; epoch < config.localEpochs; epoch++) {
       int[] perm = permutation(local.trainSize(), order);
-      for (int start = 0; start + 2 <= perm.length; start += config.batchSize) {
+      for (int start = 0; start + minBatch <= perm.length; start += config.batchSize) {
         int end = Math.min(perm.length, start + config.batchSize);
-        if (end - start < 2) {
-          break; // a batch of one cannot train BatchNorm
+        if (end - start < minBatch) {
+          break; // smaller than the training program accepts
         }
         int[] idx = new int[end - start];
         System.arraycopy(perm, start, idx, 0, idx.length);
