@@ -6,19 +6,22 @@ cd "$(dirname "$0")"
 PYTHON=${1:?usage: host-test.sh PYTHON}
 JUNIT=${JUNIT_JAR:-/usr/share/java/junit4.jar}
 HAMCREST=${HAMCREST_JAR:-/usr/share/java/hamcrest-core.jar}
+# org.json: built into Android; on the host Debian's libandroid-json-java (the same sources).
+# Whatever compiles core/ (or app/ against it) needs this jar on its classpath.
+ANDROID_JSON=${ANDROID_JSON_JAR:-/usr/share/java/com.android.json.jar}
 for tool in javac java; do
   command -v "$tool" >/dev/null || { echo "host-test.sh: $tool not found; install a JDK (apt-get install default-jdk-headless)" >&2; exit 1; }
 done
-for jar in "$JUNIT" "$HAMCREST"; do
-  [ -f "$jar" ] || { echo "host-test.sh: $jar not found; install JUnit 4 (apt-get install junit4)" >&2; exit 1; }
+for jar in "$JUNIT" "$HAMCREST" "$ANDROID_JSON"; do
+  [ -f "$jar" ] || { echo "host-test.sh: $jar not found; run ensure-jdk.sh (apt-get install junit4 libandroid-json-java)" >&2; exit 1; }
 done
 BUILD=build
 rm -rf "$BUILD"
 mkdir -p "$BUILD"
-javac --release 11 -Xlint:all -Werror -d "$BUILD/classes" $(find src/main/java -name '*.java')
-javac --release 11 -cp "$BUILD/classes:$JUNIT:$HAMCREST" -d "$BUILD/test-classes" $(find src/test/java -name '*.java')
+javac --release 11 -Xlint:all -Werror -cp "$ANDROID_JSON" -d "$BUILD/classes" $(find src/main/java -name '*.java')
+javac --release 11 -cp "$BUILD/classes:$ANDROID_JSON:$JUNIT:$HAMCREST" -d "$BUILD/test-classes" $(find src/test/java -name '*.java')
 "$PYTHON" host_fixtures.py make "$BUILD/fixtures"
 TESTS=$(cd src/test/java && find . -name '*Test.java' | sed 's|^\./||; s|\.java$||; s|/|.|g' | sort)
-java -cp "$BUILD/classes:$BUILD/test-classes:$JUNIT:$HAMCREST" \
+java -cp "$BUILD/classes:$BUILD/test-classes:$ANDROID_JSON:$JUNIT:$HAMCREST" \
   -Dfedper.python="$PYTHON" -Dfedper.fixtures="$PWD/$BUILD/fixtures" -Dfedper.script="$PWD/host_fixtures.py" \
   org.junit.runner.JUnitCore $TESTS

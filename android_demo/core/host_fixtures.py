@@ -1,7 +1,10 @@
 """Python's side of the Android core's host tests (run by host-test.sh, not by pytest).
 
-``host_fixtures.py make OUT``: a server-only export (real manifest and weights, placeholder
-programs) and a safetensors file written by Python's ``safetensors``.
+``host_fixtures.py make OUT``: server-only exports (real manifest and weights, placeholder
+programs) and a safetensors file written by Python's ``safetensors``. ``artifacts`` is the main
+export (kp 2, seed 0); ``artifacts-head`` the same with ``training.trainable = "head"``;
+``artifacts-seed1`` another model with the same partition; ``artifacts-kp1`` a partition whose
+base holds tensors that ``artifacts`` keeps personal.
 ``host_fixtures.py verify FILE``: checks a file the Java codec wrote; exit 1 with the difference.
 ``host_fixtures.py verify-ptd FILE``: checks a ``.ptd`` the Java side rewrote, with ExecuTorch's reader.
 """
@@ -33,9 +36,16 @@ def ptd_tensors() -> dict[str, np.ndarray]:
 
 def make(out: Path) -> None:
     from export.pipeline import write_server_only_export
+    from fedper.manifest import read_manifest, write_manifest
 
     out.mkdir(parents=True, exist_ok=True)
     write_server_only_export(out / "artifacts", alpha=0.25, kp=2, seed=0)
+    write_server_only_export(out / "artifacts-seed1", alpha=0.25, kp=2, seed=1)
+    write_server_only_export(out / "artifacts-kp1", alpha=0.25, kp=1, seed=0)
+    head_only = write_server_only_export(out / "artifacts-head", alpha=0.25, kp=2, seed=0)
+    manifest = read_manifest(head_only, verify_files=False)
+    training = manifest.training.model_copy(update={"trainable": "head"})
+    write_manifest(head_only, manifest.model_copy(update={"training": training}))
     tensors = {
         "stem.conv.weight": (np.arange(24, dtype=np.float32).reshape(2, 3, 2, 2) - 7.5) / 3,
         "half": np.array([0.5, -2.0, 65504.0, 6.1035156e-05, 5.96e-08], dtype=np.float16),

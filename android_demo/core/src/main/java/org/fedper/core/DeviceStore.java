@@ -4,8 +4,8 @@ import java.io.IOException;
 import java.nio.charset.StandardCharsets;
 import java.nio.file.Files;
 import java.nio.file.Path;
-import java.util.LinkedHashMap;
-import java.util.Map;
+import org.json.JSONException;
+import org.json.JSONObject;
 
 /**
  * The device's cache and identity, beside the head store: credentials, the pinned manifest,
@@ -30,15 +30,19 @@ public final class DeviceStore {
     if (!Files.exists(p)) {
       return null;
     }
-    Map<String, Object> m = Json.parseObject(new String(Files.readAllBytes(p), StandardCharsets.UTF_8));
-    return new String[] {String.valueOf(m.get("device_id")), String.valueOf(m.get("token"))};
+    JsonFields m = JsonFields.parse(new String(Files.readAllBytes(p), StandardCharsets.UTF_8), p.toString());
+    return new String[] {m.string("device_id"), m.string("token")};
   }
 
   public void saveCredentials(String deviceId, String token) throws IOException {
-    Map<String, Object> m = new LinkedHashMap<>();
-    m.put("device_id", deviceId);
-    m.put("token", token);
-    AtomicFiles.write(root.resolve("device.json"), Json.write(m).getBytes(StandardCharsets.UTF_8));
+    JSONObject m = new JSONObject();
+    try {
+      m.put("device_id", deviceId);
+      m.put("token", token);
+    } catch (JSONException ex) {
+      throw new IllegalArgumentException("device id or token is null", ex);
+    }
+    AtomicFiles.write(root.resolve("device.json"), m.toString().getBytes(StandardCharsets.UTF_8));
   }
 
   public String pinnedManifest() throws IOException {

@@ -6,11 +6,15 @@ import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Map;
 
-/** The parts of an export's manifest.json (format fedper-manifest/1) a device needs. */
+/**
+ * The parts of an export's manifest.json (format fedper-manifest/1) a device needs, as typed
+ * fields. Optional fields take the defaults of the Python schema (fedper/manifest.py); a
+ * missing or malformed required field is an IllegalArgumentException naming it.
+ */
 public final class Manifest {
   public static final String FORMAT = "fedper-manifest/1";
+  private static final String FILE = "manifest.json";
 
-  public final Map<String, Object> raw;
   public final Map<String, long[]> base;
   public final Map<String, long[]> head;
   public final Map<String, String> artifacts;
@@ -18,86 +22,110 @@ public final class Manifest {
   public final TrainConfig trainingDefaults;
   public final int inputSize;
   public final int numClasses;
+  /** training_program.method: the method the training program exports. */
+  public final String trainingMethod;
+  /** training_program.bn_statistics: running statistics the program takes and returns. */
+  public final List<String> bnStatistics;
+  /** training_program.parameters: the program's trainable tensors, as the program names them. */
+  public final List<String> trainingParameters;
+  public final int minBatch;
   public final int maxBatch;
+  /** training.trainable: "all" (base and head) or "head" (the base is uploaded unchanged). */
+  public final String trainable;
+  /** input.normalization, per RGB channel: (pixel in [0, 1] - mean) / std. */
+  public final float[] normalizationMean;
+  public final float[] normalizationStd;
+  /** runtime.executorch: the executorch version that wrote the programs; null in old manifests. */
+  public final String executorchVersion;
 
-  private Manifest(Map<String, Object> raw) {
-    this.raw = raw;
-    Object format = raw.get("format");
+  private Manifest(JsonFields m) {
+    String format = m.string("format");
     if (!FORMAT.equals(format)) {
-      throw new IllegalArgumentException("manifest format is " + format + ", expected " + FORMAT);
+      throw new IllegalArgumentException(m.where("format") + " is \"" + format + "\", expected " + FORMAT);
     }
-    Map<String, Object> tensors = map(raw, "tensors");
+    JsonFields tensors = m.object("tensors");
     this.base = layout(tensors, "base");
     this.head = layout(tensors, "head");
-    this.artifacts = strings(map(raw, "artifacts"));
-    this.sha256 = strings(map(raw, "sha256"));
-    Map<String, Object> t = map(raw, "training");
-    this.trainingDefaults =
-        new TrainConfig(
-            ((Number) t.get("local_epochs")).intValue(),
-            ((Number) t.get("batch_size")).intValue(),
-            ((Number) t.get("learning_rate")).doubleValue(),
-            ((Number) t.get("momentum")).doubleValue());
-    this.inputSize = ((Number) map(raw, "model").get("input_size")).intValue();
-    this.numClasses = ((Number) map(raw, "output").get("num_classes")).intValue();
-    this.maxBatch = ((Number) map(raw, "training_program").get("max_batch")).intValue();
     for (String name : head.keySet()) {
       if (base.containsKey(name)) {
-        throw new IllegalArgumentException("tensor " + name + " is both base and head");
+        throw new IllegalArgumentException(FILE + ": tensor " + name + " is both base and head");
       }
     }
+    this.artifacts = m.stringMap("artifacts");
+    this.sha256 = m.stringMap("sha256");
+    JsonFields t = m.object("training");
+    this.trainingDefaults =
+        new TrainConfig(
+            Math.toIntExact(t.integer("local_epochs")),
+            Math.toIntExact(t.integer("batch_size")),
+            t.number("learning_rate"),
+            t.number("momentum"));
+    this.trainable = t.choice("trainable", "all", "head");
+    this.inputSize = Math.toIntExact(m.object("model").integer("input_size"));
+    this.numClasses = Math.toIntExact(m.object("output").integer("num_classes"));
+    JsonFields program = m.object("training_program");
+    this.trainingMethod = program.string("method", "forward");
+    this.bnStatistics = program.strings("bn_statistics");
+    this.trainingParameters = program.strings("parameters");
+    this.minBatch = program.integer("min_batch", 2);
+    this.maxBatch = Math.toIntExact(program.integer("max_batch"));
+    if (minBatch < 1 || maxBatch < minBatch) {
+      throw new IllegalArgumentException(program.where("max_batch") + " is " + maxBatch
+          + ", must be at least training_program.min_batch (" + minBatch + ")");
+    }
+    JsonFields norm = m.object("input").object("normalization");
+    this.normalizationMean = norm.floats("mean", 3);
+    this.normalizationStd = norm.floats("std", 3);
+    for (int c = 0; c < 3; c++) {
+      if (!(normalizationStd[c] > 0)) {
+        throw new IllegalArgumentException(norm.where("std") + " must be positive, got " + normalizationStd[c]);
+      }
+    }
+    this.executorchVersion = m.has("runtime") ? m.object("runtime").string("executorch", null) : null;
   }
 
+  /** Parses manifest.json's text; IllegalArgumentException naming the first bad field. */
   public static Manifest parse(String json) {
-    try {
-      return new Manifest(Json.parseObject(json));
-    } catch (ClassCastException | NullPointerException ex) {
-      throw new IllegalArgumentException("manifest.json does not have the fedper-manifest/1 fields", ex);
-    }
+    return new Manifest(JsonFields.parse(json, FILE));
   }
 
   /** The task's config on top of the manifest's defaults, key by key; batch capped by the program. */
   public TrainConfig trainConfig(Map<String, Object> overrides) {
     TrainConfig d = trainingDefaults;
-    int batch = overrides.containsKey("batch_size") ? num(overrides, "batch_size").intValue() : d.batchSize;
+    int batch = overrides.containsKey("batch_size") ? (int) integral(overrides, "batch_size") : d.batchSize;
     return new TrainConfig(
-        overrides.containsKey("local_epochs") ? num(overrides, "local_epochs").intValue() : d.localEpochs,
+        overrides.containsKey("local_epochs") ? (int) integral(overrides, "local_epochs") : d.localEpochs,
         Math.min(batch, maxBatch),
-        overrides.containsKey("learning_rate") ? num(overrides, "learning_rate").doubleValue() : d.learningRate,
-        overrides.containsKey("momentum") ? num(overrides, "momentum").doubleValue() : d.momentum);
+        overrides.containsKey("learning_rate") ? num(overrides, "learning_rate") : d.learningRate,
+        overrides.containsKey("momentum") ? num(overrides, "momentum") : d.momentum);
   }
 
-  private static Number num(Map<String, Object> m, String key) {
-    return (Number) m.get(key);
-  }
-
-  @SuppressWarnings("unchecked")
-  static Map<String, Object> map(Map<String, Object> m, String key) {
+  private static double num(Map<String, Object> m, String key) {
     Object v = m.get(key);
-    if (!(v instanceof Map)) {
-      throw new IllegalArgumentException("manifest.json has no object '" + key + "'");
+    if (!(v instanceof Number)) {
+      throw new IllegalArgumentException("task config: '" + key + "' must be a number, got " + v);
     }
-    return (Map<String, Object>) v;
+    return ((Number) v).doubleValue();
   }
 
-  private static Map<String, String> strings(Map<String, Object> m) {
-    Map<String, String> out = new LinkedHashMap<>();
-    for (Map.Entry<String, Object> e : m.entrySet()) {
-      out.put(e.getKey(), String.valueOf(e.getValue()));
-    }
-    return Collections.unmodifiableMap(out);
+  private static long integral(Map<String, Object> m, String key) {
+    return JsonFields.integral(m.get(key), "task config: '" + key + "'");
   }
 
-  private static Map<String, long[]> layout(Map<String, Object> tensors, String part) {
+  private static Map<String, long[]> layout(JsonFields tensors, String part) {
     Map<String, long[]> out = new LinkedHashMap<>();
-    for (Object item : (List<?>) tensors.get(part)) {
-      Map<?, ?> t = (Map<?, ?>) item;
-      List<?> dims = (List<?>) t.get("shape");
-      long[] shape = new long[dims.size()];
-      for (int k = 0; k < shape.length; k++) {
-        shape[k] = ((Number) dims.get(k)).longValue();
+    int n = tensors.array(part).length();
+    for (int k = 0; k < n; k++) {
+      JsonFields entry = tensors.element(part, k);
+      long[] shape = entry.longs("shape");
+      for (long d : shape) {
+        if (d < 0) {
+          throw new IllegalArgumentException(entry.where("shape") + " has a negative dimension");
+        }
       }
-      out.put(String.valueOf(t.get("name")), shape);
+      if (out.put(entry.string("name"), shape) != null) {
+        throw new IllegalArgumentException(entry.where("name") + ": " + entry.string("name") + " is listed twice");
+      }
     }
     return Collections.unmodifiableMap(out);
   }

@@ -7,6 +7,8 @@ import java.security.NoSuchAlgorithmException;
 import java.util.LinkedHashMap;
 import java.util.Map;
 import java.util.Random;
+import org.json.JSONException;
+import org.json.JSONObject;
 
 /**
  * The device side of PROTOCOL.md v1. Network errors and 5xx are retried with backoff and jitter;
@@ -61,22 +63,27 @@ public final class ProtocolClient {
 
   /** {deviceId, token}; the token is also kept for later calls. */
   public String[] enroll(String enrollmentKey, String platform) throws ProtocolException, InterruptedException {
-    Map<String, Object> req = new LinkedHashMap<>();
-    req.put("enrollment_key", enrollmentKey);
-    req.put("platform", platform);
+    JSONObject req = new JSONObject();
+    try {
+      req.put("enrollment_key", enrollmentKey);
+      req.put("platform", platform);
+    } catch (JSONException ex) {
+      throw new IllegalArgumentException("enrollment key or platform is null", ex);
+    }
     Map<String, String> headers = new LinkedHashMap<>();
     headers.put("Content-Type", "application/json");
     HttpTransport.Response r =
-        send("POST", Protocol.Path.DEVICES, headers, Json.write(req).getBytes(StandardCharsets.UTF_8));
+        send("POST", Protocol.Path.DEVICES, headers, req.toString().getBytes(StandardCharsets.UTF_8));
     if (r.status == 429) {
       throw new ProtocolException.Transient("enrollment rate-limited");
     }
     if (r.status != 201) {
       throw refused(r);
     }
-    Map<String, Object> body = Json.parseObject(text(r));
-    token = String.valueOf(body.get("token"));
-    return new String[] {String.valueOf(body.get("device_id")), token};
+    String[] ids = answer(r, "POST " + Protocol.Path.DEVICES,
+        body -> new String[] {body.string("device_id"), body.string("token")});
+    token = ids[1];
+    return ids;
   }
 
   public TaskOrWait task() throws ProtocolException, InterruptedException {
@@ -91,7 +98,7 @@ public final class ProtocolClient {
     if (r.status != 200) {
       throw refused(r);
     }
-    return new TaskOrWait(new Task(Json.parseObject(text(r))), 0);
+    return new TaskOrWait(answer(r, "GET " + Protocol.Path.TASK, Task::new), 0);
   }
 
   public Download download(String path, String etag) throws ProtocolException, InterruptedException {
@@ -125,7 +132,7 @@ public final class ProtocolClient {
     headers.put("Content-Type", Protocol.Header.OCTET_STREAM);
     HttpTransport.Response r = send("POST", Protocol.Path.UPDATES.replace("{round_number}", Long.toString(round)), headers, body);
     if (r.status == 202) {
-      return ((Number) Json.parseObject(text(r)).get("received")).longValue();
+      return answer(r, "POST " + Protocol.Path.UPDATES, answer -> answer.integer("received"));
     }
     if (r.status == 410) {
       throw new ProtocolException.RunFinished();
@@ -173,12 +180,21 @@ public final class ProtocolClient {
 
   private static ProtocolException refused(HttpTransport.Response r) {
     try {
-      Map<String, Object> body = Json.parseObject(text(r));
-      return new ProtocolException(
-          r.status, String.valueOf(body.getOrDefault("code", "?")), String.valueOf(body.getOrDefault("message", "")));
+      JsonFields body = JsonFields.parse(text(r), "the server's error answer");
+      return new ProtocolException(r.status, body.string("code", "?"), body.string("message", ""));
     } catch (IllegalArgumentException ex) {
       String t = text(r);
       return new ProtocolException(r.status, "?", t.length() > 200 ? t.substring(0, 200) : t);
+    }
+  }
+
+  /** A 2xx answer's JSON body, read; a malformed one is a ProtocolException naming the call. */
+  private static <T> T answer(HttpTransport.Response r, String call, java.util.function.Function<JsonFields, T> read)
+      throws ProtocolException {
+    try {
+      return read.apply(JsonFields.parse(text(r), "the answer to " + call));
+    } catch (IllegalArgumentException | ArithmeticException ex) {
+      throw new ProtocolException(r.status, "bad_answer", ex.getMessage());
     }
   }
 

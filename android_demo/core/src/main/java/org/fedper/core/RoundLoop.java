@@ -17,7 +17,7 @@ import java.util.function.Function;
  * head from the head store, evaluate, train, save the head (before uploading), upload the base.
  */
 public final class RoundLoop {
-  /** One finished round, as the app shows it. */
+  /** One finished round, as the app shows it (accuracies are NaN when the test split is empty). */
   public static final class Report {
     public final long round;
     public final long modelVersion;
@@ -129,12 +129,14 @@ public final class RoundLoop {
       head = initialHead(task.manifestSha256);
     }
     LocalData local = data.apply(manifest);
-    if (local.trainSize() < 2) {
+    int minBatch = Math.max(2, manifest.minBatch); // a batch of one cannot train BatchNorm
+    if (local.trainSize() < minBatch) {
       throw new IllegalStateException("too few examples to train on (" + local.trainSize() + "); rate more photos");
     }
     trainer.setBase(base);
     trainer.setHead(head);
-    double accuracy = trainer.evaluate(local.testSet());
+    LocalData.Batch test = local.testSet();
+    double accuracy = test.size() == 0 ? Double.NaN : trainer.evaluate(test);
     TrainConfig config = manifest.trainConfig(task.config);
     trainer.startRound(config);
     Random order = new Random(seed * 1_000_003L + task.round);
@@ -142,10 +144,10 @@ public final class RoundLoop {
     int steps = 0;
     for (int epoch = 0; epoch < config.localEpochs; epoch++) {
       int[] perm = permutation(local.trainSize(), order);
-      for (int start = 0; start + 2 <= perm.length; start += config.batchSize) {
+      for (int start = 0; start + minBatch <= perm.length; start += config.batchSize) {
         int end = Math.min(perm.length, start + config.batchSize);
-        if (end - start < 2) {
-          break; // a batch of one cannot train BatchNorm
+        if (end - start < minBatch) {
+          break; // smaller than the training program accepts
         }
         int[] idx = new int[end - start];
         System.arraycopy(perm, start, idx, 0, idx.length);
@@ -153,20 +155,30 @@ public final class RoundLoop {
         steps++;
       }
     }
-    double accuracyAfter = trainer.evaluate(local.testSet());
+    double accuracyAfter = test.size() == 0 ? Double.NaN : trainer.evaluate(test);
     store.heads.save(task.manifestSha256, only(trainer.getHead(), manifest.headNames()));
-    Map<String, Tensor> update = only(trainer.getBase(), manifest.baseNames());
+    // A head-only export trains only the head: the base goes back exactly as it came.
+    Map<String, Tensor> update = only("head".equals(manifest.trainable) ? base : trainer.getBase(), manifest.baseNames());
     Map<String, String> meta = new LinkedHashMap<>();
     meta.put(Protocol.Metadata.NUM_SAMPLES, Integer.toString(local.trainSize()));
     meta.put(Protocol.Metadata.BASE_VERSION, Long.toString(task.modelVersion));
-    meta.put(Protocol.Metadata.METRIC_PREFIX + "accuracy", Double.toString(accuracy));
-    meta.put(Protocol.Metadata.METRIC_PREFIX + "accuracy_after", Double.toString(accuracyAfter));
     double loss = steps == 0 ? Double.NaN : lossSum / steps;
-    if (steps > 0) {
-      meta.put(Protocol.Metadata.METRIC_PREFIX + "train_loss", Double.toString(loss));
-    }
+    putMetric(meta, "accuracy", accuracy);
+    putMetric(meta, "accuracy_after", accuracyAfter);
+    putMetric(meta, "train_loss", loss);
     long received = client.upload(task.round, Safetensors.write(update, meta));
     return new Report(task.round, task.modelVersion, local.trainSize(), accuracy, accuracyAfter, loss, received);
+  }
+
+  /**
+   * Adds metric.NAME unless the value is undefined: the server refuses a non-finite metric (or
+   * one beyond Protocol.Metadata.MAX_METRIC_ABS) with bad_metadata, losing the round's work; an
+   * empty test split has no accuracy, so it sends none.
+   */
+  static void putMetric(Map<String, String> meta, String name, double value) {
+    if (Double.isFinite(value) && Math.abs(value) <= Protocol.Metadata.MAX_METRIC_ABS) {
+      meta.put(Protocol.Metadata.METRIC_PREFIX + name, Double.toString(value));
+    }
   }
 
   private void prepare(Task task) throws Exception {

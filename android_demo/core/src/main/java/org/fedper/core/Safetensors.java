@@ -8,6 +8,9 @@ import java.util.Collections;
 import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Map;
+import org.json.JSONArray;
+import org.json.JSONException;
+import org.json.JSONObject;
 
 /**
  * safetensors files (https://github.com/huggingface/safetensors): an 8-byte little-endian header
@@ -41,27 +44,29 @@ public final class Safetensors {
       throw new IllegalArgumentException("safetensors header length " + headerLength + " does not fit the file");
     }
     String headerText = new String(bytes, 8, (int) headerLength, StandardCharsets.UTF_8);
-    Map<String, Object> header = Json.parseObject(headerText);
+    JsonFields header = JsonFields.parse(headerText, "safetensors header");
     int dataStart = 8 + (int) headerLength;
     long dataLength = bytes.length - dataStart;
     Map<String, String> metadata = new LinkedHashMap<>();
     List<long[]> spans = new ArrayList<>();
     Map<String, Tensor> tensors = new LinkedHashMap<>();
-    for (Map.Entry<String, Object> e : header.entrySet()) {
-      String name = e.getKey();
+    for (String name : header.json().keySet()) {
       if (name.equals("__metadata__")) {
-        for (Map.Entry<?, ?> m : ((Map<?, ?>) e.getValue()).entrySet()) {
-          metadata.put(String.valueOf(m.getKey()), String.valueOf(m.getValue()));
-        }
+        metadata.putAll(header.stringMap(name));
         continue;
       }
-      Map<?, ?> info = (Map<?, ?>) e.getValue();
-      String dtype = String.valueOf(info.get("dtype"));
-      long[] shape = longs((List<?>) info.get("shape"));
-      long[] offsets = longs((List<?>) info.get("data_offsets"));
+      JsonFields info = header.object(name);
+      String dtype = info.string("dtype");
+      long[] shape = info.longs("shape");
+      long[] offsets = info.longs("data_offsets");
       int itemSize = dtype.equals("F32") ? 4 : dtype.equals("F16") ? 2 : -1;
       if (itemSize < 0) {
         throw new IllegalArgumentException("tensor " + name + ": dtype " + dtype + ", expected F32 or F16");
+      }
+      for (long d : shape) {
+        if (d < 0) {
+          throw new IllegalArgumentException("tensor " + name + ": negative dimension in shape");
+        }
       }
       long n = Tensor.numel(shape);
       if (offsets.length != 2 || offsets[0] < 0 || offsets[1] > dataLength || offsets[0] > offsets[1]) {
@@ -93,26 +98,39 @@ public final class Safetensors {
     return new File(tensors, metadata);
   }
 
-  /** F32 safetensors bytes with tensors in the given order and optional metadata. */
+  /**
+   * F32 safetensors bytes with tensors in the given order and optional metadata. The header is
+   * org.json's compact form, keys in insertion order (org.json writes '/' as the escape \/,
+   * which every JSON reader, the server's included, reads as '/').
+   */
   public static byte[] write(Map<String, Tensor> tensors, Map<String, String> metadata) {
-    Map<String, Object> header = new LinkedHashMap<>();
-    if (metadata != null && !metadata.isEmpty()) {
-      header.put("__metadata__", new LinkedHashMap<>(metadata));
-    }
+    JSONObject header = new JSONObject();
     long offset = 0;
-    for (Map.Entry<String, Tensor> e : tensors.entrySet()) {
-      Map<String, Object> info = new LinkedHashMap<>();
-      long size = 4L * e.getValue().size();
-      info.put("dtype", "F32");
-      info.put("shape", e.getValue().shape());
-      List<Object> offsets = new ArrayList<>();
-      offsets.add(offset);
-      offsets.add(offset + size);
-      info.put("data_offsets", offsets);
-      header.put(e.getKey(), info);
-      offset += size;
+    try {
+      if (metadata != null && !metadata.isEmpty()) {
+        JSONObject meta = new JSONObject();
+        for (Map.Entry<String, String> e : metadata.entrySet()) {
+          meta.put(e.getKey(), e.getValue());
+        }
+        header.put("__metadata__", meta);
+      }
+      for (Map.Entry<String, Tensor> e : tensors.entrySet()) {
+        long size = 4L * e.getValue().size();
+        JSONArray shape = new JSONArray();
+        for (long d : e.getValue().shape()) {
+          shape.put(d);
+        }
+        JSONObject info = new JSONObject();
+        info.put("dtype", "F32");
+        info.put("shape", shape);
+        info.put("data_offsets", new JSONArray().put(offset).put(offset + size));
+        header.put(e.getKey(), info);
+        offset += size;
+      }
+    } catch (JSONException ex) {
+      throw new IllegalArgumentException("cannot write a safetensors header: " + ex.getMessage(), ex);
     }
-    byte[] json = Json.write(header).getBytes(StandardCharsets.UTF_8);
+    byte[] json = header.toString().getBytes(StandardCharsets.UTF_8);
     int padded = (json.length + 7) / 8 * 8; // the format pads the header with spaces to 8 bytes
     ByteBuffer out = ByteBuffer.allocate(8 + padded + (int) offset).order(ByteOrder.LITTLE_ENDIAN);
     out.putLong(padded);
@@ -126,17 +144,6 @@ public final class Safetensors {
       }
     }
     return out.array();
-  }
-
-  private static long[] longs(List<?> items) {
-    if (items == null) {
-      throw new IllegalArgumentException("safetensors header entry without shape or data_offsets");
-    }
-    long[] out = new long[items.size()];
-    for (int k = 0; k < out.length; k++) {
-      out[k] = ((Number) items.get(k)).longValue();
-    }
-    return out;
   }
 
   static float halfToFloat(short h) {

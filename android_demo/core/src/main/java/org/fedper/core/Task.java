@@ -12,15 +12,13 @@ public final class Task {
   public final String manifestSha256;
   public final Map<String, Object> config;
 
-  Task(Map<String, Object> m) {
-    this.round = ((Number) m.get("round")).longValue();
-    this.modelVersion = ((Number) m.get("model_version")).longValue();
-    this.deadline = m.get("deadline") == null ? null : String.valueOf(m.get("deadline"));
-    this.baseUrl = String.valueOf(m.get("base_url"));
-    this.manifestUrl = String.valueOf(m.get("manifest_url"));
-    this.manifestSha256 = String.valueOf(m.get("manifest_sha256"));
-    @SuppressWarnings("unchecked")
-    Map<String, Object> config = (Map<String, Object>) m.getOrDefault("config", java.util.Collections.emptyMap());
-    this.config = config;
+  Task(JsonFields m) {
+    this.round = m.integer("round");
+    this.modelVersion = m.integer("model_version");
+    this.deadline = m.string("deadline", null);
+    this.baseUrl = m.string("base_url");
+    this.manifestUrl = m.string("manifest_url");
+    this.manifestSha256 = m.string("manifest_sha256");
+    this.config = m.plainMap("config");
   }
 }

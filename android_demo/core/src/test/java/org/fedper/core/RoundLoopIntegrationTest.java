@@ -2,7 +2,9 @@ package org.fedper.core;
 
 import static org.junit.Assert.assertArrayEquals;
 import static org.junit.Assert.assertEquals;
+import static org.junit.Assert.assertFalse;
 import static org.junit.Assert.assertNotNull;
+import static org.junit.Assert.assertThrows;
 import static org.junit.Assert.assertTrue;
 
 import java.io.File;
@@ -17,12 +19,15 @@ import java.util.List;
 import java.util.Map;
 import java.util.Random;
 import org.junit.After;
-import org.junit.Before;
 import org.junit.Rule;
 import org.junit.Test;
 import org.junit.rules.TemporaryFolder;
 
-/** The Java client against a real `fedper serve` process: two devices, two full rounds. */
+/**
+ * The Java client against a real `fedper serve` process: two devices and two full rounds; a
+ * device with an empty test split; a head-only export; a device whose server moved to another
+ * export (a new model, or one whose base would take tensors the device keeps personal).
+ */
 public class RoundLoopIntegrationTest {
   private static final String ADMIN = "admin-token-for-java-tests-0123456789";
   private static final String ENROLL = "enrollment-key-for-java-tests";
@@ -31,18 +36,21 @@ public class RoundLoopIntegrationTest {
   private Process server;
   private String url;
 
-  @Before
-  public void startServer() throws Exception {
+  /** Starts `fedper serve` on fixtures export NAME (a new data dir each time) and waits for it. */
+  private void startServer(String export, int rounds, int clients) throws Exception {
+    if (server != null) {
+      stopServer();
+    }
     int port;
     try (ServerSocket s = new ServerSocket(0)) {
       port = s.getLocalPort();
     }
     url = "http://127.0.0.1:" + port;
     ProcessBuilder pb = new ProcessBuilder(HostFixtures.python(), "-m", "fedper.cli", "serve",
-        "--artifacts", HostFixtures.dir().resolve("artifacts").toString(),
-        "--data-dir", tmp.getRoot().toPath().resolve("server").toString(), "--port", Integer.toString(port),
-        "--rounds", "2", "--target-clients", "2", "--min-clients", "2", "--round-timeout", "0",
-        "--retry-after", "1");
+        "--artifacts", HostFixtures.dir().resolve(export).toString(),
+        "--data-dir", tmp.newFolder().toPath().resolve("server").toString(), "--port", Integer.toString(port),
+        "--rounds", Integer.toString(rounds), "--target-clients", Integer.toString(clients),
+        "--min-clients", Integer.toString(clients), "--round-timeout", "0", "--retry-after", "1");
     pb.environment().put("FEDPER_ADMIN_TOKEN", ADMIN);
     pb.environment().put("FEDPER_ENROLLMENT_KEY", ENROLL);
     pb.redirectErrorStream(true).redirectOutput(new File(tmp.getRoot(), "server.log"));
@@ -63,8 +71,11 @@ public class RoundLoopIntegrationTest {
 
   @After
   public void stopServer() throws Exception {
-    server.destroy();
-    server.waitFor();
+    if (server != null) {
+      server.destroy();
+      server.waitFor();
+      server = null;
+    }
   }
 
   private String log() throws Exception {
@@ -109,6 +120,7 @@ public class RoundLoopIntegrationTest {
     }
 
     @Override public double evaluate(LocalData.Batch batch) {
+      assertTrue("evaluated on an empty test split", batch.size() > 0);
       return 0.5;
     }
   }
@@ -120,6 +132,10 @@ public class RoundLoopIntegrationTest {
   }
 
   static LocalData data(int n) {
+    return data(n, 4);
+  }
+
+  static LocalData data(int n, int testSize) {
     return new LocalData() {
       @Override public int trainSize() {
         return n;
@@ -130,13 +146,14 @@ public class RoundLoopIntegrationTest {
       }
 
       @Override public Batch testSet() {
-        return new Batch(new float[4 * 3 * 32 * 32], new long[4]);
+        return new Batch(new float[testSize * 3 * 32 * 32], new long[testSize]);
       }
     };
   }
 
   @Test
   public void twoDevicesTwoRoundsAndTheAggregateIsTheWeightedMean() throws Exception {
+    startServer("artifacts", 2, 2);
     int[] samples = {30, 10};
     float[] offsets = {1f, 4f};
     FakeTrainer[] trainers = new FakeTrainer[2];
@@ -202,6 +219,124 @@ public class RoundLoopIntegrationTest {
       assertEquals(2, trainers[d].steps);
     }
     assertArrayEquals(new long[] {1, 2}, new long[] {reports.get(0).get(0).round, reports.get(0).get(1).round});
+  }
+
+  /** The real transport, keeping every upload's body (what the server was sent). */
+  static final class RecordingTransport implements HttpTransport {
+    final HttpTransport real = new HttpTransport.UrlConnection(30_000);
+    final List<Safetensors.File> uploads = Collections.synchronizedList(new ArrayList<>());
+
+    @Override
+    public Response send(String method, String url, Map<String, String> headers, byte[] body) throws java.io.IOException {
+      if (method.equals("POST") && url.endsWith("/updates")) {
+        uploads.add(Safetensors.read(body));
+      }
+      return real.send(method, url, headers, body);
+    }
+  }
+
+  /** One device on one store: its loop, what it uploaded and the trainers it was given. */
+  final class Device {
+    final DeviceStore store;
+    final RecordingTransport http = new RecordingTransport();
+    final List<Manifest> manifests = new ArrayList<>();
+    final FakeTrainer trainer;
+    final RoundLoop loop;
+
+    Device(DeviceStore store, float offset, LocalData data) {
+      this.store = store;
+      this.trainer = new FakeTrainer(offset);
+      ProtocolClient client = new ProtocolClient(url, http, Backoff.standard(), new Random(0), Backoff.Sleeper.REAL);
+      this.loop = new RoundLoop(client, store, m -> data, (dir, m) -> {
+        manifests.add(m);
+        return trainer;
+      }, Backoff.Sleeper.REAL, 0.5, 0);
+    }
+
+    List<RoundLoop.Report> runUntilFinished() throws Exception {
+      loop.ensureEnrolled(ENROLL, "android-host-test");
+      return loop.run(0);
+    }
+  }
+
+  private static Map<String, Tensor> initial(String export, String role) throws Exception {
+    Path dir = HostFixtures.dir().resolve(export);
+    return Safetensors.read(Files.readAllBytes(dir.resolve(manifest(export).artifacts.get(role)))).tensors;
+  }
+
+  private static Manifest manifest(String export) throws Exception {
+    Path file = HostFixtures.dir().resolve(export).resolve("manifest.json");
+    return Manifest.parse(new String(Files.readAllBytes(file), StandardCharsets.UTF_8));
+  }
+
+  @Test
+  public void aDeviceWithAnEmptyTestSplitCompletesItsRoundWithoutAnAccuracy() throws Exception {
+    startServer("artifacts", 1, 1);
+    Device device = new Device(new DeviceStore(tmp.newFolder().toPath()), 1f, data(10, 0));
+    List<RoundLoop.Report> reports = device.runUntilFinished(); // FakeTrainer fails on an empty evaluate
+    assertEquals(1, reports.size());
+    assertEquals(1, reports.get(0).received); // the server accepted the upload
+    assertTrue(Double.isNaN(reports.get(0).accuracy));
+    assertEquals(1, device.http.uploads.size());
+    Map<String, String> meta = device.http.uploads.get(0).metadata;
+    assertFalse(meta.toString(), meta.containsKey("metric.accuracy"));
+    assertFalse(meta.toString(), meta.containsKey("metric.accuracy_after"));
+    assertEquals("1.0", meta.get("metric.train_loss"));
+    assertEquals("10", meta.get("num_samples"));
+  }
+
+  @Test
+  public void headOnlyTrainingUploadsTheReceivedBaseAndKeepsAChangedHead() throws Exception {
+    startServer("artifacts-head", 1, 1);
+    Manifest m = manifest("artifacts-head");
+    assertEquals("head", m.trainable);
+    Device device = new Device(new DeviceStore(tmp.newFolder().toPath()), 2f, data(10));
+    assertEquals(1, device.runUntilFinished().size());
+    assertEquals(1, device.http.uploads.size());
+    Map<String, Tensor> uploaded = device.http.uploads.get(0).tensors;
+    assertEquals(m.baseNames(), new ArrayList<>(uploaded.keySet()));
+    assertEquals(initial("artifacts-head", "initial_base"), uploaded); // the trainer's base + 2 is not sent
+    String sha = ProtocolClient.sha256Hex(Files.readAllBytes(HostFixtures.dir().resolve("artifacts-head/manifest.json")));
+    assertEquals(shifted(initial("artifacts-head", "initial_head"), 1f), device.store.heads.load(sha));
+  }
+
+  @Test
+  public void aNewExportIsANewModelAndOneThatWouldUploadAPersonalTensorIsRefused() throws Exception {
+    DeviceStore store = new DeviceStore(tmp.newFolder().toPath());
+    String shaA = ProtocolClient.sha256Hex(Files.readAllBytes(HostFixtures.dir().resolve("artifacts/manifest.json")));
+    String shaB = ProtocolClient.sha256Hex(Files.readAllBytes(HostFixtures.dir().resolve("artifacts-seed1/manifest.json")));
+    startServer("artifacts", 1, 1);
+    Device first = new Device(store, 1f, data(10));
+    assertEquals(1, first.runUntilFinished().size());
+    assertEquals(shaA, store.pinnedManifest());
+    Map<String, Tensor> headA = store.heads.load(shaA);
+    assertEquals(shifted(initial("artifacts", "initial_head"), 1f), headA);
+
+    // The server restarts on another model with the same partition; the device enrolls with it
+    // anew (the old server's token means nothing there) and keeps its pinned manifest and heads.
+    startServer("artifacts-seed1", 1, 1);
+    Files.delete(store.root().resolve("device.json"));
+    Device second = new Device(store, 1f, data(10));
+    assertEquals(1, second.runUntilFinished().size());
+    assertEquals(1, second.manifests.size());
+    assertEquals(manifest("artifacts-seed1").baseNames(), second.manifests.get(0).baseNames());
+    assertEquals(shaB, store.pinnedManifest());
+    // A new model starts from its own exported head, not the head trained for the old one.
+    assertEquals(initial("artifacts-seed1", "initial_head"), second.trainer.headsReceived.get(0));
+    assertEquals(manifest("artifacts-seed1").baseNames(), new ArrayList<>(second.http.uploads.get(0).tensors.keySet()));
+    assertEquals(headA, store.heads.load(shaA)); // the old model's head is kept
+
+    // Then on an export whose base holds tensors the pinned manifest keeps personal: refused
+    // before any training or upload, and the device stays pinned to the manifest it had.
+    startServer("artifacts-kp1", 1, 1);
+    Files.delete(store.root().resolve("device.json"));
+    Device third = new Device(store, 1f, data(10));
+    ProtocolException refused = assertThrows(ProtocolException.class, third::runUntilFinished);
+    assertEquals("manifest_conflict", refused.code);
+    assertTrue(refused.getMessage(), refused.getMessage().contains("blocks.12."));
+    assertTrue(third.http.uploads.isEmpty());
+    assertTrue(third.manifests.isEmpty());
+    assertEquals(shaB, store.pinnedManifest());
   }
 
   private static String manifest_sha(Path artifacts) throws Exception {
