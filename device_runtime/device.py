@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
@@ -143,7 +144,8 @@ class Device:
     def evaluate_final(self) -> float | None:
         """Score the test split with the newest model version's base (``GET /v1/status``) and
         the head this device kept, as the simulation's final point; emits FinalEvaluated. None,
-        and nothing emitted, for a device that never trained (it has no head)."""
+        and nothing emitted, for a device that never trained (it has no head) or has no test
+        examples (accuracy is undefined)."""
         sha = self.storage.pinned_manifest()
         head = self.storage.load_head(sha) if sha is not None else None
         if sha is None or head is None:
@@ -154,7 +156,9 @@ class Device:
         with self._compute():
             trainer.set_tensors(base)
             trainer.set_tensors(head)
-            accuracy = evaluate(trainer, xt, yt)
+            accuracy = score(trainer, xt, yt)
+        if accuracy is None:
+            return None
         self._emit(FinalEvaluated(status.round + 1, status.model_version, len(y), accuracy))
         return accuracy
 
@@ -170,7 +174,7 @@ class Device:
                 trainer.set_tensors(head)
             else:  # first round: the exported initial head
                 trainer.set_tensors(self._initial_head(sha, manifest))
-            accuracy = evaluate(trainer, xt, yt)
+            accuracy = score(trainer, xt, yt)
         self._emit(Evaluated(task.round, accuracy))
         if rng.random() < self.options.dropout:
             self._skip_round = task.round
@@ -182,19 +186,17 @@ class Device:
             # The same batch order as `fedper simulate` gives client `client_id` in this round.
             order = batch_order_rng(self.options.seed, task.round, self.options.client_id)
             loss = train(trainer, x, y, config, order)
-            accuracy_after = evaluate(trainer, xt, yt)
+            accuracy_after = score(trainer, xt, yt)
             head_after = trainer.get_tensors(manifest.head_names)
             update = trainer.get_tensors(manifest.base_names)
         self.storage.save_head(sha, head_after)  # before uploading: a crash keeps the head
         if rng.random() < self.options.straggler:
             self._sleep(self.options.straggler_delay)
-        metrics = {"accuracy": accuracy, "accuracy_after": accuracy_after}
-        if not np.isnan(loss):
-            metrics["train_loss"] = loss
+        metrics = {"accuracy": accuracy, "accuracy_after": accuracy_after, "train_loss": loss}
         body = weights.encode(
             update,
             {Metadata.NUM_SAMPLES: str(len(y)), Metadata.BASE_VERSION: str(task.model_version),
-             **{f"{Metadata.METRIC_PREFIX}{k}": repr(float(v)) for k, v in metrics.items()}},
+             **metric_metadata(metrics)},
         )  # fmt: skip
         received = self.client.upload(task.round, body)
         report = RoundReport(task.round, task.model_version, len(y), accuracy, accuracy_after,
@@ -245,6 +247,21 @@ class Device:
     def _initial_head(self, sha: str, manifest: Manifest) -> dict[str, np.ndarray]:
         path = self.storage.artifact_dir(sha) / manifest.artifacts["initial_head"]
         return weights.load_checked([path], manifest.layout("head"))
+
+
+def score(trainer: Trainer, x: torch.Tensor, y: torch.Tensor) -> float | None:
+    """Accuracy on the test split; None when it is empty (undefined, so never reported)."""
+    return evaluate(trainer, x, y) if len(y) else None
+
+
+def metric_metadata(metrics: Mapping[str, float | None]) -> dict[str, str]:
+    """``metric.<name>`` entries of an upload: undefined (None) and non-finite values are left
+    out, since the server refuses NaN and Inf (``bad_metadata``) and the round's work would be lost."""
+    return {
+        f"{Metadata.METRIC_PREFIX}{name}": repr(float(value))
+        for name, value in metrics.items()
+        if value is not None and math.isfinite(value)
+    }
 
 
 def make_trainer(engine: Engine, directory: Any, manifest: Manifest, evaluator: Evaluator = "onnx") -> Trainer:

@@ -14,7 +14,7 @@ class RoundReport:
     round: int
     model_version: int
     num_samples: int
-    accuracy: float
+    accuracy: float | None  # None: an empty test split
     accuracy_after: float | None
     train_loss: float | None
     uploaded: bool
@@ -26,7 +26,7 @@ class Evaluated:
     """Scored its test split with the received base and its own head, before training."""
 
     round: int
-    accuracy: float
+    accuracy: float | None  # None: an empty test split
     kind: ClassVar[str] = "evaluated"
 
 

@@ -197,9 +197,10 @@ def run_fleet(fleet: FleetConfig, data: DataConfig, enrollment_key: str, recorde
                 case Uploaded(report=r):
                     progress.training.discard(client_id)
                     progress.uploads += 1
-                    progress.accuracy.setdefault(r.round, []).append(r.accuracy)
-                    recorder.add(ClientRecord(fleet.label, r.round, client_id, r.num_samples,
-                                              r.accuracy, r.accuracy_after, r.train_loss))  # fmt: skip
+                    if r.accuracy is not None:  # a device without test examples has no accuracy
+                        progress.accuracy.setdefault(r.round, []).append(r.accuracy)
+                        recorder.add(ClientRecord(fleet.label, r.round, client_id, r.num_samples,
+                                                  r.accuracy, r.accuracy_after, r.train_loss))  # fmt: skip
                 case FinalEvaluated(round=number, num_samples=n, accuracy=accuracy):
                     progress.accuracy.setdefault(number, []).append(accuracy)
                     recorder.add(ClientRecord(fleet.label, number, client_id, n, accuracy, final=True))

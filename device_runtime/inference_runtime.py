@@ -1,8 +1,8 @@
 """Scoring images with the exported inference models and a device's *current* weights.
 
 Neither model has weights baked in: the ExecuTorch program loads a ``.ptd``
-written from the given tensors, and the ONNX model takes its weights as
-overridable initializers (they are also graph inputs).
+written from the given tensors, and the ONNX model takes its weights as true
+graph inputs (no initializers), fed with the image on every run.
 """
 
 from __future__ import annotations
@@ -14,6 +14,11 @@ import numpy as np
 import torch
 
 from device_runtime.weights_file import encode_ptd
+from fedper.errors import FedperError
+
+
+class OnnxContractError(FedperError, ValueError):
+    """An ONNX model or a weight set that breaks the scoring contract (see docs/EXPORT.md)."""
 
 
 class ExecuTorchInference:
@@ -41,26 +46,65 @@ class ExecuTorchInference:
 
 
 class OnnxInference:
-    """ONNX Runtime with the model's initializers overridden by the given tensors."""
+    """ONNX Runtime under the scoring contract a phone's ONNX Runtime (Java) imposes.
+
+    Java's ``OrtSession.run`` takes exactly the model's required inputs: the image ``input``
+    and every weight as a true graph input (no initializers to override). This class feeds
+    exactly ``{i.name for i in session.get_inputs()}`` too, so a model or a weight set that
+    would fail on a phone fails here, with the tensor named.
+    """
+
+    IMAGE_INPUT = "input"
 
     def __init__(self, model: Path, threads: int = 0):
         import onnxruntime as ort
 
         options = ort.SessionOptions()
-        options.log_severity_level = 3  # initializers-as-inputs is deliberate; skip the warning
         if threads:
             options.intra_op_num_threads = threads
         self._session = ort.InferenceSession(str(model), options, providers=["CPUExecutionProvider"])
-        self._input = self._session.get_inputs()[0].name
-        self._overridable = {i.name for i in self._session.get_overridable_initializers()}
-        self._feeds: dict[str, np.ndarray] = {}
+        inputs = {i.name: i.shape for i in self._session.get_inputs()}
+        if self.IMAGE_INPUT not in inputs:
+            raise OnnxContractError(
+                f"{model}: no image input named {self.IMAGE_INPUT!r} (inputs {list(inputs)[:3]}...)"
+            )
+        overridable = [i.name for i in self._session.get_overridable_initializers()]
+        if overridable:
+            raise OnnxContractError(
+                f"{model}: weights such as {overridable[0]!r} are initializers, which ONNX Runtime Java "
+                "cannot feed; re-export with fedper export (weights as graph inputs)"
+            )
+        self._weight_shapes = {n: tuple(s) for n, s in inputs.items() if n != self.IMAGE_INPUT}
+        self._weights: dict[str, np.ndarray] = {}
+
+    @property
+    def input_names(self) -> set[str]:
+        """The model's required inputs: exactly what :meth:`feeds` returns."""
+        return {self.IMAGE_INPUT, *self._weight_shapes}
 
     def set_weights(self, tensors: Mapping[str, torch.Tensor]) -> None:
-        unknown = [n for n in tensors if n not in self._overridable]
+        """Every weight input, nothing else, each of its input's shape."""
+        unknown = sorted(n for n in tensors if n not in self._weight_shapes)
         if unknown:
-            raise KeyError(f"the ONNX model has no initializer named {unknown[0]!r}")
-        self._feeds = {n: t.detach().float().numpy() for n, t in tensors.items()}
+            raise OnnxContractError(f"the ONNX model has no weight input named {unknown[0]!r} ({len(unknown)} unknown)")
+        missing = [n for n in self._weight_shapes if n not in tensors]
+        if missing:
+            raise OnnxContractError(
+                f"no tensor given for the ONNX weight input {missing[0]!r} ({len(missing)} missing)"
+            )
+        weights = {n: tensors[n].detach().float().numpy() for n in self._weight_shapes}
+        for name, value in weights.items():
+            if value.shape != self._weight_shapes[name]:
+                raise OnnxContractError(
+                    f"ONNX weight input {name!r} has shape {list(self._weight_shapes[name])}, given {list(value.shape)}"
+                )
+        self._weights = weights
+
+    def feeds(self, x: torch.Tensor) -> dict[str, np.ndarray]:
+        """What ``session.run`` gets for the image batch ``x``: one entry per model input."""
+        if not self._weights:
+            raise RuntimeError("call set_weights() first")
+        return {self.IMAGE_INPUT: x.detach().float().contiguous().numpy(), **self._weights}
 
     def predict(self, x: torch.Tensor) -> torch.Tensor:
-        feeds = {self._input: x.numpy(), **self._feeds}
-        return torch.from_numpy(self._session.run(None, feeds)[0])
+        return torch.from_numpy(self._session.run(None, self.feeds(x))[0])

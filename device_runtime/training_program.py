@@ -205,8 +205,12 @@ def median_step_ms(directory: Path, batch: int = 32, steps: int = 5) -> float:
 
 def check_exported(directory: Path, manifest: Manifest) -> None:
     """What ``fedper export`` runs before publishing: the program loads in the runtime a device
-    uses, and its training metadata is right (:func:`check_training_metadata`)."""
-    TrainingProgram(directory, manifest)
+    uses, its training metadata is right (:func:`check_training_metadata`), and ``model.onnx``
+    scores under the contract a phone's ONNX Runtime imposes (weights as graph inputs, exactly
+    the manifest's base and head tensors)."""
+    program = TrainingProgram(directory, manifest, evaluator="onnx")
+    size = manifest.model.input_size
+    program.predict(torch.zeros(1, 3, size, size))
 
 
 def check_training_metadata(module: Any, manifest: Manifest, params: Mapping[str, torch.Tensor]) -> None:

@@ -18,7 +18,7 @@ ROLES_HELP = {
     "train.ptd": "its initial weights (a device copies its own in)",
     "infer.pte": "ExecuTorch inference program, batch 1",
     "infer.ptd": "its initial weights (a device writes its own)",
-    "model.onnx": "eval model for ONNX Runtime, weights as named initializers",
+    "model.onnx": "eval model for ONNX Runtime: inputs are the image and every base/head weight",
     "base.safetensors": "initial base tensors (what the server serves as version 0)",
     "head.safetensors": "initial head tensors (each device's starting head)",
 }

@@ -6,13 +6,14 @@ import shutil
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
+from importlib.metadata import version
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from export.executorch_lowering import lower_inference_program, lower_training_program
-from export.onnx_export import export_onnx
+from export.onnx_export import ONNX_OPSET, export_onnx
 from export.training_graph import VARIANTS, Variant, resolve_variant, training_step
 from fedper import __version__, weights
 from fedper.atomic_write import atomic_directory
@@ -29,6 +30,7 @@ from fedper.manifest import (
     ModelSpec,
     Normalization,
     OutputSpec,
+    RuntimeSpec,
     TensorEntry,
     Tensors,
     TrainingDefaults,
@@ -168,9 +170,13 @@ def run_export(
             seconds["inference program"] = time.perf_counter() - t
             t = time.perf_counter()
             say("exporting ONNX...")
-            (staging / ARTIFACT_FILES["onnx_model"]).write_bytes(export_onnx(model, mcfg.input_size))
+            onnx_model = export_onnx(model, mcfg.input_size, list(exchanged_state(model)), ONNX_OPSET)
+            (staging / ARTIFACT_FILES["onnx_model"]).write_bytes(onnx_model)
             seconds["onnx"] = time.perf_counter() - t
-        manifest = write_weights_and_manifest(staging, model, mcfg, config, variant, norm, labels)
+        # Copied programs keep the runtime that wrote them (unknown for exports made before
+        # manifests recorded it).
+        runtime = source.runtime if source is not None else current_runtime()
+        manifest = write_weights_and_manifest(staging, model, mcfg, config, variant, norm, labels, runtime)
         write_manifest(staging, manifest)
         if check is not None:
             t = time.perf_counter()
@@ -191,6 +197,7 @@ def write_weights_and_manifest(
     variant: Variant,
     norm: Normalization,
     labels: list[str] | None,
+    runtime: RuntimeSpec | None,
 ) -> Manifest:
     """Write the initial base/head safetensors and return the manifest of ``directory``
     (the program files must be there already: their sha256 goes into the manifest)."""
@@ -224,7 +231,13 @@ def write_weights_and_manifest(
         ),
         artifacts=dict(ARTIFACT_FILES),
         sha256={name: sha256_file(directory / name) for name in ARTIFACT_FILES.values()},
+        runtime=runtime,
     )
+
+
+def current_runtime() -> RuntimeSpec:
+    """The ExecuTorch package writing this export's programs, and the ONNX opset it uses."""
+    return RuntimeSpec(executorch=version("executorch"), onnx_opset=ONNX_OPSET)
 
 
 def _entry(name: str, tensor: torch.Tensor) -> TensorEntry:
@@ -241,7 +254,8 @@ def _load_into(model: StagedModel, tensors: Mapping[str, np.ndarray]) -> None:
 def write_server_only_export(out: Path, alpha: float = 1.0, kp: int = 2, seed: int = 0) -> Path:
     """An export directory with the real manifest and weights of MobileNet-V1 at ``alpha``
     but placeholder program files: everything the server needs (it serves programs as
-    opaque files), without minutes of lowering. For load tests of the server."""
+    opaque files), without minutes of lowering. For load tests of the server and the Android
+    core's host tests; its ``runtime`` is what a real export with this install would record."""
     out.mkdir(parents=True)
     for role in PROGRAM_ROLES:
         (out / ARTIFACT_FILES[role]).write_bytes(b"placeholder program: served, never run")
@@ -249,5 +263,5 @@ def write_server_only_export(out: Path, alpha: float = 1.0, kp: int = 2, seed: i
     model = build_model(mcfg, seed=seed)
     norm = Normalization(mean=list(DEFAULT_MEAN), std=list(DEFAULT_STD))
     config = ExportConfig(alpha=alpha, kp=kp, out=out)
-    write_manifest(out, write_weights_and_manifest(out, model, mcfg, config, "fast", norm, None))
+    write_manifest(out, write_weights_and_manifest(out, model, mcfg, config, "fast", norm, None, current_runtime()))
     return out

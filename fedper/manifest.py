@@ -134,6 +134,13 @@ class TrainingDefaults(_Strict):
         )
 
 
+class RuntimeSpec(_Strict):
+    """What wrote the programs: a device refuses programs its runtime cannot load."""
+
+    executorch: str  # version of the executorch package that wrote the .pte/.ptd files
+    onnx_opset: int  # the opset model.onnx was exported with
+
+
 class Manifest(_Strict):
     format: Literal["fedper-manifest/1"] = "fedper-manifest/1"
     created_by: str
@@ -147,6 +154,7 @@ class Manifest(_Strict):
     training: TrainingDefaults
     artifacts: dict[str, str]
     sha256: dict[str, str]
+    runtime: RuntimeSpec | None = None  # absent in manifests written before it existed
 
     @model_validator(mode="after")
     def _consistent(self) -> Manifest:
@@ -172,7 +180,8 @@ class Manifest(_Strict):
         return [(t.name, tuple(t.shape)) for t in entries]
 
     def to_json(self) -> str:
-        return self.model_dump_json(indent=2) + "\n"
+        """The manifest as written; an unknown ``runtime`` is left out rather than null."""
+        return self.model_dump_json(indent=2, exclude={"runtime"} if self.runtime is None else None) + "\n"
 
 
 def sha256_file(path: Path) -> str:

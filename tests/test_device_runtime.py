@@ -18,11 +18,11 @@ import numpy as np
 import pytest
 
 from device_runtime.client import ProtocolClient
-from device_runtime.device import Device, DeviceOptions
+from device_runtime.device import Device, DeviceOptions, metric_metadata
 from device_runtime.device_storage import DeviceStorage
 from device_runtime.events import DeviceEvent, FinalEvaluated, Finished, RoundReport
 from device_runtime.fleet import FleetConfig, run_fleet
-from device_runtime.local_data import share
+from device_runtime.local_data import LocalData, share
 from device_runtime.network_faults import RecordingTransport
 from fedper import weights
 from fedper.data import DataConfig
@@ -237,6 +237,39 @@ def test_dropout_with_min_clients_closes_rounds_at_the_deadline(artifacts, tmp_p
     head_0 = weights.load(tmp_path / "devices" / "device_0" / "heads" / f"{sha}.safetensors")
     assert finals[0][0].accuracy == pytest.approx(_accuracy(artifacts, final, head_0), abs=0.02)
     assert not (tmp_path / "devices" / "device_2" / "heads").exists()
+
+
+def test_a_device_without_test_examples_omits_accuracy_and_its_round_counts(server_artifacts, tmp_path):
+    """accuracy of an empty test split is undefined: the upload carries no metric.accuracy (the
+    server refuses NaN), and the round closes with the device's update and its train_loss."""
+    recording = RecordingTransport()
+    local = share(DATA, 0)
+    no_test = LocalData(local.train, local.test.subset(np.arange(0)))
+    events: list[DeviceEvent] = []
+    config = {**SERVER, "rounds": 1, "target_clients": 1, "min_clients": 1}
+    with serve(server_artifacts, tmp_path / "server", **config) as s:  # type: ignore[arg-type]
+        client = ProtocolClient(s.url, transport=recording)
+        options = DeviceOptions(engine="eager", client_id=0, max_idle_wait=0.5)
+        device = Device(client, DeviceStorage(tmp_path / "device"), lambda _m: no_test, options, ENROLL, events.append)
+        try:
+            reports = device.run()
+        finally:
+            client.close()
+        round_1 = _round(s.url, 1)
+    assert [(r.accuracy, r.accuracy_after, r.uploaded) for r in reports] == [(None, None, True)]
+    assert reports[0].train_loss is not None and reports[0].received == 1
+    assert round_1["state"] == "closed" and round_1["received"] == 1
+    assert "accuracy" not in round_1["metrics"] and "train_loss" in round_1["metrics"]
+    (body,) = [b for m, p, b in recording.requests if m == "POST" and p == "/v1/rounds/1/updates"]
+    metadata = decode_update(body)[1]
+    assert sorted(k for k in metadata if k.startswith("metric.")) == ["metric.train_loss"]
+    assert not [e for e in events if isinstance(e, FinalEvaluated)]  # nothing to score at the end either
+    assert isinstance(events[-1], Finished)
+
+
+def test_metric_metadata_leaves_out_undefined_and_non_finite_values():
+    metrics = {"accuracy": None, "accuracy_after": 0.5, "train_loss": float("nan"), "x": float("inf"), "y": -1.25}
+    assert metric_metadata(metrics) == {"metric.accuracy_after": "0.5", "metric.y": "-1.25"}
 
 
 def _accuracy(artifacts: Path, base: dict[str, np.ndarray], head: dict[str, np.ndarray], client: int = 0) -> float:

@@ -1,6 +1,7 @@
 import copy
 import json
 import shutil
+from importlib.metadata import version
 
 import numpy as np
 import pytest
@@ -48,6 +49,7 @@ def test_manifest_describes_the_split_and_every_file(artifacts):
     assert sorted(tp.parameters + tp.bn_statistics) == sorted(s.names)
     assert manifest.training.learning_rate == 0.01 and manifest.training.optimizer == "sgd"
     assert set(weights.load(artifacts / "head.safetensors")) == set(s.head)
+    assert manifest.runtime is not None and manifest.runtime.executorch == version("executorch")
 
 
 def test_manifest_reader_refuses_tampering(artifacts, tmp_path):
@@ -231,6 +233,7 @@ def test_repartition_reuses_programs(artifacts, tmp_path):
     assert new.base_names == [n for n in old.base_names + old.head_names if n in set(new.base_names)]
     assert len(new.base_names) == len(old.base_names) + len(old.head_names)
     assert report.manifest.kp == 0
+    assert new.runtime == old.runtime  # the copied programs were written by the source's ExecuTorch
     TrainingProgram(out)  # the same program serves kp=0
 
 

@@ -140,6 +140,9 @@ def test_every_rejection_class_changes_nothing(server, server_manifest):
         (post(update_body(good, base_version="latest")), 422, "bad_metadata"),
         (post(update_body(good, metrics={"Accuracy!": 0.5})), 422, "bad_metadata"),
         (post(update_body(good, metrics={"accuracy": "nan"})), 422, "bad_metadata"),
+        (post(update_body(good, metrics={"accuracy": "NaN"})), 422, "bad_metadata"),  # Java's Float.toString
+        (post(update_body(good, metrics={"accuracy": "inf"})), 422, "bad_metadata"),
+        (post(update_body(good, metrics={"accuracy": "-Infinity"})), 422, "bad_metadata"),
         (post(update_body(good, base_version=3)), 409, "stale_base_version"),
     ]  # fmt: skip
     for response, status, code in cases:
