@@ -19,8 +19,11 @@ BUILD=build
 rm -rf "$BUILD"
 mkdir -p "$BUILD"
 javac --release 11 -Xlint:all -Werror -cp "$ANDROID_JSON" -d "$BUILD/classes" $(find src/main/java -name '*.java')
+# The app (Android) against the API stubs, with core's classes: a compile check, nothing runs.
+../app-compile.sh "$PWD/$BUILD/classes:$ANDROID_JSON" "$PWD/$BUILD/app"
 javac --release 11 -cp "$BUILD/classes:$ANDROID_JSON:$JUNIT:$HAMCREST" -d "$BUILD/test-classes" $(find src/test/java -name '*.java')
 "$PYTHON" host_fixtures.py make "$BUILD/fixtures"
+"$PYTHON" host_fixtures.py onnx-inputs "$BUILD/fixtures/onnx"
 TESTS=$(cd src/test/java && find . -name '*Test.java' | sed 's|^\./||; s|\.java$||; s|/|.|g' | sort)
 java -cp "$BUILD/classes:$BUILD/test-classes:$ANDROID_JSON:$JUNIT:$HAMCREST" \
   -Dfedper.python="$PYTHON" -Dfedper.fixtures="$PWD/$BUILD/fixtures" -Dfedper.script="$PWD/host_fixtures.py" \

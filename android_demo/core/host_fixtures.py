@@ -6,6 +6,9 @@ export (kp 2, seed 0); ``artifacts-head`` the same with ``training.trainable = "
 ``artifacts-seed1`` another model with the same partition; ``artifacts-kp1`` a partition whose
 base holds tensors that ``artifacts`` keeps personal.
 ``host_fixtures.py verify FILE``: checks a file the Java codec wrote; exit 1 with the difference.
+``host_fixtures.py onnx-inputs OUT``: model.onnx of the same model (MobileNet 0.25 @ 32 px, seed 0) as
+``make`` exported, and input_names.txt: ONNX Runtime's input names for it, one a line, in order (what
+the Java ``OrtSession.getInputNames()`` reports on a phone).
 ``host_fixtures.py verify-ptd FILE``: checks a ``.ptd`` the Java side rewrote, with ExecuTorch's reader.
 """
 
@@ -59,6 +62,21 @@ def make(out: Path) -> None:
     (out / "python_written.ptd").write_bytes(encode_ptd({k: torch.from_numpy(v) for k, v in ptd_tensors().items()}))
 
 
+def onnx_inputs(out: Path) -> None:
+    import onnxruntime
+
+    from export.onnx_export import export_onnx
+    from fedper.models import ModelConfig, build_model
+
+    out.mkdir(parents=True, exist_ok=True)
+    model = build_model(ModelConfig(alpha=0.25, input_size=32), seed=0)
+    (out / "model.onnx").write_bytes(export_onnx(model, 32))
+    options = onnxruntime.SessionOptions()
+    options.log_severity_level = 3  # errors only
+    session = onnxruntime.InferenceSession(str(out / "model.onnx"), options, providers=["CPUExecutionProvider"])
+    (out / "input_names.txt").write_text("".join(f"{i.name}\n" for i in session.get_inputs()))
+
+
 def verify_ptd(path: Path) -> int:
     from device_runtime.weights_file import decode_ptd
 
@@ -95,6 +113,8 @@ if __name__ == "__main__":
     command, target = sys.argv[1], Path(sys.argv[2])
     if command == "make":
         make(target)
+    elif command == "onnx-inputs":
+        onnx_inputs(target)
     elif command == "verify-ptd":
         sys.exit(verify_ptd(target))
     else:

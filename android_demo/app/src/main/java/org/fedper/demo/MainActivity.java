@@ -78,13 +78,11 @@ public final class MainActivity extends AppCompatActivity {
 
   private void saveRating() {
     try {
-      DeviceStore store = RoundWorker.store(this);
-      Manifest m = manifest(store);
-      int size = m == null ? 32 : m.inputSize;
-      float[][] norm = m == null ? new float[][] {{0.5f, 0.5f, 0.5f}, {0.25f, 0.25f, 0.25f}} : PhotoRatings.normalization(m);
-      PhotoRatings.add(this, picked, Math.max(1, Math.round(rating.getRating())), size, norm[0], norm[1]);
+      PhotoRatings.add(this, picked, Math.max(1, Math.round(rating.getRating())));
       picked = null;
-      showStatus("saved; " + PhotoRatings.index(this).size() + " photos rated");
+      int legacy = PhotoRatings.legacyCount(this);
+      showStatus("saved; " + PhotoRatings.kept(this).size() + " photos rated"
+          + (legacy > 0 ? "; " + legacy + " photos rated by an older version must be rated again" : ""));
     } catch (Exception ex) {
       showStatus("could not save the rating: " + ex.getMessage());
     }
@@ -107,10 +105,8 @@ public final class MainActivity extends AppCompatActivity {
       weights.putAll(Safetensors.read(Files.readAllBytes(base)).tensors);
       Map<String, Tensor> head = store.heads.load(sha);
       weights.putAll(head != null ? head : Safetensors.read(Files.readAllBytes(dir.resolve(m.artifacts.get("initial_head")))).tensors);
-      float[][] norm = PhotoRatings.normalization(m);
       try (OnnxScorer scorer = new OnnxScorer(dir.resolve(m.artifacts.get("onnx_model")), m)) {
-        scorer.setWeights(weights);
-        float[] logits = scorer.logits(PhotoRatings.pixels(this, picked, m.inputSize, norm[0], norm[1]));
+        float[] logits = scorer.logits(PhotoRatings.pixels(this, picked, m), weights);
         showStatus(String.format(java.util.Locale.ROOT, "your taste predicts %.1f / 5 for this photo",
             OnnxScorer.expectedRating(logits)));
       }

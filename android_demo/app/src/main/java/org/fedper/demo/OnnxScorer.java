@@ -4,63 +4,69 @@ import ai.onnxruntime.OnnxTensor;
 import ai.onnxruntime.OrtEnvironment;
 import ai.onnxruntime.OrtException;
 import ai.onnxruntime.OrtSession;
+import java.io.IOException;
 import java.nio.FloatBuffer;
 import java.nio.file.Path;
-import java.util.HashMap;
+import java.util.ArrayList;
+import java.util.LinkedHashMap;
+import java.util.List;
 import java.util.Map;
 import org.fedper.core.Manifest;
+import org.fedper.core.ScoringFeeds;
 import org.fedper.core.Tensor;
 
 /**
- * Scores one photo with the exported ONNX model and the device's current weights: the export keeps
- * every weight as an overridable graph input, so the server's base plus this phone's own head are
- * fed in with the image and nothing is re-exported on the phone.
+ * Scores photos with the exported ONNX model and the device's current weights. The export makes
+ * every base and head tensor a true graph input (no initializer of that name), because ONNX
+ * Runtime's Java run() accepts only the model's required inputs; ScoringFeeds builds exactly those.
+ * The caller closes the scorer (try-with-resources, or when replacing it).
  */
 final class OnnxScorer implements AutoCloseable {
-  private final OrtEnvironment env = OrtEnvironment.getEnvironment();
+  private final OrtEnvironment env;
+  private final OrtSession.SessionOptions options;
   private final OrtSession session;
   private final Manifest manifest;
-  private final String inputName;
-  private final Map<String, OnnxTensor> weights = new HashMap<>();
 
-  OnnxScorer(Path model, Manifest manifest) throws java.io.IOException {
+  OnnxScorer(Path model, Manifest manifest) throws IOException {
     this.manifest = manifest;
+    OrtSession.SessionOptions opts = null;
     try {
-      this.session = env.createSession(model.toString(), new OrtSession.SessionOptions());
-      String image = null;
-      for (String name : session.getInputNames()) {
-        if (!manifest.base.containsKey(name) && !manifest.head.containsKey(name)) {
-          image = name; // every other input is an overridable weight
-          break;
-        }
-      }
-      if (image == null) {
-        throw new java.io.IOException(model + " has no image input");
-      }
-      this.inputName = image;
+      this.env = OrtEnvironment.getEnvironment();
+      opts = new OrtSession.SessionOptions();
+      this.session = env.createSession(model.toString(), opts);
+      this.options = opts; // ONNX Runtime: options must stay open until the session is closed
     } catch (OrtException ex) {
-      throw new java.io.IOException("cannot load " + model + ": " + ex.getMessage(), ex);
+      if (opts != null) {
+        opts.close();
+      }
+      throw new IOException("cannot load " + model + ": " + ex.getMessage(), ex);
+    } catch (LinkageError err) {
+      if (opts != null) {
+        opts.close();
+      }
+      throw new IOException("ONNX Runtime's native library did not load (" + err + ")", err);
     }
   }
 
-  void setWeights(Map<String, Tensor> tensors) throws OrtException {
-    for (OnnxTensor t : weights.values()) {
-      t.close();
-    }
-    weights.clear();
-    for (Map.Entry<String, Tensor> e : tensors.entrySet()) {
-      weights.put(e.getKey(), OnnxTensor.createTensor(env, FloatBuffer.wrap(e.getValue().data()), e.getValue().shape()));
-    }
-  }
-
-  /** Logits for one normalized NCHW image. */
-  float[] logits(float[] pixels) throws OrtException {
+  /** Logits for one normalized NCHW image under these base + head weights. */
+  float[] logits(float[] pixels, Map<String, Tensor> weights) throws OrtException {
     int s = manifest.inputSize;
-    try (OnnxTensor x = OnnxTensor.createTensor(env, FloatBuffer.wrap(pixels), new long[] {1, 3, s, s})) {
-      Map<String, OnnxTensor> feeds = new HashMap<>(weights);
-      feeds.put(inputName, x);
-      try (OrtSession.Result r = session.run(feeds)) {
+    Map<String, Tensor> feeds = ScoringFeeds.feeds(
+        manifest, session.getInputNames(), new Tensor(new long[] {1, 3, s, s}, pixels), weights);
+    List<OnnxTensor> open = new ArrayList<>();
+    try {
+      Map<String, OnnxTensor> inputs = new LinkedHashMap<>();
+      for (Map.Entry<String, Tensor> e : feeds.entrySet()) {
+        OnnxTensor t = OnnxTensor.createTensor(env, FloatBuffer.wrap(e.getValue().data()), e.getValue().shape());
+        open.add(t);
+        inputs.put(e.getKey(), t);
+      }
+      try (OrtSession.Result r = session.run(inputs)) {
         return ((float[][]) r.get(0).getValue())[0];
+      }
+    } finally {
+      for (OnnxTensor t : open) {
+        t.close();
       }
     }
   }
@@ -92,9 +98,10 @@ final class OnnxScorer implements AutoCloseable {
   }
 
   @Override public void close() throws OrtException {
-    for (OnnxTensor t : weights.values()) {
-      t.close();
+    try {
+      session.close();
+    } finally {
+      options.close();
     }
-    session.close();
   }
 }

@@ -3,29 +3,33 @@ package org.fedper.demo;
 import android.content.Context;
 import android.graphics.Bitmap;
 import android.graphics.BitmapFactory;
+import android.graphics.Matrix;
+import android.media.ExifInterface;
 import android.net.Uri;
+import java.io.ByteArrayOutputStream;
 import java.io.IOException;
 import java.io.InputStream;
-import java.nio.ByteBuffer;
-import java.nio.ByteOrder;
-import java.nio.charset.StandardCharsets;
 import java.nio.file.Files;
 import java.nio.file.Path;
 import java.util.ArrayList;
-import java.util.LinkedHashMap;
 import java.util.List;
-import java.util.Map;
+import java.util.Locale;
+import java.util.stream.Stream;
 import org.fedper.core.AtomicFiles;
-import org.fedper.core.Json;
 import org.fedper.core.LocalData;
 import org.fedper.core.Manifest;
 
 /**
- * The photos this user rated 1-5, in app-private storage: each as the model's input pixels
- * (center square, resized, normalized as the manifest says) plus its rating. Photos never leave
- * the phone; one in five (by a stable hash) is kept for the local test split.
+ * The photos this user rated 1-5, in app-private storage. Each is kept as a small upright JPEG
+ * (longest side {@link #KEPT_SIDE}, EXIF rotation applied) with its rating in the file name, and
+ * turned into model input (center square, resized, normalized) only when a round or a score needs
+ * it, from that export's manifest: a new export with another input size or normalization reuses
+ * every photo. Photos never leave the phone; one in five (by a stable hash) is the local test split.
  */
 final class PhotoRatings implements LocalData {
+  /** Longest side of a kept photo: well above any exported input size, small on disk. */
+  static final int KEPT_SIDE = 256;
+
   private final List<float[]> train = new ArrayList<>();
   private final List<Long> trainLabels = new ArrayList<>();
   private final List<float[]> test = new ArrayList<>();
@@ -35,63 +39,155 @@ final class PhotoRatings implements LocalData {
     return context.getFilesDir().toPath().resolve("ratings");
   }
 
-  /** Stores one rated photo (as pixels the model reads) and its rating. */
-  static void add(Context context, Uri photo, int rating, int size, float[] mean, float[] std) throws IOException {
-    float[] pixels = pixels(context, photo, size, mean, std);
-    String id = Integer.toHexString(photo.toString().hashCode()) + "-" + size;
-    ByteBuffer buf = ByteBuffer.allocate(4 * pixels.length).order(ByteOrder.LITTLE_ENDIAN);
-    for (float v : pixels) {
-      buf.putFloat(v);
+  /** Keeps one rated photo (downscaled, upright) under a name carrying its rating 1-5. */
+  static void add(Context context, Uri photo, int rating) throws IOException {
+    if (rating < 1 || rating > 5) {
+      throw new IllegalArgumentException("rating " + rating + " is not 1-5");
     }
-    AtomicFiles.write(root(context).resolve(id + ".f32"), buf.array());
-    Map<String, Object> index = index(context);
-    index.put(id, (long) rating);
-    AtomicFiles.write(root(context).resolve("index.json"), Json.write(index).getBytes(StandardCharsets.UTF_8));
+    Bitmap upright = decodeUpright(context, photo);
+    ByteArrayOutputStream jpeg = new ByteArrayOutputStream();
+    if (!upright.compress(Bitmap.CompressFormat.JPEG, 90, jpeg)) {
+      throw new IOException("cannot re-encode " + photo);
+    }
+    upright.recycle();
+    String id = Integer.toHexString(photo.toString().hashCode());
+    try (Stream<Path> old = Files.list(Files.createDirectories(root(context)))) {
+      for (Path p : (Iterable<Path>) old::iterator) {
+        if (p.getFileName().toString().startsWith(id + ".")) {
+          Files.delete(p); // re-rated: the new rating replaces the old one
+        }
+      }
+    }
+    AtomicFiles.write(root(context).resolve(id + ".r" + rating + ".jpg"), jpeg.toByteArray());
   }
 
-  static Map<String, Object> index(Context context) throws IOException {
-    Path p = root(context).resolve("index.json");
-    return Files.exists(p)
-        ? Json.parseObject(new String(Files.readAllBytes(p), StandardCharsets.UTF_8))
-        : new LinkedHashMap<>();
+  /** Rated photos, as kept files. */
+  static List<Path> kept(Context context) throws IOException {
+    List<Path> out = new ArrayList<>();
+    if (!Files.isDirectory(root(context))) {
+      return out;
+    }
+    try (Stream<Path> files = Files.list(root(context))) {
+      files.filter(p -> p.getFileName().toString().matches("[0-9a-f]+\\.r[1-5]\\.jpg")).sorted().forEach(out::add);
+    }
+    return out;
+  }
+
+  /**
+   * Photos rated by the first version of the app, kept only as pixels at a guessed size and
+   * normalization: they cannot be turned back into photos, so the app counts them and asks the
+   * user to rate them again instead of training on wrongly normalized pixels.
+   */
+  static int legacyCount(Context context) throws IOException {
+    if (!Files.isDirectory(root(context))) {
+      return 0;
+    }
+    try (Stream<Path> files = Files.list(root(context))) {
+      return (int) files.filter(p -> p.getFileName().toString().endsWith(".f32")).count();
+    }
   }
 
   static PhotoRatings load(Context context, Manifest manifest) throws IOException {
     PhotoRatings r = new PhotoRatings();
-    for (Map.Entry<String, Object> e : index(context).entrySet()) {
-      if (!e.getKey().endsWith("-" + manifest.inputSize)) {
-        continue; // rated for a model with another input size
+    for (Path p : kept(context)) {
+      String name = p.getFileName().toString();
+      long label = name.charAt(name.indexOf(".r") + 2) - '1'; // ratings 1..5 are classes 0..4
+      Bitmap photo = BitmapFactory.decodeFile(p.toString());
+      if (photo == null) {
+        throw new IOException("cannot decode the kept photo " + p);
       }
-      byte[] raw = Files.readAllBytes(root(context).resolve(e.getKey() + ".f32"));
-      float[] pixels = new float[raw.length / 4];
-      ByteBuffer.wrap(raw).order(ByteOrder.LITTLE_ENDIAN).asFloatBuffer().get(pixels);
-      long label = ((Number) e.getValue()).longValue() - 1; // ratings 1..5 are classes 0..4
-      boolean isTest = Math.floorMod(e.getKey().hashCode(), 5) == 0;
+      float[] pixels = modelInput(photo, manifest);
+      photo.recycle();
+      boolean isTest = Math.floorMod(name.substring(0, name.indexOf('.')).hashCode(), 5) == 0;
       (isTest ? r.test : r.train).add(pixels);
       (isTest ? r.testLabels : r.trainLabels).add(label);
     }
     return r;
   }
 
-  static float[] pixels(Context context, Uri photo, int size, float[] mean, float[] std) throws IOException {
-    Bitmap full;
+  /** The model input for a photo picked from the gallery (for scoring). */
+  static float[] pixels(Context context, Uri photo, Manifest manifest) throws IOException {
+    Bitmap upright = decodeUpright(context, photo);
+    float[] out = modelInput(upright, manifest);
+    upright.recycle();
+    return out;
+  }
+
+  /** Decodes at most about KEPT_SIDE on the longest side (never the full camera image) and rotates upright. */
+  private static Bitmap decodeUpright(Context context, Uri photo) throws IOException {
+    BitmapFactory.Options bounds = new BitmapFactory.Options();
+    bounds.inJustDecodeBounds = true;
     try (InputStream in = context.getContentResolver().openInputStream(photo)) {
-      full = BitmapFactory.decodeStream(in);
+      BitmapFactory.decodeStream(in, null, bounds);
     }
-    if (full == null) {
-      throw new IOException("cannot decode " + photo);
+    if (bounds.outWidth <= 0 || bounds.outHeight <= 0) {
+      throw new IOException("cannot decode " + photo + " as an image");
     }
-    int side = Math.min(full.getWidth(), full.getHeight());
-    Bitmap square = Bitmap.createBitmap(full, (full.getWidth() - side) / 2, (full.getHeight() - side) / 2, side, side);
+    BitmapFactory.Options opts = new BitmapFactory.Options();
+    opts.inSampleSize = 1;
+    while (Math.max(bounds.outWidth, bounds.outHeight) / (opts.inSampleSize * 2) >= KEPT_SIDE) {
+      opts.inSampleSize *= 2;
+    }
+    Bitmap decoded;
+    try (InputStream in = context.getContentResolver().openInputStream(photo)) {
+      decoded = BitmapFactory.decodeStream(in, null, opts);
+    }
+    if (decoded == null) {
+      throw new IOException("cannot decode " + photo + " as an image");
+    }
+    int degrees;
+    try (InputStream in = context.getContentResolver().openInputStream(photo)) {
+      degrees = rotationDegrees(new ExifInterface(in).getAttributeInt(
+          ExifInterface.TAG_ORIENTATION, ExifInterface.ORIENTATION_NORMAL));
+    }
+    float scale = Math.min(1f, (float) KEPT_SIDE / Math.max(decoded.getWidth(), decoded.getHeight()));
+    Matrix m = new Matrix();
+    m.postScale(scale, scale);
+    m.postRotate(degrees);
+    Bitmap upright = Bitmap.createBitmap(decoded, 0, 0, decoded.getWidth(), decoded.getHeight(), m, true);
+    if (upright != decoded) {
+      decoded.recycle();
+    }
+    return upright;
+  }
+
+  /** EXIF orientation to a clockwise rotation (mirrored orientations are rare on phones: kept unmirrored). */
+  static int rotationDegrees(int orientation) {
+    switch (orientation) {
+      case ExifInterface.ORIENTATION_ROTATE_90:
+      case ExifInterface.ORIENTATION_TRANSPOSE:
+        return 90;
+      case ExifInterface.ORIENTATION_ROTATE_180:
+      case ExifInterface.ORIENTATION_FLIP_VERTICAL:
+        return 180;
+      case ExifInterface.ORIENTATION_ROTATE_270:
+      case ExifInterface.ORIENTATION_TRANSVERSE:
+        return 270;
+      default:
+        return 0;
+    }
+  }
+
+  /** Center square, resized to the manifest's input size, normalized with its mean/std (NCHW, RGB). */
+  static float[] modelInput(Bitmap photo, Manifest manifest) {
+    int size = manifest.inputSize;
+    float[] mean = manifest.normalizationMean;
+    float[] std = manifest.normalizationStd;
+    if (mean.length != 3 || std.length != 3) {
+      throw new IllegalArgumentException(String.format(Locale.ROOT,
+          "manifest.json input.normalization has %d means and %d stds, expected 3 (RGB)", mean.length, std.length));
+    }
+    int side = Math.min(photo.getWidth(), photo.getHeight());
+    Bitmap square = Bitmap.createBitmap(photo, (photo.getWidth() - side) / 2, (photo.getHeight() - side) / 2, side, side);
     Bitmap small = Bitmap.createScaledBitmap(square, size, size, true);
+    int[] argb = new int[size * size];
+    small.getPixels(argb, 0, size, 0, 0, size, size);
     float[] out = new float[3 * size * size];
-    for (int y = 0; y < size; y++) {
-      for (int x = 0; x < size; x++) {
-        int c = small.getPixel(x, y);
-        int[] rgb = {(c >> 16) & 0xff, (c >> 8) & 0xff, c & 0xff};
-        for (int ch = 0; ch < 3; ch++) {
-          out[ch * size * size + y * size + x] = (rgb[ch] / 255f - mean[ch]) / std[ch];
-        }
+    for (int i = 0; i < argb.length; i++) {
+      int c = argb[i];
+      int[] rgb = {(c >> 16) & 0xff, (c >> 8) & 0xff, c & 0xff};
+      for (int ch = 0; ch < 3; ch++) {
+        out[ch * size * size + i] = (rgb[ch] / 255f - mean[ch]) / std[ch];
       }
     }
     return out;
@@ -122,15 +218,5 @@ final class PhotoRatings implements LocalData {
       y[k] = labels.get(indices[k]);
     }
     return new Batch(pixels, y);
-  }
-
-  static float[][] normalization(Manifest manifest) {
-    Map<?, ?> norm = (Map<?, ?>) ((Map<?, ?>) manifest.raw.get("input")).get("normalization");
-    float[][] out = new float[2][3];
-    for (int k = 0; k < 3; k++) {
-      out[0][k] = ((Number) ((List<?>) norm.get("mean")).get(k)).floatValue();
-      out[1][k] = ((Number) ((List<?>) norm.get("std")).get(k)).floatValue();
-    }
-    return out;
   }
 }

@@ -1,0 +1,11 @@
+// API stub (signatures only) of ai.onnxruntime.OnnxValue.
+// Mirrors java/src/main/java/ai/onnxruntime/OnnxValue.java (onnxruntime v1.20.0 (com.microsoft.onnxruntime:onnxruntime-android 1.20.0); checked against microsoft/onnxruntime java/src/main/java/ai/onnxruntime/).
+// Only the members android_demo/app uses; bodies throw. Not shipped: the real library is on the device.
+package ai.onnxruntime;
+
+public interface OnnxValue extends AutoCloseable {
+  Object getValue() throws OrtException;
+
+  @Override
+  void close();
+}

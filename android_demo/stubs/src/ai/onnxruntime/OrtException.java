@@ -1,0 +1,12 @@
+// API stub (signatures only) of ai.onnxruntime.OrtException.
+// Mirrors java/src/main/java/ai/onnxruntime/OrtException.java (onnxruntime v1.20.0 (com.microsoft.onnxruntime:onnxruntime-android 1.20.0); checked against microsoft/onnxruntime java/src/main/java/ai/onnxruntime/).
+// Only the members android_demo/app uses; bodies throw. Not shipped: the real library is on the device.
+package ai.onnxruntime;
+
+public class OrtException extends Exception {
+  private static final long serialVersionUID = 1L;
+
+  public OrtException(String message) {
+    throw new UnsupportedOperationException("stub");
+  }
+}

@@ -1,0 +1,18 @@
+// API stub (signatures only) of android.content.ContentResolver.
+// Mirrors frameworks/base/core/java/android/content/ContentResolver.java (API 34 (compileSdk 34)).
+// Only the members android_demo/app uses; bodies throw. Not shipped: the real library is on the device.
+package android.content;
+
+import android.net.Uri;
+import java.io.FileNotFoundException;
+import java.io.InputStream;
+
+public abstract class ContentResolver {
+  public ContentResolver(Context context) {
+    throw new UnsupportedOperationException("stub");
+  }
+
+  public final InputStream openInputStream(Uri uri) throws FileNotFoundException {
+    throw new UnsupportedOperationException("stub");
+  }
+}

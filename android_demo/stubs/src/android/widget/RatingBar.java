@@ -1,0 +1,15 @@
+// API stub (signatures only) of android.widget.RatingBar.
+// Mirrors frameworks/base/core/java/android/widget/RatingBar.java (API 34 (compileSdk 34)).
+// Only the members android_demo/app uses; bodies throw. Not shipped: the real library is on the device.
+package android.widget;
+
+public class RatingBar extends AbsSeekBar {
+  public RatingBar(android.content.Context context) {
+    super(context);
+    throw new UnsupportedOperationException("stub");
+  }
+
+  public float getRating() {
+    throw new UnsupportedOperationException("stub");
+  }
+}

@@ -1,0 +1,25 @@
+// API stub (signatures only) of androidx.appcompat.app.AppCompatActivity.
+// Mirrors androidx/appcompat/appcompat/src/main/java/androidx/appcompat/app/AppCompatActivity.java (androidx.appcompat:appcompat 1.7.0).
+// Only the members android_demo/app uses; bodies throw. Not shipped: the real library is on the device.
+package androidx.appcompat.app;
+
+import android.os.Bundle;
+import android.view.View;
+
+public class AppCompatActivity extends androidx.fragment.app.FragmentActivity {
+  public AppCompatActivity() {
+    throw new UnsupportedOperationException("stub");
+  }
+
+  @Override protected void onCreate(Bundle savedInstanceState) {
+    throw new UnsupportedOperationException("stub");
+  }
+
+  @Override public void setContentView(int layoutResID) {
+    throw new UnsupportedOperationException("stub");
+  }
+
+  @Override public <T extends View> T findViewById(int id) {
+    throw new UnsupportedOperationException("stub");
+  }
+}

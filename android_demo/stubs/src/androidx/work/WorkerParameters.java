@@ -1,0 +1,8 @@
+// API stub (signatures only) of androidx.work.WorkerParameters.
+// Mirrors androidx/work/work-runtime/src/main/java/androidx/work/WorkerParameters.java (androidx.work:work-runtime 2.9.1).
+// Only the members android_demo/app uses; bodies throw. Not shipped: the real library is on the device.
+package androidx.work;
+
+public final class WorkerParameters {
+  private WorkerParameters() {}
+}

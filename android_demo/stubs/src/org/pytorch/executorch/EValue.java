@@ -1,0 +1,16 @@
+// API stub (signatures only) of org.pytorch.executorch.EValue.
+// Mirrors extension/android/executorch_android/src/main/java/org/pytorch/executorch/EValue.java (org.pytorch:executorch-android 1.3.1 (pytorch/executorch tag v1.3.1)).
+// Only the members android_demo/app uses; bodies throw. Not shipped: the real library is on the device.
+package org.pytorch.executorch;
+
+public class EValue {
+  private EValue() {}
+
+  public static EValue from(Tensor tensor) {
+    throw new UnsupportedOperationException("stub");
+  }
+
+  public Tensor toTensor() {
+    throw new UnsupportedOperationException("stub");
+  }
+}
