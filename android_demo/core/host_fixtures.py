@@ -66,11 +66,14 @@ def onnx_inputs(out: Path) -> None:
     import onnxruntime
 
     from export.onnx_export import export_onnx
+    from fedper.manifest import read_manifest
     from fedper.models import ModelConfig, build_model
 
     out.mkdir(parents=True, exist_ok=True)
-    model = build_model(ModelConfig(alpha=0.25, input_size=32), seed=0)
-    (out / "model.onnx").write_bytes(export_onnx(model, 32))
+    manifest = read_manifest(out.parent / "artifacts", verify_files=False)  # written by `make` first
+    model = build_model(ModelConfig(**manifest.model.model_dump()), seed=0)
+    names = manifest.base_names + manifest.head_names
+    (out / "model.onnx").write_bytes(export_onnx(model, manifest.model.input_size, names))
     options = onnxruntime.SessionOptions()
     options.log_severity_level = 3  # errors only
     session = onnxruntime.InferenceSession(str(out / "model.onnx"), options, providers=["CPUExecutionProvider"])
