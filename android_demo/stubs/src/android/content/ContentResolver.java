@@ -1,5 +1,6 @@
 // API stub (signatures only) of android.content.ContentResolver.
 // Mirrors frameworks/base/core/java/android/content/ContentResolver.java (API 34 (compileSdk 34)).
+// Checked against: https://developer.android.com/reference/android/content/ContentResolver (API 34); AOSP frameworks/base core/java/android/content/ContentResolver.java excerpt (public final @Nullable InputStream openInputStream(@NonNull Uri) throws FileNotFoundException); AOSP android-14 source itself not fetched (frameworks/base too large to mirror).
 // Only the members android_demo/app uses; bodies throw. Not shipped: the real library is on the device.
 package android.content;
 

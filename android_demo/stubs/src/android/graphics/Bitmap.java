@@ -1,5 +1,6 @@
 // API stub (signatures only) of android.graphics.Bitmap.
 // Mirrors frameworks/base/graphics/java/android/graphics/Bitmap.java (API 34 (compileSdk 34)).
+// Checked against: https://developer.android.com/reference/android/graphics/Bitmap (API 34); AOSP graphics/java/android/graphics/Bitmap.java signatures as quoted in the code index (createBitmap(Bitmap,int,int,int,int,Matrix,boolean)); AOSP android-14 source itself not fetched (frameworks/base too large to mirror).
 // Only the members android_demo/app uses; bodies throw. Not shipped: the real library is on the device.
 package android.graphics;
 

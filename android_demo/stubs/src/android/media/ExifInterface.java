@@ -1,5 +1,6 @@
 // API stub (signatures only) of android.media.ExifInterface.
 // Mirrors frameworks/base/media/java/android/media/ExifInterface.java (API 34 (compileSdk 34)).
+// Checked against: https://developer.android.com/reference/android/media/ExifInterface (API 34); developer.android.com/sdk/api_diff/30/changes/android.media.ExifInterface (API 30 added only the (InputStream, int) overload; (InputStream) throws IOException since API 24); AOSP android-14 source itself not fetched (frameworks/base too large to mirror).
 // Only the members android_demo/app uses; bodies throw. Not shipped: the real library is on the device.
 package android.media;
 

@@ -1,5 +1,6 @@
 // API stub (signatures only) of androidx.annotation.NonNull.
-// Mirrors androidx/annotation/annotation/src/jvmMain/java/androidx/annotation/NonNull.java (androidx.annotation:annotation 1.8.0).
+// Mirrors androidx/annotation/annotation/src/jvmMain/kotlin/androidx/annotation/NonNull.kt (androidx.annotation:annotation 1.8.0).
+// Checked against: androidx/androidx@17a86409267b91bae5511d31a3679abb84064285:annotation/annotation/src/jvmMain/kotlin/androidx/annotation/NonNull.kt (BINARY retention = CLASS; Java targets METHOD, PARAMETER, FIELD, LOCAL_VARIABLE, ANNOTATION_TYPE, PACKAGE)
 // Only the members android_demo/app uses; bodies throw. Not shipped: the real library is on the device.
 package androidx.annotation;
 

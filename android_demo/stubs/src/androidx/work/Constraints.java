@@ -1,5 +1,6 @@
 // API stub (signatures only) of androidx.work.Constraints.
 // Mirrors androidx/work/work-runtime/src/main/java/androidx/work/Constraints.kt (androidx.work:work-runtime 2.9.1).
+// Checked against: androidx/androidx:work/work-runtime/src/main/java/androidx/work/Constraints.kt (stored version, code-index id 614062107, newer than 2.9.1)
 // Only the members android_demo/app uses; bodies throw. Not shipped: the real library is on the device.
 package androidx.work;
 

@@ -1,5 +1,6 @@
 // API stub (signatures only) of androidx.work.ListenableWorker.
 // Mirrors androidx/work/work-runtime/src/main/java/androidx/work/ListenableWorker.java (androidx.work:work-runtime 2.9.1).
+// Checked against: androidx/androidx@24607fc99a6ef61a5f2e2cc80cd395f0dbfcbe7e:work/work-runtime/src/main/java/androidx/work/ListenableWorker.java
 // Only the members android_demo/app uses; bodies throw. Not shipped: the real library is on the device.
 package androidx.work;
 

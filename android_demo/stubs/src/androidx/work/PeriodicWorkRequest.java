@@ -1,5 +1,6 @@
 // API stub (signatures only) of androidx.work.PeriodicWorkRequest.
 // Mirrors androidx/work/work-runtime/src/main/java/androidx/work/PeriodicWorkRequest.kt (androidx.work:work-runtime 2.9.1).
+// Checked against: androidx/androidx:work/work-runtime/src/main/java/androidx/work/PeriodicWorkRequest.kt (stored version, code-index id 504386956; Builder(Class<out ListenableWorker?>, Long, TimeUnit))
 // Only the members android_demo/app uses; bodies throw. Not shipped: the real library is on the device.
 package androidx.work;
 

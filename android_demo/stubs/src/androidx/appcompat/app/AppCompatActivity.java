@@ -1,5 +1,6 @@
 // API stub (signatures only) of androidx.appcompat.app.AppCompatActivity.
 // Mirrors androidx/appcompat/appcompat/src/main/java/androidx/appcompat/app/AppCompatActivity.java (androidx.appcompat:appcompat 1.7.0).
+// Checked against: androidx/androidx:appcompat/appcompat/src/main/java/androidx/appcompat/app/AppCompatActivity.java (@2fe0f867 in the index; findViewById/setContentView/onCreate overrides also seen in decompiled appcompat)
 // Only the members android_demo/app uses; bodies throw. Not shipped: the real library is on the device.
 package androidx.appcompat.app;
 
