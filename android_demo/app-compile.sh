@@ -40,6 +40,13 @@ mkdir -p "$OUT/generated/org/fedper/demo" "$OUT/stub-classes" "$OUT/app-classes"
   sed -n 's/^ *buildConfigField "String", "\([A-Z_]*\)", "\(.*\)"$/  public static final String \1 = \2;/p' app/build.gradle | sed 's/\\"/"/g'
   echo "}"
 } > "$OUT/generated/org/fedper/demo/BuildConfig.java"
+# The ExecuTorch runtime the app bundles and the version its loadability check assumes must agree.
+GRADLE_ET=$(sed -n 's/.*"org.pytorch:executorch-android:\([^"]*\)".*/\1/p' app/build.gradle)
+CHECK_ET=$(sed -n 's/.*String RUNTIME = "\([^"]*\)".*/\1/p' app/src/main/java/org/fedper/demo/ExecuTorchVersions.java)
+if [ -z "$GRADLE_ET" ] || [ "$GRADLE_ET" != "$CHECK_ET" ]; then
+  echo "app-compile.sh: app/build.gradle bundles executorch-android '$GRADLE_ET' but ExecuTorchVersions.RUNTIME is '$CHECK_ET'" >&2
+  exit 1
+fi
 javac --release 11 -Xlint:all -Werror -d "$OUT/stub-classes" $(find stubs/src -name '*.java')
 javac --release 11 -Xlint:all -Werror -cp "$CORE:$OUT/stub-classes" -d "$OUT/app-classes" \
   $(find app/src/main/java "$OUT/generated" -name '*.java')
