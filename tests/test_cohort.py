@@ -15,7 +15,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from device_runtime.client import NotInCohortError, ProtocolClient, RunFinishedError
+from device_runtime.device import Device, DeviceOptions
+from device_runtime.device_storage import DeviceStorage
+from device_runtime.events import RoundReport
 from fedper.manifest import Manifest
+from fedper.protocol import Task
 from server.config import ServerConfig
 from server.errors import ProtocolError
 from server.state import open_state
@@ -118,6 +123,11 @@ def test_an_expired_slot_goes_to_the_next_device_and_a_non_member_changes_nothin
         assert httpx.get(f"{s.url}/v1/task", headers=e).status_code == 204
         late = httpx.post(f"{s.url}/v1/rounds/1/updates", content=body, headers=c)
         assert (late.status_code, late.json()["code"]) == (409, "not_in_cohort")
+        client = ProtocolClient(s.url, token=c["Authorization"].removeprefix("Bearer "))
+        with pytest.raises(NotInCohortError) as told:  # the Python device's reading of it
+            client.upload(1, body)
+        client.close()
+        assert told.value.retry_after >= 3
         assert round_info(s.url, 1)["received"] == 2 and _stored(data) == before[1]
         assert httpx.post(f"{s.url}/v1/rounds/1/updates", content=body, headers=d).status_code == 202
         assert round_info(s.url, 1)["state"] == "closed"
@@ -154,6 +164,41 @@ def test_too_few_slots_for_the_target_is_refused_at_start(server_artifacts: Path
         ServerConfig(artifacts=server_artifacts, target_clients=10, cohort_size=5, over_selection=1.5)
     assert ServerConfig(target_clients=10, over_selection=1.3).slots == 13
     assert ServerConfig(target_clients=10, cohort_size=7, over_selection=1.5).slots == 11  # ceil(10.5)
+
+
+def test_a_device_not_in_the_cohort_backs_off_and_asks_again_without_failing(tmp_path: Path) -> None:
+    """409 not_in_cohort is not a failure: the device waits Retry-After (capped) and asks again."""
+    task = Task(round=1, model_version=0, deadline=None, base_url="/v1/models/0/base",
+                manifest_url="/v1/artifacts/manifest.json", manifest_sha256="0" * 64)  # fmt: skip
+    done = RoundReport(1, 0, 10, 0.5, 0.6, 1.0, True, 1)
+
+    class Client:
+        token: str | None = None
+
+        def __init__(self) -> None:
+            self.answers: list[Task | Exception] = [task, task, RunFinishedError()]
+
+        def task(self) -> Task:
+            answer = self.answers.pop(0)
+            if isinstance(answer, Exception):
+                raise answer
+            return answer
+
+    rounds: list[RoundReport | Exception] = [NotInCohortError(3.0, "every slot is held"), done]
+
+    def run_round(_task: Task) -> RoundReport:
+        outcome = rounds.pop(0)
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome
+
+    storage = DeviceStorage(tmp_path / "device")
+    storage.save_credentials("d-1", "token")
+    slept: list[float] = []
+    device = Device(Client(), storage, lambda _m: None, DeviceOptions(), ENROLL, sleep=slept.append)  # type: ignore[arg-type, return-value]
+    device.run_round = run_round  # type: ignore[method-assign, assignment]
+    assert device.run() == [done]  # the refused round is not a report, and nothing was raised
+    assert slept == [3.0] and rounds == []
 
 
 class Clock:
