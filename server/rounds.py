@@ -37,7 +37,7 @@ from fedper.atomic_write import atomic_write_bytes
 from fedper.manifest import Manifest, sha256_file
 from fedper.metrics import summarize
 from fedper.protocol import ErrorCode, Header, RoundInfo
-from server.cohort import Cohort
+from server.cohort import Admission, Cohort
 from server.config import ServerConfig
 from server.errors import ProtocolError, conflict, run_finished, unauthorized
 from server.storage import Database, Slot, StoredUpdate
@@ -236,8 +236,10 @@ class RoundManager:
                     raise unauthorized("this device has been revoked")
                 self.check_conflicts(staged.device_id, staged.round, staged.upload)
                 now = self.clock()
-                with self.db.transaction() as conn:  # checked and claimed at once (GET /v1/task may race)
-                    admitted = self.cohort.admit(conn, staged.round, staged.device_id, now, self.snapshot.deadline)
+                admitted: Admission = "held"  # a held slot stays held: only time or a revocation ends it
+                if not self.cohort.holds(staged.round, staged.device_id, now):
+                    with self.db.transaction() as conn:  # checked and claimed at once (GET /v1/task may race)
+                        admitted = self.cohort.admit(conn, staged.round, staged.device_id, now, self.snapshot.deadline)
                 if admitted == "refused":
                     raise self._not_in_cohort(staged.round)
                 try:
