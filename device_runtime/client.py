@@ -28,6 +28,15 @@ class RefusedError(FedperError):
         self.status, self.code, self.message = status, code, message
 
 
+class NotInCohortError(FedperError):
+    """``409 not_in_cohort`` (revision 1.2): this round's slots are held by other devices (ours
+    expired, or we never had one). Not a failure: wait ``retry_after`` and ask for a task again."""
+
+    def __init__(self, retry_after: float, message: str):
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
 class CorruptDownloadError(FedperError):
     """A download whose bytes do not match the sha256 the manifest or task promised."""
 
@@ -100,7 +109,7 @@ class ProtocolClient:
         if r.status_code == 410:
             raise RunFinishedError()
         if r.status_code == 204:
-            return NoTask(float(r.headers.get(Header.RETRY_AFTER, "5")))
+            return NoTask(_retry_after(r))
         if r.status_code != 200:
             raise self._refused(r)
         return Task.model_validate_json(r.content)
@@ -130,7 +139,8 @@ class ProtocolClient:
         return body
 
     def upload(self, round_number: int, body: bytes) -> int | None:
-        """Accepted-so-far count; None when the server already has this device's update."""
+        """Accepted-so-far count; None when the server already has this device's update.
+        Raises :class:`NotInCohortError` when the round's cohort has no slot for this device."""
         r = self._request(
             "POST", Route.UPDATES.format(round_number=round_number), content=body,
             headers=self._headers({"Content-Type": Header.OCTET_STREAM}),
@@ -144,4 +154,14 @@ class ProtocolClient:
         refused = self._refused(r)
         if refused.code == ErrorCode.DUPLICATE_UPDATE:
             return None  # our earlier upload was counted (its 202 was lost): done
+        if refused.code == ErrorCode.NOT_IN_COHORT:
+            raise NotInCohortError(_retry_after(r), refused.message)
         raise refused
+
+
+def _retry_after(response: httpx.Response, default: float = 5.0) -> float:
+    """The answer's ``Retry-After`` in seconds (``default`` when absent or not a number)."""
+    try:
+        return max(0.0, float(response.headers.get(Header.RETRY_AFTER, default)))
+    except ValueError:
+        return default

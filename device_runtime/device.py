@@ -21,7 +21,7 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from device_runtime.client import NoTask, ProtocolClient, RefusedError, RunFinishedError
+from device_runtime.client import NoTask, NotInCohortError, ProtocolClient, RefusedError, RunFinishedError
 from device_runtime.device_storage import DeviceStorage
 from device_runtime.events import (
     Dropped,
@@ -128,6 +128,10 @@ class Device:
                 break
             except TransientError as exc:
                 log.warning("device %s: round %d failed: %s", self.device_id, task.round, exc)
+                continue
+            except NotInCohortError as exc:  # our slot went to another device: not a failure
+                log.info("device %s: not in round %d's cohort; asking again", self.device_id, task.round)
+                self._sleep(min(exc.retry_after, self.options.max_idle_wait))
                 continue
             except RefusedError as exc:
                 if exc.code in (ErrorCode.ROUND_NOT_OPEN, ErrorCode.STALE_BASE_VERSION):

@@ -18,7 +18,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 VERSION = 1
-REVISION = "1.1"
+REVISION = "1.2"
 PREFIX = "/v1"
 
 
@@ -53,6 +53,7 @@ class ErrorCode(StrEnum):
     DUPLICATE_UPDATE = "duplicate_update"  # 409
     ROUND_NOT_OPEN = "round_not_open"  # 409
     STALE_BASE_VERSION = "stale_base_version"  # 409
+    NOT_IN_COHORT = "not_in_cohort"  # 409, since revision 1.2
     RUN_FINISHED = "run_finished"  # 410
     PAYLOAD_TOO_LARGE = "payload_too_large"  # 413
     MISSING_TENSOR = "missing_tensor"  # 422
@@ -129,6 +130,10 @@ class Task(_Body):
     manifest_url: str
     manifest_sha256: str
     config: TaskConfig = TaskConfig()
+    # Since revision 1.2: when this device's slot in the round's cohort expires (ISO 8601 UTC);
+    # an update that arrives later may find the slot given to another device (409 not_in_cohort).
+    # Null when the slot lasts as long as the round.
+    report_by: str | None = None
 
 
 class Accepted(_Body):

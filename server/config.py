@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,6 +21,13 @@ class ServerConfig:
     target_clients: int = option(10, "a round closes as soon as this many updates are accepted")
     min_clients: int = option(2, "at the deadline, a round closes if it has at least this many")
     round_timeout: float = option(600.0, "seconds a round stays open (0: no deadline)")
+    cohort_size: int = option(0, "devices a round wants reports from, before over-selection (0: --target-clients)")
+    over_selection: float = option(
+        1.3, "a round assigns ceil(cohort size x this) slots, so that dropouts do not stall it (>= 1)"
+    )
+    report_timeout: float = option(
+        0.0, "seconds an assigned device has to upload before its slot is given to another (0: the round's deadline)"
+    )
     training: TrainConfig = nested(TrainConfig, "as the task asks devices")
     max_upload_bytes: int = option(0, "largest upload accepted (0: 4x the F32 base)")
     max_num_samples: int = option(100_000, "largest num_samples an update may claim")
@@ -58,6 +66,25 @@ class ServerConfig:
                 raise ConfigError(f"{flag} must be > 0, got {value}")
         if not self.max_update_norm >= 0:
             raise ConfigError("--max-update-norm must be >= 0 (0: no bound)")
+        if self.cohort_size < 0 or not self.report_timeout >= 0:
+            raise ConfigError("--cohort-size and --report-timeout must be >= 0 (0: their defaults)")
+        if not 1 <= self.over_selection <= 100:
+            raise ConfigError(f"--over-selection must be in 1..100, got {self.over_selection}")
+        if self.slots < self.target_clients:
+            raise ConfigError(
+                f"--cohort-size x --over-selection gives {self.slots} slots, fewer than --target-clients "
+                f"{self.target_clients}: no round could ever fill"
+            )
+
+    @property
+    def cohort(self) -> int:
+        """Devices a round wants reports from (``--cohort-size``, by default ``--target-clients``)."""
+        return self.cohort_size or self.target_clients
+
+    @property
+    def slots(self) -> int:
+        """Slots a round assigns: ceil(cohort x over-selection), computed without float noise."""
+        return math.ceil(round(self.cohort * self.over_selection, 9))
 
     @property
     def trusted_proxies(self) -> list[str]:

@@ -36,10 +36,11 @@ from fedper.aggregate import FedAvg
 from fedper.atomic_write import atomic_write_bytes
 from fedper.manifest import Manifest, sha256_file
 from fedper.metrics import summarize
-from fedper.protocol import ErrorCode, RoundInfo
+from fedper.protocol import ErrorCode, Header, RoundInfo
+from server.cohort import Admission, Cohort
 from server.config import ServerConfig
-from server.errors import conflict, run_finished, unauthorized
-from server.storage import Database, StoredUpdate
+from server.errors import ProtocolError, conflict, run_finished, unauthorized
+from server.storage import Database, Slot, StoredUpdate
 from server.update_store import UpdateStore
 from server.upload_validation import Upload
 
@@ -58,6 +59,7 @@ class Snapshot:
     deadline: float | None
     received: int
     rounds_closed: int
+    opened_at: float = 0.0  # of that round
 
 
 @dataclass(frozen=True)
@@ -85,6 +87,7 @@ class RoundManager:
         self.models_dir = data_dir / "models"
         self._layout = manifest.layout("base")
         self.store = UpdateStore(data_dir, self._layout)
+        self.cohort = Cohort(config, db)
         self._lock = threading.RLock()
         self._bases: dict[int, dict[str, np.ndarray]] = {}  # model versions, for the update bound
         self.snapshot = Snapshot(False, 0, "open", 0, None, 0, 0)
@@ -165,7 +168,23 @@ class RoundManager:
             deadline=current.deadline,
             received=self.db.count_updates(current.round) if current.state == "open" else 0,
             rounds_closed=self.db.count_closed_rounds(),
+            opened_at=current.opened_at,
         )
+
+    # --- the cohort -----------------------------------------------------------------------
+
+    def assign(self, number: int, device_id: str) -> Slot | None:
+        """The device's slot in open round ``number`` (see :mod:`server.cohort`), or None."""
+        return self.cohort.assign(number, device_id, self.clock())
+
+    def pace(self) -> int:
+        """Retry-After for a device that has no task in the open round (pace steering)."""
+        snap = self.snapshot
+        return self.cohort.retry_after(snap.round, snap.opened_at, snap.deadline, self.clock())
+
+    def _not_in_cohort(self, number: int) -> ProtocolError:
+        message = f"every slot of round {number}'s cohort is held by other devices; ask for a task again later"
+        return ProtocolError(409, ErrorCode.NOT_IN_COHORT, message, {Header.RETRY_AFTER: str(self.pace())})
 
     # --- uploads ------------------------------------------------------------------------
 
@@ -185,7 +204,8 @@ class RoundManager:
         return self._bases[version]
 
     def check_conflicts(self, device_id: str, number: int, upload: Upload) -> None:
-        """410, then the 409s in the protocol's order: duplicate, round not open, stale base version."""
+        """410, then the 409s in the protocol's order: duplicate, round not open, stale base
+        version, not in the cohort (a device without a slot may still claim a free one)."""
         if self._finished():
             raise run_finished()
         if self.db.has_update(number, device_id):
@@ -200,6 +220,8 @@ class RoundManager:
                 f"round {number} trains model version {current.model_version}, the update is from "
                 f"version {upload.base_version}",
             )
+        if not self.cohort.may_report(number, device_id, self.clock()):
+            raise self._not_in_cohort(number)
 
     def stage(self, device_id: str, number: int, upload: Upload) -> Staged:
         """Check the conflicts, then write the canonical file (outside the lock: the slow part)."""
@@ -213,12 +235,23 @@ class RoundManager:
                 if self.db.device_revoked(staged.device_id):
                     raise unauthorized("this device has been revoked")
                 self.check_conflicts(staged.device_id, staged.round, staged.upload)
+                now = self.clock()
+                admitted: Admission = "held"  # a held slot stays held: only time or a revocation ends it
+                if not self.cohort.holds(staged.round, staged.device_id, now):
+                    with self.db.transaction() as conn:  # checked and claimed at once (GET /v1/task may race)
+                        admitted = self.cohort.admit(conn, staged.round, staged.device_id, now, self.snapshot.deadline)
+                if admitted == "refused":
+                    raise self._not_in_cohort(staged.round)
                 try:
                     relative = self.store.commit(staged.temp, staged.round, staged.device_id)
                     update = StoredUpdate(staged.round, staged.device_id, staged.upload.num_samples,
                                           staged.upload.base_version, relative, staged.upload.metrics)  # fmt: skip
                     with self.db.transaction() as conn:
-                        self.db.insert_update(conn, update, self.clock())
+                        self.db.insert_update(conn, update, now)
+                except BaseException:
+                    if admitted == "claimed":  # a failed commit leaves the cohort as it was
+                        self._release(staged.round, staged.device_id)
+                    raise
                 finally:
                     self._refresh()
                 received = self.snapshot.received
@@ -227,6 +260,15 @@ class RoundManager:
                 return received
         finally:
             self.store.remove(staged.temp)
+
+    def _release(self, number: int, device_id: str) -> None:
+        """Give back a slot claimed by an upload that then failed (logged, never raised: the
+        upload's own failure is what its device hears; an unused slot expires anyway)."""
+        try:
+            with self.db.transaction() as conn:
+                self.db.delete_slot(conn, number, device_id)
+        except Exception:
+            log.exception(json.dumps({"event": "slot_release_failed", "round": number, "device": device_id}))
 
     def discard(self, staged: Staged) -> None:
         self.store.remove(staged.temp)
@@ -333,16 +375,21 @@ class RoundManager:
         log.info(json.dumps({"event": "run_stopped", "round": current.round}))
 
     def withdraw(self, device_id: str) -> bool:
-        """Take a (revoked) device's update out of the open round; True if it had one."""
+        """Take a (revoked) device's update and slot out of the open round; True if it had an update."""
         with self._lock:
             current = self.db.latest_round()
             assert current is not None
-            if current.state != "open" or not self.db.has_update(current.round, device_id):
+            if current.state != "open":
+                return False
+            if not self.db.has_update(current.round, device_id):
+                with self.db.transaction() as conn:
+                    self.db.delete_slot(conn, current.round, device_id)  # free for another device
                 return False
             files = [u.file for u in self.db.updates(current.round) if u.device_id == device_id]
             try:
                 with self.db.transaction() as conn:
                     self.db.delete_update(conn, current.round, device_id)
+                    self.db.delete_slot(conn, current.round, device_id)  # free for another device
             finally:
                 self._refresh()
             for file in files:

@@ -62,6 +62,13 @@ CREATE TABLE IF NOT EXISTS updates (
     received_at REAL NOT NULL,
     PRIMARY KEY (round, device_id)
 );
+CREATE TABLE IF NOT EXISTS slots (
+    round INTEGER NOT NULL,
+    device_id TEXT NOT NULL,
+    assigned_at REAL NOT NULL,
+    expires_at REAL,
+    PRIMARY KEY (round, device_id)
+);
 """
 
 
@@ -75,6 +82,16 @@ class Round:
     closed_at: float | None
     result_version: int | None
     metrics: dict[str, Any] | None
+
+
+@dataclass(frozen=True)
+class Slot:
+    """A device's place in a round's cohort; ``expires_at`` None: it lasts as long as the round."""
+
+    round: int
+    device_id: str
+    assigned_at: float
+    expires_at: float | None
 
 
 @dataclass(frozen=True)
@@ -217,6 +234,40 @@ class Database:
     def delete_update(self, conn: sqlite3.Connection, number: int, device_id: str) -> None:
         conn.execute("DELETE FROM updates WHERE round = ? AND device_id = ?", (number, device_id))
 
+    # --- cohort slots -------------------------------------------------------------------
+
+    def slot(self, number: int, device_id: str) -> Slot | None:
+        rows = self.query("SELECT * FROM slots WHERE round = ? AND device_id = ?", (number, device_id))
+        return Slot(number, device_id, rows[0]["assigned_at"], rows[0]["expires_at"]) if rows else None
+
+    def count_held_slots(self, number: int, now: float) -> int:
+        """Slots of round ``number`` that are taken at ``now``: not expired, or already reported."""
+        return int(self.query(_HELD.format(what="COUNT(*) AS n"), (number, now))[0]["n"])
+
+    def earliest_slot_expiry(self, number: int, now: float) -> float | None:
+        """When the first slot of round ``number`` that is held but not reported will expire."""
+        unreported = " AND s.expires_at IS NOT NULL AND NOT EXISTS " + _REPORTED
+        rows = self.query(_HELD.format(what="MIN(s.expires_at) AS t") + unreported, (number, now))
+        t = rows[0]["t"]
+        return None if t is None else float(t)
+
+    def put_slot(self, conn: sqlite3.Connection, slot: Slot) -> None:
+        conn.execute(
+            "INSERT OR REPLACE INTO slots (round, device_id, assigned_at, expires_at) VALUES (?, ?, ?, ?)",
+            (slot.round, slot.device_id, slot.assigned_at, slot.expires_at),
+        )
+
+    def delete_slot(self, conn: sqlite3.Connection, number: int, device_id: str) -> None:
+        conn.execute("DELETE FROM slots WHERE round = ? AND device_id = ?", (number, device_id))
+
+    def last_closed_round_seconds(self) -> float | None:
+        """How long the most recently closed round was open (for pace steering)."""
+        rows = self.query("SELECT closed_at - opened_at AS s FROM rounds WHERE state = 'closed' "
+                          "ORDER BY round DESC LIMIT 1")  # fmt: skip
+        return float(rows[0]["s"]) if rows else None
+
+    # --- rounds (writes) ----------------------------------------------------------------
+
     def open_round(
         self, conn: sqlite3.Connection, number: int, version: int, now: float, deadline: float | None
     ) -> None:
@@ -240,6 +291,7 @@ class Database:
             (state, now, result_version, json.dumps(metrics) if metrics is not None else None, number),
         )
         conn.execute("UPDATE updates SET file = NULL WHERE round = ?", (number,))
+        conn.execute("DELETE FROM slots WHERE round = ?", (number,))  # an ended round has no cohort
 
     def insert_version(
         self, conn: sqlite3.Connection, version: int, sha256: str, file: str, now: float, from_round: int | None
@@ -260,6 +312,15 @@ class Database:
         rows = self.query("SELECT MAX(version) AS v FROM model_versions")
         v = rows[0]["v"]
         return -1 if v is None else int(v)
+
+
+# Slots of a round that are taken at a moment (the two parameters): not expired, or reported.
+_REPORTED = "(SELECT 1 FROM updates u WHERE u.round = s.round AND u.device_id = s.device_id)"
+_HELD = (
+    "SELECT {what} FROM slots s WHERE s.round = ? AND (s.expires_at IS NULL OR s.expires_at > ? OR EXISTS "
+    + _REPORTED
+    + ")"
+)
 
 
 def _round(row: sqlite3.Row) -> Round:

@@ -108,10 +108,11 @@ def test_an_unloadable_stored_update_is_quarantined_and_the_server_starts(server
 
 def test_bursts_across_the_close_boundary_never_wedge_the_run(server_artifacts, server_manifest, tmp_path):
     """Four rounds in a row: 30 devices upload at once into a round that closes at 3, while
-    10 more send near-limit garbage. Every answer is 202, 409 or 400; the run moves on."""
+    10 more send near-limit garbage. Every answer is 202, 409 or 400; the run moves on. (A
+    cohort of 30: every device holds a slot, so the race is the close, not the cohort.)"""
     data = tmp_path / "data"
     with serve(server_artifacts, data, target_clients=3, min_clients=1, round_timeout=0, rounds=10,
-                       enroll_per_minute=1000, max_inflight_uploads=64) as s:  # fmt: skip
+                       enroll_per_minute=1000, max_inflight_uploads=64, cohort_size=30) as s:  # fmt: skip
         devices = [enroll(s.url) for _ in range(30)]
         limit = 4 * (server_artifacts / "base.safetensors").stat().st_size
         garbage = b"\x07" * (limit - 16)

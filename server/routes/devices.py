@@ -62,12 +62,17 @@ async def enroll(request: Request, state: State) -> Enrolled:
 
 @router.get(Route.TASK, response_model=Task, responses={204: {"description": "no task now"}, **ERRORS})
 def task(device_id: DeviceId, state: State) -> Response:
-    snap = state.rounds.snapshot
+    """The open round's task for a device holding (or now given) one of its cohort's slots; 204
+    with a Retry-After otherwise (PROTOCOL.md, revision 1.2: cohorts and pace steering)."""
+    rounds = state.rounds
+    snap = rounds.snapshot
     if snap.finished:
         raise run_finished()
-    retry = {Header.RETRY_AFTER: str(state.config.retry_after)}
-    if snap.state != "open" or state.db.has_update(snap.round, device_id):
-        return Response(status_code=204, headers=retry)
+    if snap.state != "open":
+        return Response(status_code=204, headers={Header.RETRY_AFTER: str(state.config.retry_after)})
+    slot = None if state.db.has_update(snap.round, device_id) else rounds.assign(snap.round, device_id)
+    if slot is None:  # reported already, or every slot is held: come back when the round may have moved on
+        return Response(status_code=204, headers={Header.RETRY_AFTER: str(rounds.pace())})
     body = Task(
         round=snap.round,
         model_version=snap.model_version,
@@ -76,5 +81,6 @@ def task(device_id: DeviceId, state: State) -> Response:
         manifest_url=Route.ARTIFACT.format(name=MANIFEST_FILE),
         manifest_sha256=state.manifest_sha256,
         config=TaskConfig(**asdict(state.config.training)),
+        report_by=iso_time(slot.expires_at),
     )
     return JSONResponse(body.model_dump())

@@ -1,6 +1,6 @@
 package org.fedper.core;
 
-/** The device protocol v1 (revision 1.1): generated from
+/** The device protocol v1 (revision 1.2): generated from
  * docs/protocol.schema.json by android_demo/core/generate_protocol.py; do not edit. */
 public final class Protocol {
   private Protocol() {}
@@ -64,6 +64,7 @@ public final class Protocol {
     public static final String MISSING_TENSOR = "missing_tensor";
     public static final String NON_FINITE = "non_finite";
     public static final String NOT_FOUND = "not_found";
+    public static final String NOT_IN_COHORT = "not_in_cohort";
     public static final String NUM_SAMPLES_OUT_OF_RANGE = "num_samples_out_of_range";
     public static final String PAYLOAD_TOO_LARGE = "payload_too_large";
     public static final String PERSONAL_TENSOR_IN_UPLOAD = "personal_tensor_in_upload";

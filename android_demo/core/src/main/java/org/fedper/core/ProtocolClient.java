@@ -126,7 +126,10 @@ public final class ProtocolClient {
     return body;
   }
 
-  /** Accepted-so-far count, or -1 when the server already had this device's update (409 duplicate). */
+  /**
+   * Accepted-so-far count, or -1 when the server already had this device's update (409 duplicate);
+   * 409 not_in_cohort is a Transient: ask for a task again.
+   */
   public long upload(long round, byte[] body) throws ProtocolException, InterruptedException {
     Map<String, String> headers = auth(null);
     headers.put("Content-Type", Protocol.Header.OCTET_STREAM);
@@ -143,6 +146,11 @@ public final class ProtocolClient {
     ProtocolException refused = refused(r);
     if (Protocol.ErrorCode.DUPLICATE_UPDATE.equals(refused.code)) {
       return -1; // our earlier upload was counted; its 202 was lost
+    }
+    if (Protocol.ErrorCode.NOT_IN_COHORT.equals(refused.code)) {
+      // Revision 1.2: our slot in the round's cohort went to another device. Not a failure:
+      // back off and ask for a task again (the next GET /v1/task says how long to wait).
+      throw new ProtocolException.Transient("not in this round's cohort: " + refused.getMessage());
     }
     throw refused;
   }

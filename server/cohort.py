@@ -1,0 +1,100 @@
+"""Cohort selection and pace steering (PROTOCOL.md, revision 1.2, "Cohorts").
+
+A round has ``ServerConfig.slots`` slots (ceil(cohort size x over-selection)). ``GET /v1/task``
+gives them to the first devices that ask; a slot is held until its device's update is accepted
+(then for good) or until its report timeout passes (then the next device that asks gets it).
+Without this, every device that asks trains, and all but the first ``target_clients`` uploads
+are thrown away. Devices without a slot are told when to ask again, spread over the expected
+rest of the round, so that thousands of them do not come back at the same moment.
+
+The slots live in SQLite (:mod:`server.storage`), so they survive a restart; every assignment
+is one transaction, so two devices can never take the last slot at once.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import sqlite3
+from typing import Literal
+
+from server.config import ServerConfig
+from server.storage import Database, Slot
+
+Admission = Literal["held", "claimed", "refused"]
+MAX_RETRY_AFTER = 3600  # seconds; no device is told to wait longer than this
+
+
+class Cohort:
+    def __init__(self, config: ServerConfig, db: Database, rng: random.Random | None = None):
+        self.config, self.db = config, db
+        self._rng = rng or random.Random()
+
+    def expiry(self, now: float, deadline: float | None) -> float | None:
+        """When a slot assigned at ``now`` expires: after the report timeout, at the latest at the
+        round's deadline; None (never) without either."""
+        ends = [t for t in (deadline,) if t is not None]
+        if self.config.report_timeout:
+            ends.append(now + self.config.report_timeout)
+        return min(ends) if ends else None
+
+    def _held(self, slot: Slot | None, now: float) -> bool:
+        return slot is not None and (slot.expires_at is None or slot.expires_at > now)
+
+    def holds(self, number: int, device_id: str, now: float) -> bool:
+        """Whether ``device_id`` holds an unexpired slot of round ``number``."""
+        return self._held(self.db.slot(number, device_id), now)
+
+    def has_room(self, number: int, now: float) -> bool:
+        return self.db.count_held_slots(number, now) < self.config.slots
+
+    def may_report(self, number: int, device_id: str, now: float) -> bool:
+        """An upload is admitted from a slot holder, or claims a free slot (as a task would)."""
+        return self.holds(number, device_id, now) or self.has_room(number, now)
+
+    def assign(self, number: int, device_id: str, now: float) -> Slot | None:
+        """The device's slot in open round ``number``: the one it holds, else a free one, else
+        None (every slot is held, the round already has ``target_clients`` updates, or it is no
+        longer open). One transaction: the check and the claim cannot be split by another device."""
+        with self.db.transaction() as conn:
+            current = self.db.round(number)
+            if current is None or current.state != "open":
+                return None
+            held = self.db.slot(number, device_id)
+            if held is not None and self._held(held, now):
+                return held  # the same task again; asking again does not extend the slot
+            if self.db.count_updates(number) >= self.config.target_clients or not self.has_room(number, now):
+                return None
+            slot = Slot(number, device_id, now, self.expiry(now, current.deadline))
+            self.db.put_slot(conn, slot)
+            return slot
+
+    def admit(
+        self, conn: sqlite3.Connection, number: int, device_id: str, now: float, deadline: float | None
+    ) -> Admission:
+        """Inside a transaction, before an upload is recorded: ``held`` if the device holds a
+        slot, ``claimed`` if it has just taken a free one, ``refused`` (nothing written) if every
+        slot is held by others."""
+        if self.holds(number, device_id, now):
+            return "held"
+        if not self.has_room(number, now):
+            return "refused"
+        self.db.put_slot(conn, Slot(number, device_id, now, self.expiry(now, deadline)))
+        return "claimed"
+
+    def retry_after(self, number: int, opened_at: float, deadline: float | None, now: float) -> int:
+        """Seconds a device without a slot (or already reported) waits before asking again.
+
+        Uniformly random in [lo, hi]: lo is the time until the round is expected to end (its
+        opening plus the length of the last closed round), or until its deadline, or until the
+        first held slot may expire, whichever comes first, and at least ``--retry-after``; hi is
+        lo plus one expected round length (at least ``--retry-after``); both at most
+        ``MAX_RETRY_AFTER``. Before any round has closed, the expected length is ``--retry-after``.
+        """
+        idle = self.config.retry_after
+        expected = self.db.last_closed_round_seconds() or float(idle)
+        ends = [opened_at + expected, deadline, self.db.earliest_slot_expiry(number, now)]
+        end = min(t for t in ends if t is not None)
+        lo = min(MAX_RETRY_AFTER, max(idle, math.ceil(end - now)))
+        hi = min(MAX_RETRY_AFTER, lo + max(idle, math.ceil(expected)))
+        return self._rng.randint(lo, hi)
