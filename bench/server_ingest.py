@@ -1,8 +1,8 @@
 """Upload throughput of a real ``fedper serve`` on localhost, against the transport's own limit.
 
-``--uploads`` enrolled devices (default 100) upload one MobileNet-V1 width-1.0 base update
-each (8.66 MB, F32) over HTTP into one round, N at a time (N = 1, 10, 50 concurrent
-uploads); the round closes (aggregation included) with the last one. Reported: accepted
+``--uploads`` enrolled devices (default 100) upload one MobileNet-V1 base update each (width
+``--alpha``, 1.0 by default: 8.66 MB, F32) over HTTP into one round, N at a time (N = 1, 10, 50
+concurrent uploads); the round closes (aggregation included) with the last one. Reported: accepted
 updates/s, p50/p99 upload latency, the server's peak RSS, and the bytes/s of the same
 uploads to a minimal uvicorn handler that only reads the body (measured in the same run).
 
@@ -81,20 +81,20 @@ def _run_uploads(url: str, devices: list[dict[str, str]], body: bytes, concurren
     return time.perf_counter() - start, latencies
 
 
-def measure(n: int, uploads: int, workdir: Path, serve_args: list[str]) -> dict[str, object]:
+def measure(n: int, uploads: int, workdir: Path, serve_args: list[str], alpha: float = 1.0) -> dict[str, object]:
     from export.pipeline import write_server_only_export
     from fedper import weights
     from fedper.manifest import read_manifest
 
-    artifacts = workdir / f"artifacts-{n}"
+    artifacts = workdir / f"artifacts-{alpha}-{n}"
     if not artifacts.exists():
-        write_server_only_export(artifacts, alpha=1.0)
+        write_server_only_export(artifacts, alpha=alpha)
     manifest = read_manifest(artifacts)
     rng = np.random.default_rng(0)
     tensors = {name: rng.standard_normal(shape).astype(np.float32) for name, shape in manifest.layout("base")}
     body = weights.encode(tensors, {"num_samples": "10", "base_version": "0"})
     server = ServerProcess(
-        artifacts, workdir / f"data-{n}",
+        artifacts, workdir / f"data-{alpha}-{n}",
         {"target_clients": uploads, "min_clients": 1, "rounds": 2, "round_timeout": 0,
          "enroll_per_minute": 100000, **_options(serve_args)},
         env={"FEDPER_ADMIN_TOKEN": ADMIN, "FEDPER_ENROLLMENT_KEY": ENROLL},
@@ -122,6 +122,7 @@ def measure(n: int, uploads: int, workdir: Path, serve_args: list[str]) -> dict[
     nbytes = len(body)
     return {
         "devices": n,
+        "alpha": alpha,
         "uploads": count,
         "update_bytes": nbytes,
         "updates_per_s": count / seconds,
@@ -191,6 +192,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--devices", default="1,10,50")
     parser.add_argument("--uploads", type=int, default=100)
+    parser.add_argument("--alpha", type=float, default=1.0, help="MobileNet-V1 width of the uploaded base")
     parser.add_argument(
         "--serve-args",
         default="--max-inflight-uploads 64",
@@ -203,7 +205,7 @@ def main() -> None:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for n in (int(x) for x in args.devices.split(",") if x.strip()):
-            row = measure(n, args.uploads, Path(tmp), args.serve_args.split())
+            row = measure(n, args.uploads, Path(tmp), args.serve_args.split(), args.alpha)
             rows.append(row)
             print(
                 f"N={n:3d}: {row['updates_per_s']:.1f} updates/s ({row['bytes_per_s'] / 1e6:.0f} MB/s), "
