@@ -73,7 +73,7 @@ def test_simulate_on_ray_equals_serial(tmp_path, local_ray):
     data = DataConfig(dataset="digits", num_clients=6, classes_per_client=2, seed=0)
     results = {}
     for backend in ("serial", "ray"):
-        sim = SimulationConfig(algorithms=("fedper", "fedavg"), kp=2, rounds=2, training=TrainConfig(local_epochs=1),
+        sim = SimulationConfig(algorithms=("fedper",), kp=2, rounds=2, training=TrainConfig(local_epochs=1),
                                fraction=0.5, threads=1, backend=backend, out=tmp_path / backend)  # fmt: skip
         recorder = simulate(sim, data)
         results[backend] = {a: _by_key(recorder.records(a)) for a in sim.algorithms}
