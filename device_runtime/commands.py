@@ -45,7 +45,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
     add_command(
         sub, "fleet", fleet, [DataConfig, FleetConfig], skip=("num_clients", "holdout_clients"),
         help="emulate many devices against a running server",
-        description="Emulated devices in worker processes against a running `fedper serve`; "
+        description="Emulated devices in worker processes (or Ray actors: --backend ray) against a running "
+        "`fedper serve`; "
         "each has its own storage and data share (client i of --devices). Writes results.json, "
         "metrics.csv and plots.",
     )  # fmt: skip

@@ -16,6 +16,7 @@ import random
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
@@ -46,6 +47,9 @@ from fedper.trainer import Trainer
 Engine = Literal["executorch", "eager"]
 Evaluator = Literal["onnx", "executorch"]
 log = logging.getLogger("fedper.device")
+# (manifest sha256, the directory holding its artifacts, the manifest) -> the trainer to use.
+# A fleet host may hand every device it runs the same trainer (one loaded program per host).
+TrainerFactory = Callable[[str, Path, Manifest], Trainer]
 
 
 class ManifestConflictError(FedperError):
@@ -77,6 +81,7 @@ class Device:
         on_event: Event | None = None,
         compute_lock: Any = None,
         sleep: Callable[[float], None] = time.sleep,
+        trainer_for: TrainerFactory | None = None,
     ):
         self.client, self.storage, self.options = client, storage, options
         self._data_for = data
@@ -84,6 +89,9 @@ class Device:
         self._emit = on_event or (lambda _event: None)
         self._lock = compute_lock
         self._sleep = sleep
+        self._trainer_for = trainer_for or (
+            lambda _sha, directory, manifest: make_trainer(options.engine, directory, manifest, options.evaluator)
+        )
         self._trainers: dict[str, tuple[Manifest, Trainer, tuple[torch.Tensor, ...]]] = {}
         self._skip_round: int | None = None
         self.device_id: str | None = None
@@ -171,13 +179,12 @@ class Device:
         base = self._base(task.model_version, task.base_url, manifest)
         sha = task.manifest_sha256
         head = self.storage.load_head(sha)
+        if head is None:  # first round: the exported initial head
+            head = self._initial_head(sha, manifest)
         rng = random.Random(hash((self.options.seed, self.options.client_id, task.round)))
         with self._compute():
             trainer.set_tensors(base)
-            if head is not None:
-                trainer.set_tensors(head)
-            else:  # first round: the exported initial head
-                trainer.set_tensors(self._initial_head(sha, manifest))
+            trainer.set_tensors(head)
             accuracy = score(trainer, xt, yt)
         self._emit(Evaluated(task.round, accuracy))
         if rng.random() < self.options.dropout:
@@ -187,6 +194,9 @@ class Device:
         config = _train_config(manifest, task.config)
         self._emit(Training(task.round))
         with self._compute():
+            # Loaded again: a trainer shared with other devices may hold theirs since the evaluation.
+            trainer.set_tensors(base)
+            trainer.set_tensors(head)
             # The same batch order as `fedper simulate` gives client `client_id` in this round.
             order = batch_order_rng(self.options.seed, task.round, self.options.client_id)
             loss = train(trainer, x, y, config, order)
@@ -234,7 +244,7 @@ class Device:
                 path.write_bytes(self.client.download_verified(f"/v1/artifacts/{name}", manifest.sha256[name]))
         self.storage.pin_manifest(sha)
         with self._compute():  # the ExecuTorch runtime is not safe to load from two threads at once
-            trainer = make_trainer(self.options.engine, directory, manifest, self.options.evaluator)
+            trainer = self._trainer_for(sha, directory, manifest)
         data = self._data_for(manifest)
         prepared = (manifest, trainer, data.tensors(manifest))
         self._trainers[sha] = prepared

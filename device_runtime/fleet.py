@@ -1,9 +1,10 @@
-"""``fedper fleet``: many emulated devices against a running server, in worker processes.
+"""``fedper fleet``: many emulated devices against a running server, in worker processes
+(``--backend processes``, the default) or Ray actors (``--backend ray``: :mod:`device_runtime.ray_fleet`).
 
-Each worker process (one compute thread) runs its share of the devices as threads that
-take turns computing; each device has its own storage directory and data share and talks
-to the server over real HTTP. Devices report their metrics to the fleet, which shows a
-live view and writes results.json, metrics.csv and plots like ``fedper simulate``,
+Each worker process or actor (one compute thread) runs its share of the devices as threads
+that take turns computing (:mod:`device_runtime.device_host`); each device has its own storage
+directory and data share and talks to the server over real HTTP. Devices report their metrics
+to the fleet, which shows a live view and writes results.json, metrics.csv and plots like ``fedper simulate``,
 including the final point each device measures once the run is finished.
 """
 
@@ -13,17 +14,18 @@ import dataclasses
 import multiprocessing as mp
 import os
 import queue
-import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
+from device_runtime.device_host import FleetEvent, host_devices
 from device_runtime.events import (
-    DeviceEvent,
     DeviceFailed,
     Dropped,
     FinalEvaluated,
@@ -33,9 +35,10 @@ from device_runtime.events import (
     WorkerDone,
 )
 from fedper.baselines import per_client_accuracy
-from fedper.config_cli import option
+from fedper.config_cli import nested, option
 from fedper.data import DataConfig, load_federated
 from fedper.errors import ConfigError
+from fedper.ray_cluster import RayConfig
 from fedper.results import ClientRecord, RunRecorder, config_json
 
 console = Console(stderr=True)
@@ -45,7 +48,12 @@ console = Console(stderr=True)
 class FleetConfig:
     server: str = option("http://127.0.0.1:8000", "server URL")
     devices: int = option(20, "emulated devices (each one client of the data partition)")
-    workers: int = option(0, "worker processes (0 = one per core)")
+    backend: str = option("processes", "where the devices run: worker processes on this machine, or Ray "
+                          "actors (many devices and one training program per actor; a local Ray or --ray-address)",
+                          choices=("processes", "ray"))  # fmt: skip
+    workers: int = option(0, "worker processes, or Ray actors with --backend ray "
+                          "(0 = one per core of this machine, or of the Ray cluster)")  # fmt: skip
+    ray: RayConfig = nested(RayConfig)
     storage: Path = option(Path("fleet"), "root of the devices' storage directories")
     engine: str = option("executorch", "training engine", choices=("executorch", "eager"))
     evaluator: str = option("onnx", "exported model that scores the local test split (executorch engine)",
@@ -69,14 +77,8 @@ class FleetConfig:
                 raise ConfigError(f"--{name.replace('_', '-')} must be in [0, 1)")
 
 
-def _worker(
-    index: int,
-    device_ids: list[int],
-    fleet: FleetConfig,
-    data: DataConfig,
-    enrollment_key: str,
-    events: Any,
-) -> None:
+def _worker(index: int, device_ids: list[int], fleet: FleetConfig, data: DataConfig, enrollment_key: str,
+            events: Any) -> None:  # fmt: skip
     # The runtime's own chatter (cpuinfo probes, warnings) goes to a log file, not over the live view.
     log_path = fleet.storage / f"worker-{index}.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -86,50 +88,64 @@ def _worker(
     import torch
 
     torch.set_num_threads(1)
-    from device_runtime.client import ProtocolClient
-    from device_runtime.device import Device, DeviceOptions
-    from device_runtime.device_storage import DeviceStorage
-    from device_runtime.local_data import LocalData
-    from device_runtime.network_faults import FlakyTransport
-    from fedper.data import load_federated
+    host_devices(index, device_ids, fleet, data, enrollment_key, events.put)
 
-    fed = load_federated(data)
-    lock = threading.Lock()
 
-    def run(client_id: int) -> None:
-        def emit(event: DeviceEvent | DeviceFailed) -> None:
-            events.put((client_id, event))
+class FleetWorkers(Protocol):
+    """Where a fleet's devices run (worker processes, Ray actors) and how their events come back."""
 
-        transport = (
-            FlakyTransport(fleet.flaky_network, seed=data.seed * 1000 + client_id) if fleet.flaky_network else None
-        )
-        client = ProtocolClient(fleet.server, transport=transport)
-        local = LocalData(fed.client_train(client_id), fed.client_test(client_id))
-        options = DeviceOptions(
-            engine=fleet.engine,  # type: ignore[arg-type]
-            evaluator=fleet.evaluator,  # type: ignore[arg-type]
-            seed=data.seed,
-            client_id=client_id,
-            dropout=fleet.dropout,
-            straggler=fleet.straggler,
-            straggler_delay=fleet.straggler_delay,
-            max_idle_wait=fleet.max_idle_wait,
-        )
-        device = Device(client, DeviceStorage(fleet.storage / f"device_{client_id:03d}"),
-                        lambda _manifest: local, options, enrollment_key, emit, lock)  # fmt: skip
+    count: int  # hosts; each reports WorkerDone once its devices are done
+
+    def next_event(self, timeout: float) -> tuple[int, FleetEvent] | None:
+        """The next (client id, event), or None if none came within ``timeout`` seconds."""
+        ...
+
+    def running(self) -> bool:
+        """False once every host has ended (normally or not)."""
+        ...
+
+
+def shares(devices: int, hosts: int) -> list[list[int]]:
+    """Client ids dealt round-robin to ``hosts`` hosts."""
+    return [list(range(devices))[w::hosts] for w in range(hosts)]
+
+
+class _ProcessWorkers:
+    """Worker processes (spawned), reporting through a multiprocessing queue."""
+
+    def __init__(self, fleet: FleetConfig, data: DataConfig, enrollment_key: str) -> None:
+        self.count = min(fleet.workers or os.cpu_count() or 1, fleet.devices)
+        ctx = mp.get_context("spawn")
+        self._events = ctx.Queue()
+        self._procs = [ctx.Process(target=_worker, args=(w, ids, fleet, data, enrollment_key, self._events),
+                                   daemon=True) for w, ids in enumerate(shares(fleet.devices, self.count))]  # fmt: skip
+        for p in self._procs:
+            p.start()
+
+    def next_event(self, timeout: float) -> tuple[int, FleetEvent] | None:
         try:
-            device.run()
-        except Exception as exc:  # reported, not fatal for the other devices
-            emit(DeviceFailed(f"{type(exc).__name__}: {exc}"))
-        finally:
-            client.close()
+            event: tuple[int, FleetEvent] = self._events.get(timeout=timeout)
+        except queue.Empty:
+            return None
+        return event
 
-    threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in device_ids]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    events.put((-1, WorkerDone(index)))
+    def running(self) -> bool:
+        return any(p.is_alive() for p in self._procs)
+
+    def stop(self) -> None:
+        for p in self._procs:
+            p.join(timeout=5)
+            if p.is_alive():
+                p.terminate()
+
+
+@contextmanager
+def _process_workers(fleet: FleetConfig, data: DataConfig, enrollment_key: str) -> Iterator[FleetWorkers]:
+    workers = _ProcessWorkers(fleet, data, enrollment_key)
+    try:
+        yield workers
+    finally:
+        workers.stop()
 
 
 @dataclass
@@ -164,30 +180,38 @@ def run_fleet(fleet: FleetConfig, data: DataConfig, enrollment_key: str, recorde
               show: bool = True) -> RunRecorder:  # fmt: skip
     """Run the fleet until the server finishes the run; returns (and writes) its results."""
     data = dataclasses.replace(data, num_clients=fleet.devices)
-    workers = min(fleet.workers or os.cpu_count() or 1, fleet.devices)
     recorder = recorder or RunRecorder({"fleet": config_json(fleet), "data": config_json(data)})
     if not recorder.baselines:  # the devices' own split, scored as the devices score themselves
         recorder.baselines = per_client_accuracy(load_federated(data), data.seed)
-    ctx = mp.get_context("spawn")
-    events = ctx.Queue()
-    shares = [list(range(fleet.devices))[w::workers] for w in range(workers)]
-    procs = [ctx.Process(target=_worker, args=(w, ids, fleet, data, enrollment_key, events), daemon=True)
-             for w, ids in enumerate(shares)]  # fmt: skip
-    for p in procs:
-        p.start()
+    if fleet.backend == "ray":
+        from device_runtime.ray_fleet import ray_workers
+
+        hosts = ray_workers(fleet, data, enrollment_key)
+    else:
+        hosts = _process_workers(fleet, data, enrollment_key)
+    with hosts as workers:
+        progress = _collect(workers, fleet, recorder, show)
+    for err in progress.errors:
+        console.print(f"[red]{err}[/]")
+    recorder.write(fleet.out or fleet.storage / "results")
+    return recorder
+
+
+def _collect(workers: FleetWorkers, fleet: FleetConfig, recorder: RunRecorder, show: bool) -> _Progress:
+    """The live view and the results, from the hosts' events until every host is done."""
     progress = _Progress()
     done = 0
     live = Live(progress.table(fleet.devices), console=console, refresh_per_second=4, transient=False) if show else None
     if live is not None:
         live.start()
     try:
-        while done < workers:
-            try:
-                client_id, event = events.get(timeout=1.0)
-            except queue.Empty:
-                if all(not p.is_alive() for p in procs):
+        while done < workers.count:
+            received = workers.next_event(timeout=1.0)
+            if received is None:
+                if not workers.running():
                     break
                 continue
+            client_id, event = received
             match event:
                 case WorkerDone():
                     done += 1
@@ -215,11 +239,4 @@ def run_fleet(fleet: FleetConfig, data: DataConfig, enrollment_key: str, recorde
     finally:
         if live is not None:
             live.stop()
-        for p in procs:
-            p.join(timeout=5)
-            if p.is_alive():
-                p.terminate()
-    for err in progress.errors:
-        console.print(f"[red]{err}[/]")
-    recorder.write(fleet.out or fleet.storage / "results")
-    return recorder
+    return progress

@@ -11,9 +11,10 @@ once more after the last round's aggregation: the final point, the headline
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -25,11 +26,12 @@ from fedper.config_cli import nested, option
 from fedper.data import DataConfig, FederatedData, labelled_tensors, load_federated
 from fedper.eager_trainer import EagerTrainer
 from fedper.errors import ConfigError
-from fedper.local_training import batch_order_rng, evaluate, train
 from fedper.models import ModelConfig, build_model, exchanged_state, split
 from fedper.models.split import batchnorm_stat_names
+from fedper.ray_cluster import RayConfig, ray_session
 from fedper.results import ClientRecord, RunRecorder, config_json
 from fedper.train_config import TrainConfig
+from recipes.client_round import Client, ClientOutcome, ClientRound, client_round
 from recipes.new_users import new_user_curves
 
 ALGORITHMS = ("fedper", "fedavg", "local")
@@ -55,6 +57,10 @@ class SimulationConfig:
     model: str = option("mobilenet_v1", "model", choices=("mobilenet_v1", "resnet34"))
     alpha: float = option(0.25, "MobileNet-V1 width multiplier")
     threads: int = option(0, "torch threads (0 = all cores)")
+    backend: str = option("serial", "where the clients of a round train: one after the other in this process, "
+                          "or as Ray tasks (a local Ray or --ray-address; equal to serial with --threads 1)",
+                          choices=("serial", "ray"))  # fmt: skip
+    ray: RayConfig = nested(RayConfig)
     fine_tune_steps: int = option(50, "SGD steps each held-out user (--holdout-clients) trains for, at every N")
     out: Path = option(Path("runs/simulation"), "output directory")
 
@@ -68,18 +74,6 @@ class SimulationConfig:
             raise ConfigError(f"fraction must be in (0, 1], got {self.fraction}")
         if self.fine_tune_steps < 1:
             raise ConfigError(f"--fine-tune-steps must be >= 1, got {self.fine_tune_steps}")
-
-
-@dataclass
-class _Client:
-    x_train: torch.Tensor
-    y_train: torch.Tensor
-    x_test: torch.Tensor
-    y_test: torch.Tensor
-
-    @property
-    def num_samples(self) -> int:
-        return len(self.y_train)
 
 
 ProgressFn = Callable[[str, int, int], None]
@@ -123,13 +117,19 @@ def run(
     data is loaded, before any training (the command estimates the run's time with them)."""
     if sim.threads:
         torch.set_num_threads(sim.threads)
+    with ray_session(sim.ray) if sim.backend == "ray" else nullcontext() as ray:
+        return _run(sim, data, progress, on_start, ray)
+
+
+def _run(sim: SimulationConfig, data: DataConfig, progress: ProgressFn | None, on_start: StartFn | None,
+         ray: Any) -> RunRecorder:  # fmt: skip
     fed = load_federated(data)
     ds = fed.dataset
     mcfg = model_config(sim, ds.num_classes, ds.image_size)
     clients = []
     for i in range(len(fed.clients)):
         tr, te = fed.client_train(i), fed.client_test(i)
-        clients.append(_Client(*labelled_tensors(tr, ds), *labelled_tensors(te, ds)))
+        clients.append(Client(*labelled_tensors(tr, ds), *labelled_tensors(te, ds)))
     config: dict[str, Any] = {
         "simulation": config_json(sim),
         "data": config_json(data),
@@ -143,7 +143,7 @@ def run(
     recorder.baselines = per_client_accuracy(fed, data.seed)
     sim.out.mkdir(parents=True, exist_ok=True)
     for algorithm in sim.algorithms:
-        _run_algorithm(sim, mcfg, algorithm, clients, recorder, progress, data.seed)
+        _run_algorithm(sim, mcfg, algorithm, clients, recorder, progress, data.seed, ray)
         recorder.write(sim.out)  # keep what finished if a later algorithm crashes
     if fed.holdout:
         _new_users(sim, mcfg, fed, recorder, progress, data.seed)
@@ -169,10 +169,11 @@ def _run_algorithm(
     sim: SimulationConfig,
     mcfg: ModelConfig,
     algorithm: str,
-    clients: list[_Client],
+    clients: list[Client],
     recorder: RunRecorder,
     progress: ProgressFn | None,
     seed: int,
+    ray: Any = None,
 ) -> None:
     model = build_model(mcfg, seed=seed)
     initial = exchanged_state(model)
@@ -181,36 +182,57 @@ def _run_algorithm(
     layout = [(n, tuple(initial[n].shape)) for n in shared]
     global_shared = {n: initial[n] for n in shared}
     personal = [{n: initial[n].clone() for n in personal_names} for _ in clients]
-    trainer = EagerTrainer(model)
+    rounds: ClientRounds
+    if ray is None:
+        rounds = _SerialRounds(EagerTrainer(model), clients)
+    else:
+        from recipes.ray_simulation import RayRounds
+
+        rounds = RayRounds(ray, mcfg, seed, clients)
     rng = np.random.default_rng([seed, 20])
     n_train = clients_per_round(sim, len(clients))
     for rnd in range(1, sim.rounds + 1):
         selected = set(rng.choice(len(clients), size=n_train, replace=False).tolist())
+        tasks = [ClientRound(cid, rnd, seed, cid in selected, sim.training, shared, personal_names)
+                 for cid in range(len(clients))]  # fmt: skip
         fedavg = FedAvg(layout) if shared else None
-        for cid, client in enumerate(clients):
-            trainer.set_tensors(global_shared)
-            trainer.set_tensors(personal[cid])
-            acc = evaluate(trainer, client.x_test, client.y_test)
-            acc_after = loss = None
-            if cid in selected:
-                crng = batch_order_rng(seed, rnd, cid)
-                loss = train(trainer, client.x_train, client.y_train, sim.training, crng)
-                acc_after = evaluate(trainer, client.x_test, client.y_test)
-                personal[cid] = trainer.get_tensors(personal_names)
-                if fedavg is not None:
-                    update = weights.to_numpy(trainer.get_tensors(shared))
-                    fedavg.add(update, client.num_samples)
-            recorder.add(ClientRecord(algorithm, rnd, cid, client.num_samples, acc, acc_after, loss))
+        for task, client, outcome in zip(tasks, clients, rounds.run(tasks, global_shared, personal), strict=True):
+            if outcome.personal is not None:
+                personal[task.client_id] = outcome.personal
+            if fedavg is not None and outcome.update is not None:  # added in client order, as ever
+                fedavg.add(weights.to_numpy(outcome.update), client.num_samples)
+            recorder.add(ClientRecord(algorithm, rnd, task.client_id, client.num_samples, outcome.accuracy,
+                                      outcome.accuracy_after, outcome.loss))  # fmt: skip
         if fedavg is not None:
             global_shared = weights.to_torch(fedavg.result())
         if progress is not None:
             progress(algorithm, rnd, sim.rounds)
-    for cid, client in enumerate(clients):  # the final point: final base + own final head
-        trainer.set_tensors(global_shared)
-        trainer.set_tensors(personal[cid])
-        acc = evaluate(trainer, client.x_test, client.y_test)
-        recorder.add(ClientRecord(algorithm, sim.rounds + 1, cid, client.num_samples, acc, final=True))
+    # The final point: final base + own final head, evaluated only.
+    final = [ClientRound(cid, sim.rounds + 1, seed, False, sim.training, shared, personal_names)
+             for cid in range(len(clients))]  # fmt: skip
+    for task, client, outcome in zip(final, clients, rounds.run(final, global_shared, personal), strict=True):
+        recorder.add(ClientRecord(algorithm, task.round, task.client_id, client.num_samples, outcome.accuracy,
+                                  final=True))  # fmt: skip
     _write_state(sim.out / algorithm, global_shared, personal)
+
+
+class ClientRounds(Protocol):
+    """Runs the clients' rounds (``tasks``, one per client, in client order) from the same base."""
+
+    def run(self, tasks: list[ClientRound], shared: dict[str, torch.Tensor],
+            personal: list[dict[str, torch.Tensor]]) -> list[ClientOutcome]: ...  # fmt: skip
+
+
+class _SerialRounds:
+    """One client after the other on one trainer, in this process."""
+
+    def __init__(self, trainer: EagerTrainer, clients: list[Client]) -> None:
+        self._trainer, self._clients = trainer, clients
+
+    def run(self, tasks: list[ClientRound], shared: dict[str, torch.Tensor],
+            personal: list[dict[str, torch.Tensor]]) -> list[ClientOutcome]:  # fmt: skip
+        return [client_round(self._trainer, t, self._clients[t.client_id], shared, personal[t.client_id])
+                for t in tasks]  # fmt: skip
 
 
 def _write_state(out: Path, shared: dict[str, torch.Tensor], personal: list[dict[str, torch.Tensor]]) -> None:

@@ -1,0 +1,107 @@
+"""A share of a fleet's devices as threads of one process: a fleet worker process or a Ray actor.
+
+The devices take turns computing under one lock (the ExecuTorch runtime is not safe to use from
+two threads at once) while their network I/O overlaps; each reports its events through ``put``.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from device_runtime.events import DeviceEvent, DeviceFailed, WorkerDone
+from fedper.data import DataConfig
+from fedper.manifest import Manifest
+from fedper.trainer import Trainer
+
+if TYPE_CHECKING:
+    from device_runtime.fleet import FleetConfig
+
+# (client id or -1 for the host itself, event): what a host reports to the fleet.
+FleetEvent = DeviceEvent | DeviceFailed | WorkerDone
+Put = Callable[[tuple[int, FleetEvent]], None]
+
+
+class SharedTrainers:
+    """One trainer per manifest for every device of a host, made by the first device that needs
+    it: one loaded training program per host instead of one per device. The devices load their
+    own base and head into it before every evaluation and every training (``Device.run_round``)."""
+
+    def __init__(self, engine: str, evaluator: str) -> None:
+        self._engine, self._evaluator = engine, evaluator
+        self._trainers: dict[str, Trainer] = {}
+        self._lock = threading.Lock()
+
+    def __call__(self, sha: str, directory: Path, manifest: Manifest) -> Trainer:
+        from device_runtime.device import make_trainer
+
+        with self._lock:
+            if sha not in self._trainers:
+                self._trainers[sha] = make_trainer(self._engine, directory, manifest, self._evaluator)  # type: ignore[arg-type]
+            return self._trainers[sha]
+
+    def __len__(self) -> int:
+        return len(self._trainers)
+
+
+def device_dir(storage: Path, client_id: int) -> Path:
+    """Device ``client_id``'s storage directory under the fleet's (on the host that runs it)."""
+    return storage / f"device_{client_id:03d}"
+
+
+def host_devices(
+    index: int,
+    device_ids: list[int],
+    fleet: FleetConfig,
+    data: DataConfig,
+    enrollment_key: str,
+    put: Put,
+    trainers: SharedTrainers | None = None,
+) -> None:
+    """Run devices ``device_ids`` until each has finished (or failed), then report WorkerDone."""
+    from device_runtime.client import ProtocolClient
+    from device_runtime.device import Device, DeviceOptions
+    from device_runtime.device_storage import DeviceStorage
+    from device_runtime.local_data import LocalData
+    from device_runtime.network_faults import FlakyTransport
+    from fedper.data import load_federated
+
+    fed = load_federated(data)
+    lock = threading.Lock()
+
+    def run(client_id: int) -> None:
+        def emit(event: DeviceEvent | DeviceFailed) -> None:
+            put((client_id, event))
+
+        transport = (
+            FlakyTransport(fleet.flaky_network, seed=data.seed * 1000 + client_id) if fleet.flaky_network else None
+        )
+        client = ProtocolClient(fleet.server, transport=transport)
+        local = LocalData(fed.client_train(client_id), fed.client_test(client_id))
+        options = DeviceOptions(
+            engine=fleet.engine,  # type: ignore[arg-type]
+            evaluator=fleet.evaluator,  # type: ignore[arg-type]
+            seed=data.seed,
+            client_id=client_id,
+            dropout=fleet.dropout,
+            straggler=fleet.straggler,
+            straggler_delay=fleet.straggler_delay,
+            max_idle_wait=fleet.max_idle_wait,
+        )
+        device = Device(client, DeviceStorage(device_dir(fleet.storage, client_id)), lambda _manifest: local,
+                        options, enrollment_key, emit, lock, trainer_for=trainers)  # fmt: skip
+        try:
+            device.run()
+        except Exception as exc:  # reported, not fatal for the other devices
+            emit(DeviceFailed(f"{type(exc).__name__}: {exc}"))
+        finally:
+            client.close()
+
+    threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in device_ids]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    put((-1, WorkerDone(index)))
