@@ -12,6 +12,7 @@ BENCHMARKS = [
     "bench.train_step",
     "bench.export_sizes",
     "bench.export_time",
+    "bench.fleet_scale",
 ]
 
 if __name__ == "__main__":
