@@ -108,6 +108,8 @@ def measure(n: int, uploads: int, workdir: Path, serve_args: list[str], alpha: f
         for _ in range(uploads):
             token = httpx.post(f"{server.url}/v1/devices", json={"enrollment_key": ENROLL}).json()["token"]
             devices.append({"Authorization": f"Bearer {token}"})
+            # A slot in round 1's cohort (asked before the clock starts: the upload path is measured)
+            assert httpx.get(f"{server.url}/v1/task", headers=devices[-1]).status_code == 200
         seconds, latencies = _run_uploads(server.url, devices, body, n, "/v1/rounds/1/updates")
         rss = server.rss_mb()
     port = free_port()
@@ -166,6 +168,7 @@ def per_upload_phases(workdir: Path, uploads: int = 20) -> dict[str, dict[str, f
     times: dict[str, list[float]] = {"check": [], "write_canonical": [], "commit": []}
     for i in range(uploads):
         state.db.add_device(f"d-{i}", f"hash-{i}", None)
+        state.rounds.assign(1, f"d-{i}")  # its task: a slot in the round's cohort
         path = workdir / "body.safetensors"
         path.write_bytes(body)
         t0 = time.perf_counter()

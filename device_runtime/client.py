@@ -29,7 +29,7 @@ class RefusedError(FedperError):
 
 
 class NotInCohortError(FedperError):
-    """``409 not_in_cohort`` (revision 1.2): this round's slots are held by other devices (ours
+    """``409 not_in_cohort`` (revision 1.2): we hold no unexpired slot of the round (ours
     expired, or we never had one). Not a failure: wait ``retry_after`` and ask for a task again."""
 
     def __init__(self, retry_after: float, message: str):

@@ -131,7 +131,7 @@ class Task(_Body):
     manifest_sha256: str
     config: TaskConfig = TaskConfig()
     # Since revision 1.2: when this device's slot in the round's cohort expires (ISO 8601 UTC);
-    # an update that arrives later may find the slot given to another device (409 not_in_cohort).
+    # an update that arrives later is refused (409 not_in_cohort); the device asks again.
     # Null when the slot lasts as long as the round.
     report_by: str | None = None
 

@@ -15,13 +15,10 @@ from __future__ import annotations
 
 import math
 import random
-import sqlite3
-from typing import Literal
 
 from server.config import ServerConfig
 from server.storage import Database, Slot
 
-Admission = Literal["held", "claimed", "refused"]
 MAX_RETRY_AFTER = 3600  # seconds; no device is told to wait longer than this
 
 
@@ -49,8 +46,9 @@ class Cohort:
         return self.db.count_held_slots(number, now) < self.config.slots
 
     def may_report(self, number: int, device_id: str, now: float) -> bool:
-        """An upload is admitted from a slot holder, or claims a free slot (as a task would)."""
-        return self.holds(number, device_id, now) or self.has_room(number, now)
+        """An upload is admitted only from a device that holds an unexpired slot: a device that
+        never asked, or whose slot expired, asks for a task again (and may get a slot back)."""
+        return self.holds(number, device_id, now)
 
     def assign(self, number: int, device_id: str, now: float) -> Slot | None:
         """The device's slot in open round ``number``: the one it holds, else a free one, else
@@ -68,19 +66,6 @@ class Cohort:
             slot = Slot(number, device_id, now, self.expiry(now, current.deadline))
             self.db.put_slot(conn, slot)
             return slot
-
-    def admit(
-        self, conn: sqlite3.Connection, number: int, device_id: str, now: float, deadline: float | None
-    ) -> Admission:
-        """Inside a transaction, before an upload is recorded: ``held`` if the device holds a
-        slot, ``claimed`` if it has just taken a free one, ``refused`` (nothing written) if every
-        slot is held by others."""
-        if self.holds(number, device_id, now):
-            return "held"
-        if not self.has_room(number, now):
-            return "refused"
-        self.db.put_slot(conn, Slot(number, device_id, now, self.expiry(now, deadline)))
-        return "claimed"
 
     def retry_after(self, number: int, opened_at: float, deadline: float | None, now: float) -> int:
         """Seconds a device without a slot (or already reported) waits before asking again.

@@ -37,7 +37,7 @@ from fedper.atomic_write import atomic_write_bytes
 from fedper.manifest import Manifest, sha256_file
 from fedper.metrics import summarize
 from fedper.protocol import ErrorCode, Header, RoundInfo
-from server.cohort import Admission, Cohort
+from server.cohort import Cohort
 from server.config import ServerConfig
 from server.errors import ProtocolError, conflict, run_finished, unauthorized
 from server.storage import Database, Slot, StoredUpdate
@@ -183,7 +183,7 @@ class RoundManager:
         return self.cohort.retry_after(snap.round, snap.opened_at, snap.deadline, self.clock())
 
     def _not_in_cohort(self, number: int) -> ProtocolError:
-        message = f"every slot of round {number}'s cohort is held by other devices; ask for a task again later"
+        message = f"this device holds no slot of round {number}'s cohort (it never asked, or its slot expired); ask for a task again"
         return ProtocolError(409, ErrorCode.NOT_IN_COHORT, message, {Header.RETRY_AFTER: str(self.pace())})
 
     # --- uploads ------------------------------------------------------------------------
@@ -205,7 +205,7 @@ class RoundManager:
 
     def check_conflicts(self, device_id: str, number: int, upload: Upload) -> None:
         """410, then the 409s in the protocol's order: duplicate, round not open, stale base
-        version, not in the cohort (a device without a slot may still claim a free one)."""
+        version, not in the cohort (the device holds no unexpired slot of the round)."""
         if self._finished():
             raise run_finished()
         if self.db.has_update(number, device_id):
@@ -236,22 +236,12 @@ class RoundManager:
                     raise unauthorized("this device has been revoked")
                 self.check_conflicts(staged.device_id, staged.round, staged.upload)
                 now = self.clock()
-                admitted: Admission = "held"  # a held slot stays held: only time or a revocation ends it
-                if not self.cohort.holds(staged.round, staged.device_id, now):
-                    with self.db.transaction() as conn:  # checked and claimed at once (GET /v1/task may race)
-                        admitted = self.cohort.admit(conn, staged.round, staged.device_id, now, self.snapshot.deadline)
-                if admitted == "refused":
-                    raise self._not_in_cohort(staged.round)
                 try:
                     relative = self.store.commit(staged.temp, staged.round, staged.device_id)
                     update = StoredUpdate(staged.round, staged.device_id, staged.upload.num_samples,
                                           staged.upload.base_version, relative, staged.upload.metrics)  # fmt: skip
                     with self.db.transaction() as conn:
                         self.db.insert_update(conn, update, now)
-                except BaseException:
-                    if admitted == "claimed":  # a failed commit leaves the cohort as it was
-                        self._release(staged.round, staged.device_id)
-                    raise
                 finally:
                     self._refresh()
                 received = self.snapshot.received
@@ -260,15 +250,6 @@ class RoundManager:
                 return received
         finally:
             self.store.remove(staged.temp)
-
-    def _release(self, number: int, device_id: str) -> None:
-        """Give back a slot claimed by an upload that then failed (logged, never raised: the
-        upload's own failure is what its device hears; an unused slot expires anyway)."""
-        try:
-            with self.db.transaction() as conn:
-                self.db.delete_slot(conn, number, device_id)
-        except Exception:
-            log.exception(json.dumps({"event": "slot_release_failed", "round": number, "device": device_id}))
 
     def discard(self, staged: Staged) -> None:
         self.store.remove(staged.temp)

@@ -31,6 +31,13 @@ def enroll(url: str, key: str = ENROLL) -> tuple[str, dict[str, str]]:
     return body["device_id"], {"Authorization": f"Bearer {body['token']}"}
 
 
+def ask(url: str, headers: dict[str, str]) -> httpx.Response:
+    """``GET /v1/task``, as a device does before it uploads: the open round gives it a cohort slot."""
+    r = httpx.get(f"{url}/v1/task", headers=headers, timeout=60)
+    assert r.status_code in (200, 204, 410), r.text
+    return r
+
+
 def admin() -> dict[str, str]:
     return {"Authorization": f"Bearer {ADMIN}"}
 

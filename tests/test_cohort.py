@@ -115,8 +115,13 @@ def test_an_expired_slot_goes_to_the_next_device_and_a_non_member_changes_nothin
         assert int(refused.headers["retry-after"]) >= 3
         assert (round_info(s.url, 1), _stored(data)) == before
         assert httpx.get(f"{s.url}/v1/task", headers=e).status_code == 204
-        # c does not report within its report timeout: its slot goes to the next device that asks.
+        # c does not report within its report timeout: its slot is free, but only a task gives it:
+        # an upload from a device that holds none is refused even now, and changes nothing.
         time.sleep(2.3)
+        uninvited = httpx.post(f"{s.url}/v1/rounds/1/updates", content=body, headers=e)
+        assert (uninvited.status_code, uninvited.json()["code"]) == (409, "not_in_cohort")
+        assert (round_info(s.url, 1)["received"], _stored(data)) == (2, before[1])
+        # The free slot goes to the next device that asks.
         given_d = httpx.get(f"{s.url}/v1/task", headers=d)
         assert given_d.status_code == 200 and given_d.json()["round"] == 1
         assert httpx.get(f"{s.url}/v1/task", headers=c).status_code == 204  # c lost it, e still waits
@@ -227,8 +232,9 @@ def test_no_arrival_order_over_assigns_slots_or_refuses_a_slot_holder(
     server_artifacts: Path, server_manifest: Manifest, steps: list[tuple[str, float]], over_selection: float
 ) -> None:
     """Whatever order 6 devices ask, upload and wait in (report timeout 3 s): at most ceil(2 x F)
-    slots are held at any moment, no round takes more than target_clients updates, and a device
-    that uploads before its slot expires is never refused for not being in the cohort."""
+    slots are held at any moment, no round takes more than target_clients updates, a device that
+    uploads before its slot expires is never refused for not being in the cohort, and an upload
+    from a device without an unexpired slot is never accepted."""
     clock = Clock()
     tensors = base_like(server_manifest, value=0.125)
     with tempfile.TemporaryDirectory() as tmp, pytest.MonkeyPatch.context() as mp:
@@ -261,6 +267,9 @@ def test_no_arrival_order_over_assigns_slots_or_refuses_a_slot_holder(
                         rounds.commit(rounds.stage(device, number, upload))
                     except ProtocolError as exc:
                         assert exc.code != "not_in_cohort" or not held, (device, exc.code)
+                        assert held or exc.code in ("not_in_cohort", "duplicate_update"), (device, exc.code)
+                    else:
+                        assert held, f"{device} uploaded without a slot and was accepted"
                 for n in range(1, rounds.snapshot.round + 1):
                     assert db.count_updates(n) <= config.target_clients
                 assert db.count_held_slots(rounds.snapshot.round, clock.now) <= config.slots

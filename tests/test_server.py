@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from fedper import weights
-from tests.server_support import ENROLL, admin, base_like, enroll, round_info, serve, update_body
+from tests.server_support import ENROLL, admin, ask, base_like, enroll, round_info, serve, update_body
 
 
 @pytest.fixture
@@ -58,6 +58,7 @@ def test_full_protocol_flow_and_weighted_mean(server, server_manifest, server_ar
             tensors = {k: v.astype(np.float16).astype(np.float32) for k, v in tensors.items()}
         updates.append((tensors, n))
         body = update_body(tensors, n, 0, {"accuracy": 0.5 + i / 10, "train_loss": 1.0}, dtype=dtype)
+        ask(url, h)  # a slot in round 1's cohort
         r = httpx.post(f"{url}/v1/rounds/1/updates", content=body, headers=h)
         assert r.status_code == 202, r.text
         assert r.json() == {"round": 1, "accepted": True, "received": i + 1}
@@ -101,6 +102,7 @@ def _safetensors(header: dict, data: bytes) -> bytes:
 def test_every_rejection_class_changes_nothing(server, server_manifest):
     url = server.url
     _, h = enroll(url)
+    ask(url, h)
     good = base_like(server_manifest)
     name0, shape0 = server_manifest.layout("base")[0]
     head_name, head_shape = server_manifest.layout("head")[0]
@@ -179,6 +181,7 @@ def test_round_not_open_revocation_and_stop(server, server_manifest):
     url = server.url
     devices = [enroll(url) for _ in range(4)]
     for _, h in devices[:3]:
+        ask(url, h)
         assert (
             httpx.post(
                 f"{url}/v1/rounds/1/updates", content=update_body(base_like(server_manifest)), headers=h
@@ -214,6 +217,8 @@ def test_kill_9_between_uploads_loses_nothing(server_artifacts, server_manifest,
     data = tmp_path / "data"
     s = serve(artifacts, data, target_clients=3, min_clients=3, round_timeout=0).start()
     devices = [enroll(s.url) for _ in range(3)]
+    for _, h in devices:
+        ask(s.url, h)  # the slots survive the kill too
     tensors = [base_like(server_manifest, seed=i) for i in range(3)]
     for i in range(2):
         r = httpx.post(
@@ -272,6 +277,7 @@ def test_deadlines_close_or_abandon(server_artifacts, server_manifest, tmp_path)
         r2 = round_info(s.url, 2)
         assert r2["model_version"] == 0 and r2["state"] == "open"
         for _, h in devices[:2]:
+            ask(s.url, h)
             assert (
                 httpx.post(
                     f"{s.url}/v1/rounds/2/updates",
@@ -326,6 +332,8 @@ def test_fifty_concurrent_width1_devices(tmp_path):
     with serve(artifacts, tmp_path / "data", target_clients=n, min_clients=n, round_timeout=0,
                        enroll_per_minute=1000) as s:  # fmt: skip
         devices = [enroll(s.url) for _ in range(n)]
+        for _, h in devices:
+            ask(s.url, h)
         base = base_like(manifest, seed=0)
         body0 = update_body(base)
         rss_start = s.rss_mb()

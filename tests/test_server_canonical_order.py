@@ -25,7 +25,7 @@ from fedper.manifest import Manifest, read_manifest
 from server.config import ServerConfig
 from server.state import open_state
 from server.upload_validation import Upload
-from tests.server_support import ADMIN, ENROLL, base_like, enroll, serve, update_body
+from tests.server_support import ADMIN, ENROLL, ask, base_like, enroll, serve, update_body
 
 Update = tuple[dict[str, np.ndarray], int]
 
@@ -67,6 +67,7 @@ def test_two_servers_give_the_same_bytes_whatever_the_arrival_order(server_artif
             devices = [enroll(s.url)[1] for _ in updates]  # random ids, others in each server
             for i in order:
                 tensors, n = updates[i]
+                ask(s.url, devices[i])
                 r = httpx.post(f"{s.url}/v1/rounds/1/updates", content=update_body(tensors, n),
                                headers=devices[i], timeout=60)  # fmt: skip
                 assert r.status_code == 202, r.text
@@ -94,6 +95,7 @@ def _close_round(artifacts: Path, updates: Sequence[Update], arrival: Sequence[i
                 state.db.add_device(f"d-{owner}", f"hash-{owner}", "test")
             for i in arrival:
                 tensors, n = updates[i]
+                state.rounds.assign(1, f"d-{owners[i]}")  # a device asks for its task first
                 staged = state.rounds.stage(f"d-{owners[i]}", 1, Upload(tensors, n, 0, {"accuracy": 0.5}))
                 state.rounds.commit(staged)
             assert state.rounds.snapshot.model_version == 1

@@ -58,6 +58,7 @@ def fuzzed(server_artifacts: Path, tmp_path_factory: pytest.TempPathFactory) -> 
         r = client.post("/v1/devices", json={"enrollment_key": ENROLL})
         device = {"Authorization": f"Bearer {r.json()['token']}"}
         body = update_body(base_like(read_manifest(server_artifacts)))
+        assert client.get("/v1/task", headers=device).status_code == 200  # a slot in round 1's cohort
         assert client.post("/v1/rounds/1/updates", content=body, headers=device).status_code == 202
         yield Fuzzed(client, state, data, device, body)
     mp.undo()
@@ -194,6 +195,7 @@ def test_whatever_is_accepted_loads_back(fuzzed: Fuzzed, dtype, metrics, num_sam
     device = {"Authorization": f"Bearer {r.json()['token']}"}
     manifest = fuzzed.state.manifest
     body = update_body(base_like(manifest, seed=num_samples), num_samples, 0, metrics, dtype=dtype)
+    assert fuzzed.client.get("/v1/task", headers=device).status_code == 200
     r = fuzzed.client.post("/v1/rounds/1/updates", content=body, headers=device)
     fuzzed.check(r, {202})
     for update in fuzzed.state.db.updates(1):

@@ -21,6 +21,9 @@ from tests.server_support import admin, base_like, enroll, round_info, serve, up
 
 
 def _post(url: str, body: bytes, headers: dict, number: int = 1) -> httpx.Response:
+    """As a device does: ask for the task (a slot in the open round's cohort; whatever the
+    answer), then upload."""
+    httpx.get(f"{url}/v1/task", headers=headers, timeout=60)
     return httpx.post(f"{url}/v1/rounds/{number}/updates", content=body, headers=headers, timeout=60)
 
 

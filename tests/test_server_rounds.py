@@ -14,6 +14,7 @@ from fedper.manifest import read_manifest
 from server import update_store
 from server.config import ServerConfig
 from server.errors import ProtocolError
+from server.rounds import RoundManager, Staged
 from server.state import ServerState, open_state
 from server.upload_validation import Upload
 from tests.server_support import ADMIN, ENROLL, base_like
@@ -42,6 +43,12 @@ def _upload(artifacts: Path, seed: int, n: int = 10, version: int = 0) -> Upload
     return Upload(base_like(read_manifest(artifacts), seed=seed), n, version, {"accuracy": 0.5})
 
 
+def _stage(rounds: RoundManager, device_id: str, number: int, upload: Upload) -> Staged:
+    """As a device does: ask for the round's task (a cohort slot), then upload."""
+    rounds.assign(number, device_id)
+    return rounds.stage(device_id, number, upload)
+
+
 def _devices(state: ServerState, count: int) -> list[str]:
     ids = [f"d-{i:04d}" for i in range(count)]
     for i in ids:
@@ -60,16 +67,16 @@ def test_an_upload_overtaken_by_the_close_is_refused_and_leaves_nothing(server_a
     state = _open(server_artifacts, data, clock, target_clients=2, min_clients=1)
     a, b, c = _devices(state, 3)
     rounds = state.rounds
-    late = rounds.stage(a, 1, _upload(server_artifacts, 0))  # checked and written, not yet committed
+    late = _stage(rounds, a, 1, _upload(server_artifacts, 0))  # checked and written, not yet committed
     assert len(list((data / "tmp").iterdir())) == 1
-    assert rounds.commit(rounds.stage(b, 1, _upload(server_artifacts, 1))) == 1
-    assert rounds.commit(rounds.stage(c, 1, _upload(server_artifacts, 2))) == 2  # closes round 1
+    assert rounds.commit(_stage(rounds, b, 1, _upload(server_artifacts, 1))) == 1
+    assert rounds.commit(_stage(rounds, c, 1, _upload(server_artifacts, 2))) == 2  # closes round 1
     assert rounds.snapshot.round == 2 and rounds.snapshot.state == "open" and rounds.snapshot.model_version == 1
     with pytest.raises(ProtocolError) as refused:
         rounds.commit(late)
     assert (refused.value.status, refused.value.code) == (409, "round_not_open")
     assert _files(data) == []  # no temp file, no folder for round 1 or 2
-    assert rounds.commit(rounds.stage(a, 2, _upload(server_artifacts, 0, version=1))) == 1
+    assert rounds.commit(_stage(rounds, a, 2, _upload(server_artifacts, 0, version=1))) == 1
 
 
 def test_a_failing_cleanup_never_reaches_a_request_and_is_finished_at_the_next_start(
@@ -85,8 +92,8 @@ def test_a_failing_cleanup_never_reaches_a_request_and_is_finished_at_the_next_s
     working_rmtree = shutil.rmtree
 
     monkeypatch.setattr(update_store.shutil, "rmtree", broken_rmtree)
-    state.rounds.commit(state.rounds.stage(a, 1, _upload(server_artifacts, 0)))
-    assert state.rounds.commit(state.rounds.stage(b, 1, _upload(server_artifacts, 1))) == 2
+    state.rounds.commit(_stage(state.rounds, a, 1, _upload(server_artifacts, 0)))
+    assert state.rounds.commit(_stage(state.rounds, b, 1, _upload(server_artifacts, 1))) == 2
     snap = state.rounds.snapshot
     assert (snap.round, snap.state, snap.model_version, snap.rounds_closed) == (2, "open", 1, 1)
     assert (data / "updates" / "r1").exists()  # the leftover
@@ -102,14 +109,14 @@ def test_a_failing_close_keeps_memory_equal_to_the_database_and_is_retried(serve
     state = _open(server_artifacts, data, clock, target_clients=2, min_clients=1)
     a, b = _devices(state, 2)
     rounds = state.rounds
-    rounds.commit(rounds.stage(a, 1, _upload(server_artifacts, 0, n=1)))
+    rounds.commit(_stage(rounds, a, 1, _upload(server_artifacts, 0, n=1)))
     original = state.db.insert_version
 
     def disk_full(*args: object, **kwargs: object) -> None:
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(state.db, "insert_version", disk_full)
-    assert rounds.commit(rounds.stage(b, 1, _upload(server_artifacts, 1, n=3))) == 2  # stored: its 202 stands
+    assert rounds.commit(_stage(rounds, b, 1, _upload(server_artifacts, 1, n=3))) == 2  # stored: its 202 stands
     assert rounds.snapshot.round == 1 and rounds.snapshot.state == "open" and rounds.snapshot.received == 2
     assert state.db.latest_round().state == "open"  # type: ignore[union-attr]
     monkeypatch.setattr(state.db, "insert_version", original)
@@ -127,7 +134,7 @@ def test_deadlines_follow_the_injected_clock(server_artifacts, tmp_path):
     state = _open(server_artifacts, data, clock, target_clients=5, min_clients=2, round_timeout=60)
     a, b, c = _devices(state, 3)
     rounds = state.rounds
-    rounds.commit(rounds.stage(a, 1, _upload(server_artifacts, 0)))
+    rounds.commit(_stage(rounds, a, 1, _upload(server_artifacts, 0)))
     clock.now += 59.9
     rounds.tick()
     assert rounds.snapshot.round == 1
@@ -137,7 +144,7 @@ def test_deadlines_follow_the_injected_clock(server_artifacts, tmp_path):
     assert (rounds.snapshot.round, rounds.snapshot.model_version) == (2, 0)
     assert rounds.snapshot.deadline == clock.now + 60
     for device, seed in ((b, 1), (c, 2)):
-        rounds.commit(rounds.stage(device, 2, _upload(server_artifacts, seed)))
+        rounds.commit(_stage(rounds, device, 2, _upload(server_artifacts, seed)))
     clock.now += 60
     rounds.tick()
     assert state.db.round(2).state == "closed" and rounds.snapshot.model_version == 1  # type: ignore[union-attr]
@@ -149,19 +156,19 @@ def test_withdrawal_of_a_revoked_device_and_stop(server_artifacts, tmp_path):
     state = _open(server_artifacts, data, clock, target_clients=3, min_clients=1)
     a, b, c = _devices(state, 3)
     rounds = state.rounds
-    rounds.commit(rounds.stage(a, 1, _upload(server_artifacts, 0, n=5)))
-    staged_b = rounds.stage(b, 1, _upload(server_artifacts, 1, n=7))
+    rounds.commit(_stage(rounds, a, 1, _upload(server_artifacts, 0, n=5)))
+    staged_b = _stage(rounds, b, 1, _upload(server_artifacts, 1, n=7))
     assert state.db.revoke_device(b) and state.db.revoke_device(a)
     assert rounds.withdraw(a) and not rounds.withdraw(b)
     with pytest.raises(ProtocolError) as revoked:
         rounds.commit(staged_b)  # revoked between its checks and its commit
     assert revoked.value.status == 401
     assert rounds.snapshot.received == 0 and _files(data) == []
-    rounds.commit(rounds.stage(c, 1, _upload(server_artifacts, 2)))
+    rounds.commit(_stage(rounds, c, 1, _upload(server_artifacts, 2)))
     rounds.stop()
     assert state.db.round(1).state == "stopped" and rounds.snapshot.finished  # type: ignore[union-attr]
     with pytest.raises(ProtocolError) as finished:
-        rounds.stage(c, 1, _upload(server_artifacts, 2))
+        _stage(rounds, c, 1, _upload(server_artifacts, 2))
     assert (finished.value.status, finished.value.code) == (410, "run_finished")
     assert _files(data) == []
 
@@ -173,14 +180,14 @@ def test_an_update_unloadable_at_close_is_quarantined_and_the_round_stays_open(s
     state = _open(server_artifacts, data, clock, target_clients=3, min_clients=1)
     a, b, c = _devices(state, 3)
     rounds = state.rounds
-    rounds.commit(rounds.stage(a, 1, _upload(server_artifacts, 0, n=2)))
-    rounds.commit(rounds.stage(b, 1, _upload(server_artifacts, 1, n=3)))
+    rounds.commit(_stage(rounds, a, 1, _upload(server_artifacts, 0, n=2)))
+    rounds.commit(_stage(rounds, b, 1, _upload(server_artifacts, 1, n=3)))
     (data / "updates" / "r1" / f"{a}.safetensors").write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{}      ")
-    assert rounds.commit(rounds.stage(c, 1, _upload(server_artifacts, 2, n=5))) == 3  # stored: its 202 stands
+    assert rounds.commit(_stage(rounds, c, 1, _upload(server_artifacts, 2, n=5))) == 3  # stored: its 202 stands
     assert (rounds.snapshot.round, rounds.snapshot.state, rounds.snapshot.received) == (1, "open", 2)
     assert [p.name.split(".")[0] for p in (data / "quarantine").iterdir()] == [f"r1-{a}"]
     assert not (data / "models" / "v1.safetensors").exists()
-    assert rounds.commit(rounds.stage(a, 1, _upload(server_artifacts, 3, n=7))) == 3  # a sends again
+    assert rounds.commit(_stage(rounds, a, 1, _upload(server_artifacts, 3, n=7))) == 3  # a sends again
     assert (rounds.snapshot.round, rounds.snapshot.model_version) == (2, 1)
     v1 = weights.load(data / "models" / "v1.safetensors")
     parts = [(_upload(server_artifacts, seed).tensors, n) for seed, n in ((3, 7), (1, 3), (2, 5))]

@@ -148,7 +148,7 @@ public final class ProtocolClient {
       return -1; // our earlier upload was counted; its 202 was lost
     }
     if (Protocol.ErrorCode.NOT_IN_COHORT.equals(refused.code)) {
-      // Revision 1.2: our slot in the round's cohort went to another device. Not a failure:
+      // Revision 1.2: we hold no unexpired slot of the round's cohort. Not a failure:
       // back off and ask for a task again (the next GET /v1/task says how long to wait).
       throw new ProtocolException.Transient("not in this round's cohort: " + refused.getMessage());
     }
