@@ -30,6 +30,7 @@ from device_runtime.events import (
     Event,
     FinalEvaluated,
     Finished,
+    Refused,
     RoundReport,
     Training,
     Uploaded,
@@ -137,7 +138,7 @@ class Device:
             except TransientError as exc:
                 log.warning("device %s: round %d failed: %s", self.device_id, task.round, exc)
                 continue
-            except NotInCohortError as exc:  # our slot went to another device: not a failure
+            except NotInCohortError as exc:  # our slot expired: not a failure
                 log.info("device %s: not in round %d's cohort; asking again", self.device_id, task.round)
                 self._sleep(min(exc.retry_after, self.options.max_idle_wait))
                 continue
@@ -212,7 +213,17 @@ class Device:
             {Metadata.NUM_SAMPLES: str(len(y)), Metadata.BASE_VERSION: str(task.model_version),
              **metric_metadata(metrics)},
         )  # fmt: skip
-        received = self.client.upload(task.round, body)
+        try:
+            received = self.client.upload(task.round, body)
+        except NotInCohortError:
+            self._emit(Refused(task.round, ErrorCode.NOT_IN_COHORT))
+            raise
+        except RefusedError as exc:
+            self._emit(Refused(task.round, exc.code))
+            raise
+        except TransientError:
+            self._emit(Refused(task.round, "upload failed"))
+            raise
         report = RoundReport(task.round, task.model_version, len(y), accuracy, accuracy_after,
                              None if np.isnan(loss) else loss, True, received)  # fmt: skip
         self._emit(Uploaded(report))

@@ -45,6 +45,17 @@ class Training:
 
 
 @dataclass(frozen=True)
+class Refused:
+    """Trained, but the server did not take the update (e.g. ``not_in_cohort``: the slot had
+    expired; ``round_not_open``: the round closed first) or the upload failed; the device asks
+    for a task again."""
+
+    round: int
+    reason: str
+    kind: ClassVar[str] = "refused"
+
+
+@dataclass(frozen=True)
 class Uploaded:
     report: RoundReport
     kind: ClassVar[str] = "uploaded"
@@ -71,7 +82,7 @@ class Finished:
     kind: ClassVar[str] = "finished"
 
 
-DeviceEvent = Evaluated | Dropped | Training | Uploaded | FinalEvaluated | Finished
+DeviceEvent = Evaluated | Dropped | Training | Refused | Uploaded | FinalEvaluated | Finished
 Event = Callable[[DeviceEvent], None]
 
 

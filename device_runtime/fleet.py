@@ -30,6 +30,7 @@ from device_runtime.events import (
     Dropped,
     FinalEvaluated,
     Finished,
+    Refused,
     Training,
     Uploaded,
     WorkerDone,
@@ -154,6 +155,7 @@ class _Progress:
     training: set[int] = dataclasses.field(default_factory=set)
     uploads: int = 0
     dropped: int = 0
+    refused: int = 0
     errors: list[str] = dataclasses.field(default_factory=list)
     finished: set[int] = dataclasses.field(default_factory=set)
     accuracy: dict[int, list[float]] = dataclasses.field(default_factory=dict)
@@ -164,6 +166,7 @@ class _Progress:
             "round",
             "training",
             "uploads accepted",
+            "refused",
             "dropped",
             "mean accuracy (round)",
             "done",
@@ -171,8 +174,8 @@ class _Progress:
             t.add_column(col, justify="right")
         accs = self.accuracy.get(self.round) or self.accuracy.get(self.round - 1) or []
         mean = f"{sum(accs) / len(accs):.3f}" if accs else "-"
-        t.add_row(str(self.round), str(len(self.training)), str(self.uploads), str(self.dropped), mean,
-                  f"{len(self.finished)}/{devices}")  # fmt: skip
+        counts = (self.round, len(self.training), self.uploads, self.refused, self.dropped)
+        t.add_row(*map(str, counts), mean, f"{len(self.finished)}/{devices}")
         return t
 
 
@@ -228,6 +231,9 @@ def _collect(workers: FleetWorkers, fleet: FleetConfig, recorder: RunRecorder, s
                 case FinalEvaluated(round=number, num_samples=n, accuracy=accuracy):
                     progress.accuracy.setdefault(number, []).append(accuracy)
                     recorder.add(ClientRecord(fleet.label, number, client_id, n, accuracy, final=True))
+                case Refused():
+                    progress.training.discard(client_id)
+                    progress.refused += 1
                 case Dropped():
                     progress.dropped += 1
                 case Finished():

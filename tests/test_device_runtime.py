@@ -20,13 +20,14 @@ import pytest
 from device_runtime.client import ProtocolClient
 from device_runtime.device import Device, DeviceOptions, metric_metadata
 from device_runtime.device_storage import DeviceStorage
-from device_runtime.events import DeviceEvent, FinalEvaluated, Finished, RoundReport
-from device_runtime.fleet import FleetConfig, run_fleet
+from device_runtime.events import DeviceEvent, FinalEvaluated, Finished, Refused, RoundReport, WorkerDone
+from device_runtime.fleet import FleetConfig, FleetEvent, _collect, run_fleet
 from device_runtime.local_data import LocalData, share
 from device_runtime.network_faults import RecordingTransport
 from fedper import weights
 from fedper.data import DataConfig
 from fedper.manifest import read_manifest, sha256_file
+from fedper.results import RunRecorder
 from fedper.train_config import TrainConfig
 from recipes.simulation import SimulationConfig
 from recipes.simulation import run as simulate
@@ -266,6 +267,50 @@ def test_a_device_without_test_examples_omits_accuracy_and_its_round_counts(serv
     assert sorted(k for k in metadata if k.startswith("metric.")) == ["metric.train_loss"]
     assert not [e for e in events if isinstance(e, FinalEvaluated)]  # nothing to score at the end either
     assert isinstance(events[-1], Finished)
+
+
+def test_a_device_whose_slot_expires_is_refused_asks_again_and_the_fleet_counts_it(server_artifacts, tmp_path):
+    """Cohort of one, report timeout 1 s: the device straggles 1.5 s after its first training,
+    its upload is refused (not_in_cohort), it asks again, trains again and is accepted. Its
+    events say so, and the fleet's live table counts one refusal and nobody still training."""
+    events: list[DeviceEvent] = []
+    waits: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        waits.append(seconds)
+        time.sleep(1.5 if len(waits) == 1 else min(seconds, 0.2))  # only the first straggle is late
+
+    config = {**SERVER, "rounds": 1, "target_clients": 1, "min_clients": 1, "cohort_size": 1,
+              "over_selection": 1.0, "report_timeout": 1}  # fmt: skip
+    with serve(server_artifacts, tmp_path / "server", **config) as s:  # type: ignore[arg-type]
+        client = ProtocolClient(s.url)
+        options = DeviceOptions(engine="eager", client_id=0, max_idle_wait=0.5, straggler=1.0, straggler_delay=1.5)
+        device = Device(client, DeviceStorage(tmp_path / "device"), lambda _m: share(DATA, 0), options, ENROLL,
+                        events.append, sleep=sleep)  # fmt: skip
+        try:
+            reports = device.run()
+        finally:
+            client.close()
+        assert _round(s.url, 1)["received"] == 1
+    kinds = [e.kind for e in events if e.kind in ("training", "refused", "uploaded")]
+    assert kinds == ["training", "refused", "training", "uploaded"]
+    assert [e for e in events if isinstance(e, Refused)] == [Refused(1, "not_in_cohort")]
+    assert [r.round for r in reports] == [1]
+
+    class Replay:
+        count = 1
+
+        def __init__(self) -> None:
+            self.queue: list[tuple[int, FleetEvent]] = [(0, e) for e in events] + [(0, WorkerDone(0))]
+
+        def next_event(self, timeout: float) -> tuple[int, FleetEvent] | None:
+            return self.queue.pop(0) if self.queue else None
+
+        def running(self) -> bool:
+            return bool(self.queue)
+
+    progress = _collect(Replay(), FleetConfig(devices=1), RunRecorder({}), show=False)
+    assert (progress.refused, progress.uploads, progress.training) == (1, 1, set())
 
 
 def test_metric_metadata_leaves_out_undefined_and_non_finite_values():
