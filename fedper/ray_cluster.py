@@ -17,6 +17,11 @@ from fedper.config_cli import option
 from fedper.errors import ConfigError
 
 INSTALL_HINT = "pip install 'fedper[ray]'"
+JOIN_HINT = (
+    "Give the address `ray start --head` printed (the head's IP, not 127.0.0.1); a cluster with "
+    "token authentication (the default of `ray start`) also needs RAY_AUTH_MODE=token here and "
+    "its token in ~/.ray/auth_token or RAY_AUTH_TOKEN"
+)
 # A local Ray's shared-memory object store: the runs move weights of a few MB per client, and
 # Ray's default (30% of RAM) would reserve memory that the devices need.
 LOCAL_OBJECT_STORE_BYTES = 200 * 1024 * 1024
@@ -50,7 +55,10 @@ def ray_session(config: RayConfig) -> Iterator[Any]:
         yield ray
         return
     if config.ray_address:
-        ray.init(address=config.ray_address, log_to_driver=False, configure_logging=False)
+        try:
+            ray.init(address=config.ray_address, log_to_driver=False, configure_logging=False)
+        except ConnectionError as exc:
+            raise ConfigError(f"{exc}. {JOIN_HINT}") from exc
     else:
         ray.init(num_cpus=os.cpu_count() or 1, object_store_memory=LOCAL_OBJECT_STORE_BYTES,
                  include_dashboard=False, log_to_driver=False, configure_logging=False)  # fmt: skip
