@@ -1,7 +1,8 @@
 """A fleet of thousands against one ``fedper serve``: wall time, memory, and wasted uploads.
 
-``--devices`` emulated devices (default 1000, eager engine, aesthetic-synth with
-``--images-per-user`` photos each: small data, the point is the fleet) take part in
+``--devices`` emulated devices (default 1000, on each backend with each engine: eager PyTorch
+and the exported ExecuTorch training program; aesthetic-synth with 10 photos each: small data,
+the point is the fleet) take part in
 ``--rounds`` rounds of a real server on localhost with cohort selection: ``--cohort`` slots
 per round (``--over-selection 1``), the round closing when the whole cohort has reported. The
 fleet runs as ``fedper fleet --backend BACKEND`` with ``--max-idle-wait`` 60 s, so that devices
@@ -16,7 +17,8 @@ none. The reference measured in the same run is the processes backend on ``--ref
 devices (default 100): its per-device memory and device-rounds per minute.
 
 Usage: python -m bench.fleet_scale [--devices 1000] [--cohort 100] [--rounds 3]
-       [--backend ray] [--workers 2] [--reference-devices 100] [--name NAME]
+       [--backends processes,ray] [--engines eager,executorch] [--workers 2]
+       [--reference-devices 100] [--name NAME]
 """
 
 from __future__ import annotations
@@ -103,15 +105,20 @@ def _counters(url: str) -> dict[str, float]:
     return out
 
 
-def run_fleet(
-    devices: int, cohort: int, rounds: int, backend: str, workers: int, workdir: Path, idle_wait: float
-) -> dict[str, Any]:
-    from export.pipeline import write_server_only_export
-
+def export_for_fleet(workdir: Path) -> Path:
+    """The real export the devices run (width 0.25, 32 px, aesthetic-synth's 5 ratings)."""
     artifacts = workdir / "artifacts"
-    if not artifacts.exists():
-        write_server_only_export(artifacts, alpha=0.25)
-    data = workdir / f"{backend}-{devices}"
+    command = [sys.executable, "-m", "fedper.cli", "export", "--dataset", "aesthetic-synth", "--alpha", "0.25",
+               "--out", str(artifacts)]  # fmt: skip
+    subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
+    return artifacts
+
+
+def run_fleet(
+    devices: int, cohort: int, rounds: int, backend: str, engine: str, workers: int, artifacts: Path,
+    workdir: Path, idle_wait: float,
+) -> dict[str, Any]:  # fmt: skip
+    data = workdir / f"{backend}-{engine}-{devices}"
     env = {**os.environ, "FEDPER_ADMIN_TOKEN": ADMIN, "FEDPER_ENROLLMENT_KEY": ENROLL}
     server = ServerProcess(
         artifacts, data / "server",
@@ -124,7 +131,7 @@ def run_fleet(
     with server:
         command = [
             sys.executable, "-m", "fedper.cli", "fleet", "--server", server.url, "--devices", str(devices),
-            "--backend", backend, "--workers", str(workers), "--engine", "eager",
+            "--backend", backend, "--workers", str(workers), "--engine", engine,
             "--dataset", "aesthetic-synth", "--users", str(devices), "--images-per-user", "10",
             "--storage", str(data / "fleet"), "--max-idle-wait", str(idle_wait),
         ]  # fmt: skip
@@ -140,7 +147,7 @@ def run_fleet(
         raise SystemExit(f"the fleet exited with {code}; see {data / 'fleet.log'}")
     refused = {k: v for k, v in counters.items() if k.startswith("fedper_updates_rejected{")}
     return {
-        "backend": backend, "devices": devices, "cohort": cohort, "rounds": rounds, "workers": workers,
+        "backend": backend, "engine": engine, "devices": devices, "cohort": cohort, "rounds": rounds, "workers": workers,
         "seconds": seconds, "device_rounds_per_minute": cohort * rounds / seconds * 60,
         "fleet_peak_pss_mb": peak.pss, "fleet_peak_rss_sum_mb": peak.rss, "server_peak_rss_mb": server_rss,
         "accepted": counters.get("fedper_updates_accepted", 0.0), "refused": refused,
@@ -153,7 +160,8 @@ def main() -> None:
     parser.add_argument("--devices", type=int, default=1000)
     parser.add_argument("--cohort", type=int, default=100)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--backend", default="ray", choices=("ray", "processes"))
+    parser.add_argument("--backends", default="processes,ray", help="comma-separated: processes, ray")
+    parser.add_argument("--engines", default="eager,executorch", help="comma-separated: eager, executorch")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument(
         "--max-idle-wait", type=float, default=60.0,
@@ -164,15 +172,18 @@ def main() -> None:
     args = parser.parse_args()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        runs = [(args.devices, min(args.cohort, args.devices), args.backend)]
+        cohort = min(args.cohort, args.devices)
+        runs = [(args.devices, cohort, b, e) for e in args.engines.split(",") for b in args.backends.split(",")]
         if args.reference_devices:
             ref = args.reference_devices
-            runs.insert(0, (ref, min(args.cohort, ref), "processes"))
-        for devices, cohort, backend in runs:
-            row = run_fleet(devices, cohort, args.rounds, backend, args.workers, Path(tmp), args.max_idle_wait)
+            runs.insert(0, (ref, min(args.cohort, ref), "processes", "eager"))
+        artifacts = export_for_fleet(Path(tmp))
+        for devices, cohort, backend, engine in runs:
+            row = run_fleet(devices, cohort, args.rounds, backend, engine, args.workers, artifacts, Path(tmp),
+                            args.max_idle_wait)  # fmt: skip
             rows.append(row)
             print(
-                f"{backend}: {devices} devices, cohort {cohort}, {args.rounds} rounds: {row['seconds']:.0f} s "
+                f"{backend}, {engine}: {devices} devices, cohort {cohort}, {args.rounds} rounds: {row['seconds']:.0f} s "
                 f"({row['device_rounds_per_minute']:.0f} device-rounds/min), fleet peak PSS "
                 f"{row['fleet_peak_pss_mb']:.0f} MB ({row['fleet_peak_pss_mb'] / devices:.1f} MB per device; "
                 f"RSS sum {row['fleet_peak_rss_sum_mb']:.0f} MB), server peak RSS {row['server_peak_rss_mb']:.0f} MB, "

@@ -1,13 +1,19 @@
-"""Training-step time: the exported ExecuTorch program (fast and plain graphs) vs eager PyTorch.
+"""Training-step time: the exported ExecuTorch program vs eager PyTorch, at 1 and 2 threads.
 
 Sizes: MobileNet-V1 width 0.25 and 1.0 at 32x32 with batch 32, width 0.25 at 224x224 with
-batch 8. Each measurement runs in a fresh process (for its peak RSS): one warm-up step,
-then the median of the timed steps; a step is forward + backward + SGD with momentum.
-ExecuTorch's kernels run on one thread here (CPU time equals wall time), so eager is
-measured with 1 thread (same thread count) and, for reference, with 2.
-Also: the batch-1 inference program (unchanged by the training graph), ms per image.
+batch 8. Each measurement runs in a fresh process (for its peak RSS, and because ExecuTorch's
+thread pool is set before a program is loaded): one warm-up step, then the median of the timed
+steps; a step is forward + backward + SGD with momentum. Both engines get the same thread
+count (torch's threads; ExecuTorch's pool). Variants of the training program:
+
+- ``xnnpack``: the default export (fast graph, matrix products delegated to XNNPACK);
+- ``fast``: the fast graph on ExecuTorch's kernel library alone (the export before issue 16);
+- ``plain``: the stock ``nn.Conv2d`` graph (seconds per step; for comparison only).
+
+Also: the batch-1 inference program, ms per image.
 
 Usage: python -m bench.train_step [--sizes 0.25/32/32,1.0/32/32,0.25/224/8] [--steps N]
+       [--variants xnnpack,fast] [--threads 1,2]
 """
 
 from __future__ import annotations
@@ -66,10 +72,13 @@ def _measure(step: Callable[[], None], steps: int) -> dict[str, float]:
     return {"ms": 1000 * statistics.median(times), "peak_rss_mb": peak_rss_mb(), "rss_setup_mb": setup}
 
 
-def run_et(pte: str, ptd: str, stats_json: str, size: int, batch: int, steps: int) -> dict[str, float]:
+def run_et(pte: str, ptd: str, stats_json: str, size: int, batch: int, steps: int, threads: int) -> dict[str, float]:
     from executorch.extension.pybindings.portable_lib import _load_for_executorch
     from executorch.extension.training import TrainingModule, get_sgd_optimizer
 
+    from device_runtime.compute_threads import set_compute_threads
+
+    set_compute_threads(threads)  # before loading: an XNNPACK delegate keeps the pool it loads with
     module = TrainingModule(_load_for_executorch(pte, data_path=ptd))
     stats = [torch.ones(n) for n in json.loads(Path(stats_json).read_text())]
     x, y = _batch(size, batch)
@@ -99,17 +108,19 @@ def _child(*args: str) -> dict[str, float]:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def measure(alpha: float, size: int, batch: int, steps: int, workdir: Path) -> dict[str, object]:
+def measure(
+    alpha: float, size: int, batch: int, steps: int, workdir: Path, variants: list[str], threads: list[int]
+) -> dict[str, object]:
     from export.executorch_lowering import lower_inference_program, lower_training_program
     from export.training_graph import training_step
     from fedper.models import ModelConfig, build_model
 
     model = build_model(ModelConfig(alpha=alpha, input_size=size), seed=0)
     row: dict[str, object] = {"alpha": alpha, "input_size": size, "batch": batch}
-    for variant in ("fast", "plain"):
-        step = training_step(model, variant)  # type: ignore[arg-type]
+    for variant in variants:
+        step = training_step(model, "plain" if variant == "plain" else "fast")
         start = time.perf_counter()
-        lowered = lower_training_program(step, size, max(64, batch))
+        lowered = lower_training_program(step, size, max(64, batch), xnnpack=variant == "xnnpack")
         export_s = time.perf_counter() - start
         pte, ptd = workdir / f"{variant}.pte", workdir / f"{variant}.ptd"
         pte.write_bytes(lowered.program)
@@ -118,30 +129,52 @@ def measure(alpha: float, size: int, batch: int, steps: int, workdir: Path) -> d
         state = model.state_dict()
         stats.write_text(json.dumps([int(state[n].numel()) for n in step.stat_names]))
         # The plain graph takes seconds per step at width 1.0: fewer timed steps.
-        n = steps if variant == "fast" else max(2, steps // 5)
-        result = _child("et", str(pte), str(ptd), str(stats), str(size), str(batch), str(n))
-        row[f"executorch_{variant}"] = {**result, "export_s": export_s}
-    for threads in (1, 2):
-        row[f"eager_{threads}thread"] = _child("eager", str(alpha), str(size), str(batch), str(threads), str(steps))
+        n = steps if variant != "plain" else max(2, steps // 5)
+        for t in threads:
+            result = _child("et", str(pte), str(ptd), str(stats), str(size), str(batch), str(n), str(t))
+            row[f"executorch_{variant}_{t}thread"] = {**result, "export_s": export_s}
+    for t in threads:
+        row[f"eager_{t}thread"] = _child("eager", str(alpha), str(size), str(batch), str(t), str(steps))
     inference = lower_inference_program(model, size)
     (workdir / "infer.pte").write_bytes(inference.program)
     (workdir / "infer.ptd").write_bytes(inference.weights)
     row["inference_executorch"] = _child(
         "infer", str(workdir / "infer.pte"), str(workdir / "infer.ptd"), str(size), str(steps)
     )
-    fast, plain = row["executorch_fast"], row["executorch_plain"]
-    e1, e2 = row["eager_1thread"], row["eager_2thread"]
-    row["fast_over_eager_1thread"] = fast["ms"] / e1["ms"]  # type: ignore[index]
-    row["fast_over_eager_2thread"] = fast["ms"] / e2["ms"]  # type: ignore[index]
-    row["plain_over_eager_1thread"] = plain["ms"] / e1["ms"]  # type: ignore[index]
-    row["speedup_fast_over_plain"] = plain["ms"] / fast["ms"]  # type: ignore[index]
+    ms = {k: v["ms"] for k, v in row.items() if isinstance(v, dict)}
+    for variant in variants:
+        for t in threads:
+            row[f"{variant}_over_eager_{t}thread"] = ms[f"executorch_{variant}_{t}thread"] / ms[f"eager_{t}thread"]
+        if len(threads) > 1:
+            lo, hi = min(threads), max(threads)
+            row[f"{variant}_speedup_{hi}_over_{lo}_threads"] = (
+                ms[f"executorch_{variant}_{lo}thread"] / ms[f"executorch_{variant}_{hi}thread"]
+            )
     return row
+
+
+def _summary(row: dict[str, object], variants: list[str], threads: list[int]) -> str:
+    ms = {k: v["ms"] for k, v in row.items() if isinstance(v, dict)}
+    parts = [f"width {row['alpha']} {row['input_size']}x{row['input_size']} batch {row['batch']}:"]
+    for t in threads:
+        et = ", ".join(
+            f"{v} {ms[f'executorch_{v}_{t}thread']:.0f} ms ({row[f'{v}_over_eager_{t}thread']:.2f}x)" for v in variants
+        )
+        parts.append(f"{t} thread(s): eager {ms[f'eager_{t}thread']:.0f} ms, ExecuTorch {et};")
+    for v in variants:
+        key = f"{v}_speedup_{max(threads)}_over_{min(threads)}_threads"
+        if key in row:
+            parts.append(f"{v} {max(threads)}-thread speedup {row[key]:.2f}x;")
+    parts.append(f"inference {ms['inference_executorch']:.1f} ms/image")
+    return " ".join(parts)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--sizes", default=SIZES, help="alpha/input/batch,...")
     parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--variants", default="xnnpack,fast", help="training programs: xnnpack, fast, plain")
+    parser.add_argument("--threads", default="1,2", help="thread counts, each for both engines")
     parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -149,30 +182,20 @@ def main() -> None:
         if kind == "eager":
             out = run_eager(float(rest[0]), int(rest[1]), int(rest[2]), int(rest[3]), int(rest[4]))
         elif kind == "et":
-            out = run_et(rest[0], rest[1], rest[2], int(rest[3]), int(rest[4]), int(rest[5]))
+            out = run_et(rest[0], rest[1], rest[2], int(rest[3]), int(rest[4]), int(rest[5]), int(rest[6]))
         else:
             out = run_inference(rest[0], rest[1], int(rest[2]), int(rest[3]))
         print(json.dumps(out))
         return
+    variants = args.variants.split(",")
+    threads = [int(t) for t in args.threads.split(",")]
     rows = []
     for spec in args.sizes.split(","):
         alpha, size, batch = spec.split("/")
         with tempfile.TemporaryDirectory() as tmp:
-            row = measure(float(alpha), int(size), int(batch), args.steps, Path(tmp))
+            row = measure(float(alpha), int(size), int(batch), args.steps, Path(tmp), variants, threads)
         rows.append(row)
-        print(
-            f"width {alpha} {size}x{size} batch {batch}: ExecuTorch fast "
-            f"{row['executorch_fast']['ms']:.0f} ms, plain {row['executorch_plain']['ms']:.0f} ms; "  # type: ignore[index]
-            f"eager {row['eager_1thread']['ms']:.0f} ms (1 thread), "  # type: ignore[index]
-            f"{row['eager_2thread']['ms']:.0f} ms (2 threads); fast/eager "  # type: ignore[index]
-            f"{row['fast_over_eager_1thread']:.2f}x (1 thread), {row['fast_over_eager_2thread']:.2f}x "
-            f"(2 threads); fast is {row['speedup_fast_over_plain']:.1f}x the plain export; peak RSS "
-            f"fast {row['executorch_fast']['peak_rss_mb']:.0f} MB, plain "  # type: ignore[index]
-            f"{row['executorch_plain']['peak_rss_mb']:.0f} MB, eager "  # type: ignore[index]
-            f"{row['eager_1thread']['peak_rss_mb']:.0f} MB; inference "  # type: ignore[index]
-            f"{row['inference_executorch']['ms']:.1f} ms/image",  # type: ignore[index]
-            flush=True,
-        )
+        print(_summary(row, variants, threads), flush=True)
     print("wrote", write_results("train_step", {"rows": rows}))
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from fedper.config_cli import add_command, from_arguments, option
 from fedper.data import DataConfig
-from fedper.errors import FedperError
+from fedper.errors import ConfigError, FedperError
 
 
 @dataclass(frozen=True)
@@ -31,6 +31,12 @@ class DeviceConfig:
         metavar="DIR",
     )
     max_rounds: int = option(0, "stop after this many rounds (0: until the run is finished)")
+    threads: int = option(0, "compute threads for training and scoring: torch's and ExecuTorch's thread pool "
+                          "(0 = one per core, the fastest for one device)")  # fmt: skip
+
+    def __post_init__(self) -> None:
+        if self.threads < 0:
+            raise ConfigError("--threads must be 0 (every core) or more")
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -54,6 +60,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
 
 def device(args: argparse.Namespace) -> int:
     from device_runtime.client import ProtocolClient, RefusedError
+    from device_runtime.compute_threads import set_compute_threads
     from device_runtime.device import Device, DeviceOptions
     from device_runtime.device_storage import DeviceStorage
     from device_runtime.enrollment import enrollment_key
@@ -65,6 +72,7 @@ def device(args: argparse.Namespace) -> int:
     config = from_arguments(DeviceConfig, args)
     data = from_arguments(DataConfig, args)
     key = enrollment_key(config.enrollment_key_file)
+    set_compute_threads(config.threads)  # before any program is loaded
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     owner_dir = config.data_dir
     loaded = share(data, config.client_id) if owner_dir is None else None

@@ -58,7 +58,7 @@ def host_devices(
     data: DataConfig,
     enrollment_key: str,
     put: Put,
-    trainers: SharedTrainers | None = None,
+    trainers: SharedTrainers,
 ) -> None:
     """Run devices ``device_ids`` until each has finished (or failed), then report WorkerDone."""
     from device_runtime.client import ProtocolClient

@@ -24,7 +24,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from device_runtime.device_host import FleetEvent, host_devices
+from device_runtime.device_host import FleetEvent, SharedTrainers, host_devices
 from device_runtime.events import (
     DeviceFailed,
     Dropped,
@@ -66,6 +66,8 @@ class FleetConfig:
     out: Path | None = option(None, "where to write results (default: STORAGE/results)")
     label: str = option("fedper", "name of this run in results.json (e.g. fedper, fedavg)")
     max_idle_wait: float = option(2.0, "longest wait between polls when there is no task")
+    threads: int = option(1, "compute threads of each worker process or Ray actor, torch's and ExecuTorch's "
+                          "(1: the workers share the cores)")  # fmt: skip
     enrollment_key_file: Path | None = option(
         None, "file holding the enrollment key (else FEDPER_ENROLLMENT_KEY)", metavar="FILE"
     )
@@ -73,6 +75,8 @@ class FleetConfig:
     def __post_init__(self) -> None:
         if self.devices < 1:
             raise ConfigError("--devices must be at least 1")
+        if self.threads < 0:
+            raise ConfigError("--threads must be 0 (every core) or more")
         for name in ("dropout", "straggler", "flaky_network"):
             if not 0 <= getattr(self, name) < 1:
                 raise ConfigError(f"--{name.replace('_', '-')} must be in [0, 1)")
@@ -86,10 +90,14 @@ def _worker(index: int, device_ids: list[int], fleet: FleetConfig, data: DataCon
     log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     os.dup2(log_fd, 1)
     os.dup2(log_fd, 2)
-    import torch
+    from device_runtime.compute_threads import set_compute_threads
 
-    torch.set_num_threads(1)
-    host_devices(index, device_ids, fleet, data, enrollment_key, events.put)
+    set_compute_threads(fleet.threads)
+    # One trainer per manifest for the process's devices, as in a Ray actor: a loaded training
+    # program holds its activations for the largest batch (~100 MB at width 0.25), and one per
+    # device ran this machine out of memory at 1000 devices.
+    host_devices(index, device_ids, fleet, data, enrollment_key, events.put,
+                 SharedTrainers(fleet.engine, fleet.evaluator))  # fmt: skip
 
 
 class FleetWorkers(Protocol):

@@ -29,10 +29,10 @@ HOST_ENV = {"env_vars": {"MALLOC_ARENA_MAX": "2"}}
 class DeviceHost:
     """A Ray actor's body: one compute thread, one set of shared trainers, many devices."""
 
-    def __init__(self, engine: str, evaluator: str) -> None:
-        import torch
+    def __init__(self, engine: str, evaluator: str, threads: int) -> None:
+        from device_runtime.compute_threads import set_compute_threads
 
-        torch.set_num_threads(1)  # as in a worker process: the actors share the node's cores
+        set_compute_threads(threads)  # as in a worker process: the actors share the node's cores
         self.trainers = SharedTrainers(engine, evaluator)
 
     def run(self, index: int, device_ids: list[int], fleet: FleetConfig, data: DataConfig, enrollment_key: str,
@@ -54,7 +54,7 @@ class _RayWorkers:
         # The queue's actor needs no CPU: it must not wait behind the device hosts for one.
         self._events = Queue(actor_options={"num_cpus": 0})
         host = ray.remote(DeviceHost).options(num_cpus=min(1.0, cpus / self.count), runtime_env=HOST_ENV)
-        self.actors = [host.remote(fleet.engine, fleet.evaluator) for _ in range(self.count)]
+        self.actors = [host.remote(fleet.engine, fleet.evaluator, fleet.threads) for _ in range(self.count)]
         dealt = shares(fleet.devices, self.count)
         self.runs = [actor.run.remote(w, dealt[w], fleet, data, enrollment_key, self._events)
                      for w, actor in enumerate(self.actors)]  # fmt: skip

@@ -9,11 +9,15 @@ from __future__ import annotations
 import logging
 import warnings
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 from torch.export import Dim, ExportedProgram, export
 from torch.export.experimental import _export_forward_backward
+
+if TYPE_CHECKING:
+    from executorch.exir import EdgeProgramManager
 
 from export.fast_ops import DECOMPOSITIONS
 from fedper.errors import FedperError
@@ -85,8 +89,24 @@ def drop_aliases(graph_module: torch.fx.GraphModule) -> int:
     return count
 
 
-def lower_training_program(step: nn.Module, input_size: int, max_batch: int) -> LoweredProgram:
-    """Export ``step`` with a dynamic batch (2..max_batch) and its weights in a .ptd.
+def delegate_matrix_products(edge: EdgeProgramManager) -> EdgeProgramManager:
+    """The matrix products (``mm``, ``linear``, ``addmm``) to XNNPACK, their weights left as
+    the program's runtime tensors (a training step changes them): XNNPACK's GEMM uses the CPU's
+    vector units (AVX2/FMA, NEON) and ExecuTorch's thread pool, where the optimized kernel
+    library's ``mm`` is single-threaded SSE Eigen (docs/PERFORMANCE.md). The stock runtimes
+    (the Python wheel, the Android AAR) link the XNNPACK backend."""
+    from executorch.backends.xnnpack.partition.config.gemm_configs import AddmmConfig, LinearConfig, MMConfig
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+
+    partitioner = XnnpackPartitioner(
+        configs=[LinearConfig, MMConfig, AddmmConfig], force_non_static_weights_for_f32_linear=True
+    )
+    return edge.to_backend(partitioner)
+
+
+def lower_training_program(step: nn.Module, input_size: int, max_batch: int, xnnpack: bool = True) -> LoweredProgram:
+    """Export ``step`` with a dynamic batch (2..max_batch) and its weights in a .ptd; with
+    ``xnnpack``, its matrix products delegated to XNNPACK (:func:`delegate_matrix_products`).
 
     The joint graph (~4,300 nodes) is decomposed once, with our decompositions and core
     ATen's together, and then converted to the edge dialect without ``to_edge``'s own
@@ -108,18 +128,28 @@ def lower_training_program(step: nn.Module, input_size: int, max_batch: int) -> 
         table = {**_default_decomposition_table(), **DECOMPOSITIONS}
         for op in PRESERVED_OPS:
             table.pop(op, None)
-        joint = trace_joint(step, input_size, max_batch).run_decompositions(table)
+        joint = trace_joint(step, input_size, max_batch, table)
         drop_aliases(joint.graph_module)
         use_linear_for_transposed_matmul(joint.graph_module)
         config = EdgeCompileConfig(_check_ir_validity=False, preserve_ops=PRESERVED_OPS)
         edge_program = _generate_edge_program(config, joint, preserve_ops=PRESERVED_OPS)
         edge = EdgeProgramManager({"forward": edge_program}, None, config)
+        if xnnpack:
+            edge = delegate_matrix_products(edge)
         manager = edge.to_executorch(ExecutorchBackendConfig(external_constants=True, external_mutable_weights=True))
     return _split_files(manager)
 
 
-def trace_joint(step: nn.Module, input_size: int, max_batch: int) -> ExportedProgram:
-    """The step's forward + backward graph in ATen, traced with a dynamic batch (2..max_batch)."""
+def trace_joint(
+    step: nn.Module, input_size: int, max_batch: int, decompositions: dict[Any, Any] | None = None
+) -> ExportedProgram:
+    """The step's forward + backward graph in ATen, traced with a dynamic batch (2..max_batch).
+
+    With ``decompositions``, they are applied while the joint graph is traced (core ATen's
+    table otherwise): one trace of the ~4,300-node graph instead of a second
+    ``run_decompositions`` pass over it. This is ``_export_forward_backward``'s body in the
+    pinned torch 2.14.1 with the table as a parameter.
+    """
     example_batch = 2
     x = torch.zeros(example_batch, 3, input_size, input_size)
     y = torch.zeros(example_batch, dtype=torch.long)
@@ -127,7 +157,18 @@ def trace_joint(step: nn.Module, input_size: int, max_batch: int) -> ExportedPro
     batch = Dim("batch", min=2, max=max_batch)
     dynamic = ({0: batch}, {0: batch}, tuple(None for _ in stats))
     exported = export(step, (x, y, *stats), dynamic_shapes=dynamic, strict=False)
-    return _export_forward_backward(exported, joint_loss_index=0)
+    if decompositions is None:
+        return _export_forward_backward(exported, joint_loss_index=0)
+    from torch.export.experimental import _copy_graph_module_and_signature, _remove_detach_pass
+    from torch.export.exported_program import _decompose_exported_program
+
+    joint = _decompose_exported_program(
+        exported, cia_to_decomp={}, python_decomp_table=decompositions, joint_loss_index=0,
+        decompose_custom_triton_ops=False,
+    )  # fmt: skip
+    gm, signature = _copy_graph_module_and_signature(joint)
+    _remove_detach_pass(gm, signature)
+    return joint._update(gm, signature)
 
 
 def lower_inference_program(model: nn.Module, input_size: int) -> LoweredProgram:

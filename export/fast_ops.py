@@ -40,6 +40,24 @@ def _column_masks(width: int, hw: int) -> Tensor:
     return torch.stack([(col > 0).float(), torch.ones(hw), (col < width - 1).float()])
 
 
+# ExecuTorch's optimized ``mul`` vectorizes operands of equal rank that differ in at most one
+# broadcast dimension; anything else (a [C, 1, 1] factor, a [N] mask against [C, B, N]) takes
+# its generic loop, ~7x slower per element (docs/PERFORMANCE.md). The two helpers below expand
+# the small operand (a few thousand elements) so that exactly one dimension broadcasts.
+
+
+def _scale_channels(x: Tensor, factor: Tensor) -> Tensor:
+    """[C, B, N] times a per-channel [C] factor, the factor given as [C, B, 1]."""
+    c, b, _ = x.shape
+    return x * factor.view(c, 1, 1).expand(c, b, 1)
+
+
+def _mask_columns(x: Tensor, mask: Tensor) -> Tensor:
+    """[C, B, N] times a per-position [N] mask, the mask given as [C, 1, N]."""
+    c, _, n = x.shape
+    return x * mask.view(1, 1, n).expand(c, 1, n)
+
+
 def _pad_flat(x: Tensor, width: int) -> Tensor:
     """[C, B, HW] -> [C, B, HW + 2W + 2]: zeros before and after each image, for shifted reads."""
     c, b, _ = x.shape
@@ -164,7 +182,7 @@ def _dw_backward(ctx: Any, grad: Tensor, _grad_padded: Tensor) -> tuple[Tensor, 
     masks = _column_masks(w, hw)
     # Taps of the left/right columns only count where they read inside the image: mask the
     # gradient once per column instead of every product, then reduce along contiguous rows.
-    g_cols = [g * masks[0], g, g * masks[2]]
+    g_cols = [_mask_columns(g, masks[0]), g, _mask_columns(g, masks[2])]
     grad_w = []
     for k in range(9):
         off = (k // 3) * w + k % 3
@@ -219,10 +237,9 @@ def _depthwise3x3_s2(x: Tensor, weight: Tensor) -> tuple[Tensor, Tensor]:
     out: Tensor | None = None
     for k in range(9):
         i, j = divmod(k, 3)
-        factor = taps[:, k : k + 1].view(c, 1, 1)
-        if j == 0:
-            factor = factor * keep  # reading column wo-1 at wo = 0 would wrap to the row above
-        term = _s2_read(phases, i, j, ho, wo) * factor
+        read = _s2_read(phases, i, j, ho, wo)
+        # Column 0 masks the taps that would wrap to the row above (reading column wo-1 at wo = 0).
+        term = read * (taps[:, k : k + 1].view(c, 1, 1) * keep) if j == 0 else _scale_channels(read, taps[:, k])
         out = term if out is None else out + term
     assert out is not None
     return out.view(c, b, ho, wo), phases
@@ -249,7 +266,7 @@ def _dw2_backward(ctx: Any, grad: Tensor, _grad_phases: Tensor) -> tuple[Tensor,
     n = ho * wo
     g = grad.reshape(c, b, n)
     keep_first = _first_column_mask(wo, n)
-    g_masked = g * keep_first
+    g_masked = _mask_columns(g, keep_first)
     taps = weight.reshape(c, 9)
     grad_w = []
     for k in range(9):
@@ -264,10 +281,10 @@ def _dw2_backward(ctx: Any, grad: Tensor, _grad_phases: Tensor) -> tuple[Tensor,
     for k in range(9):
         i, j = divmod(k, 3)
         start = int(i == 0) * wo + int(j == 0)
-        factor = taps[:, k : k + 1].view(c, 1, 1)
         if j == 0:
-            factor = factor * keep_last
-        term = gpad[:, :, start : start + n] * factor
+            term = gpad[:, :, start : start + n] * (taps[:, k : k + 1].view(c, 1, 1) * keep_last)
+        else:
+            term = _scale_channels(gpad[:, :, start : start + n], taps[:, k])
         p = 2 * int(i != 1) + int(j != 1)
         previous = grad_phase[p]
         grad_phase[p] = term if previous is None else previous + term
@@ -294,7 +311,8 @@ def _stem_conv(x: Tensor, weight: Tensor, stride: int) -> tuple[Tensor, Tensor]:
         masks = _column_masks(w, hw)
         for k in range(9):
             off = (k // 3) * w + k % 3
-            taps.append(padded[:, :, off : off + hw] * masks[k % 3])
+            tap = padded[:, :, off : off + hw]
+            taps.append(tap if k % 3 == 1 else _mask_columns(tap, masks[k % 3]))  # column 1 is all ones
     else:  # stride 2: read the taps from the parity phases, at the output resolution
         ho, wo = h // 2, w // 2
         phases = _phases(x)
@@ -302,7 +320,7 @@ def _stem_conv(x: Tensor, weight: Tensor, stride: int) -> tuple[Tensor, Tensor]:
         for k in range(9):
             i, j = divmod(k, 3)
             tap = _s2_read(phases, i, j, ho, wo)
-            taps.append(tap * keep if j == 0 else tap)
+            taps.append(_mask_columns(tap, keep) if j == 0 else tap)
     cols = torch.cat(taps, dim=0).reshape(9 * cin, -1)
     # Column k*Cin + c holds tap k of input channel c.
     kernel = weight.permute(0, 2, 3, 1).reshape(cout, 9 * cin)

@@ -270,7 +270,7 @@ def test_a_device_without_test_examples_omits_accuracy_and_its_round_counts(serv
 
 
 def test_a_device_whose_slot_expires_is_refused_asks_again_and_the_fleet_counts_it(server_artifacts, tmp_path):
-    """Cohort of one, report timeout 1 s: the device straggles 1.5 s after its first training,
+    """Cohort of one, report timeout 5 s: the device straggles 5.5 s after its first training,
     its upload is refused (not_in_cohort), it asks again, trains again and is accepted. Its
     events say so, and the fleet's live table counts one refusal and nobody still training."""
     events: list[DeviceEvent] = []
@@ -278,13 +278,13 @@ def test_a_device_whose_slot_expires_is_refused_asks_again_and_the_fleet_counts_
 
     def sleep(seconds: float) -> None:
         waits.append(seconds)
-        time.sleep(1.5 if len(waits) == 1 else min(seconds, 0.2))  # only the first straggle is late
+        time.sleep(5.5 if len(waits) == 1 else min(seconds, 0.2))  # only the first straggle is late
 
     config = {**SERVER, "rounds": 1, "target_clients": 1, "min_clients": 1, "cohort_size": 1,
-              "over_selection": 1.0, "report_timeout": 1}  # fmt: skip
+              "over_selection": 1.0, "report_timeout": 5}  # fmt: skip
     with serve(server_artifacts, tmp_path / "server", **config) as s:  # type: ignore[arg-type]
         client = ProtocolClient(s.url)
-        options = DeviceOptions(engine="eager", client_id=0, max_idle_wait=0.5, straggler=1.0, straggler_delay=1.5)
+        options = DeviceOptions(engine="eager", client_id=0, max_idle_wait=0.5, straggler=1.0, straggler_delay=5.5)
         device = Device(client, DeviceStorage(tmp_path / "device"), lambda _m: share(DATA, 0), options, ENROLL,
                         events.append, sleep=sleep)  # fmt: skip
         try:
@@ -389,6 +389,9 @@ def test_device_killed_mid_training_keeps_head_and_token_and_rejoins(artifacts, 
     assert reported == pytest.approx(
         _accuracy(artifacts, base_v1, weights.load(tmp_path / "head-before-restart")), abs=0.02
     )
+    # The kept head is a trained one, not the export's initial head (whose accuracy may happen to
+    # be close after one round on two classes).
     initial_head = weights.load(artifacts / read_manifest(artifacts).artifacts["initial_head"])
-    assert abs(reported - _accuracy(artifacts, base_v1, initial_head)) > 0.05
+    kept = weights.load(tmp_path / "head-before-restart")
+    assert max(float(np.abs(kept[k] - initial_head[k]).max()) for k in kept) > 1e-2
     assert head_file.read_bytes() != after_round_1

@@ -52,6 +52,15 @@ def test_manifest_describes_the_split_and_every_file(artifacts):
     assert manifest.runtime is not None and manifest.runtime.executorch == version("executorch")
 
 
+def test_the_matrix_products_are_delegated_to_xnnpack_and_the_weights_stay_outside(artifacts):
+    """The training program's mm/linear/addmm run in XNNPACK (issue 16), with the weights still
+    the program's runtime tensors in the .ptd (the parity tests below check they are used)."""
+    manifest = read_manifest(artifacts)
+    program = (artifacts / manifest.artifacts["training_program"]).read_bytes()
+    assert b"XnnpackBackend" in program
+    TrainingProgram(artifacts)  # loads, and its named parameters are the manifest's (check_training_metadata)
+
+
 def test_manifest_reader_refuses_tampering(artifacts, tmp_path):
     copy = tmp_path / "a"
     shutil.copytree(artifacts, copy)

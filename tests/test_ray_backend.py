@@ -59,8 +59,8 @@ def test_ray_fleet_gives_the_processes_fleets_accuracies(server_artifacts, tmp_p
         assert len(list(tmp_path.joinpath(backend).glob("device_*/heads/*.safetensors"))) == 20
     processes, on_ray = runs["processes"], runs["ray"]
     assert sorted(processes) == sorted(on_ray) == sorted((n, c) for n in (1, 2, 3) for c in range(20))
-    # Each device computes the same floats on one thread (two actors of ten devices sharing one
-    # trainer each, or ten devices with a trainer each per process), and the server aggregates the
+    # Each device computes the same floats on one thread (two actors or two processes of ten
+    # devices, sharing one trainer each), and the server aggregates the
     # set of updates in a canonical order: every accuracy and loss is identical, not just close.
     for key, r in processes.items():
         ray_r = on_ray[key]
