@@ -101,6 +101,9 @@ def delegate_matrix_products(edge: EdgeProgramManager) -> EdgeProgramManager:
     partitioner = XnnpackPartitioner(
         configs=[LinearConfig, MMConfig, AddmmConfig], force_non_static_weights_for_f32_linear=True
     )
+    # It warns that to_backend is deprecated for to_edge_transform_and_lower, which would also
+    # re-run the decompositions this pipeline does once (lower_training_program).
+    logging.getLogger(XnnpackPartitioner.__module__).setLevel(logging.ERROR)
     return edge.to_backend(partitioner)
 
 
@@ -108,12 +111,11 @@ def lower_training_program(step: nn.Module, input_size: int, max_batch: int, xnn
     """Export ``step`` with a dynamic batch (2..max_batch) and its weights in a .ptd; with
     ``xnnpack``, its matrix products delegated to XNNPACK (:func:`delegate_matrix_products`).
 
-    The joint graph (~4,300 nodes) is decomposed once, with our decompositions and core
-    ATen's together, and then converted to the edge dialect without ``to_edge``'s own
-    ``run_decompositions``: that second pass re-traces the whole graph to change nothing
-    (the program's bytes are identical either way) and cost ~50 s of a ~130 s export
-    (docs/PERFORMANCE.md). ``_generate_edge_program`` is the rest of ``to_edge``'s body in
-    the pinned executorch 1.5.1.
+    The joint graph (~4,300 nodes) is decomposed while it is traced, with our decompositions
+    and core ATen's together (:func:`trace_joint`), and then converted to the edge dialect
+    without ``to_edge``'s own ``run_decompositions``: each extra pass re-traces the whole graph
+    to change nothing (docs/PERFORMANCE.md). ``_generate_edge_program`` is the rest of
+    ``to_edge``'s body in the pinned executorch 1.5.1.
     """
     from executorch.exir import EdgeCompileConfig, ExecutorchBackendConfig
     from executorch.exir.program._program import (
