@@ -33,7 +33,8 @@ class DeviceConfig:
     max_rounds: int = option(0, "stop after this many rounds (0: until the run is finished)")
     threads: int = option(0, "compute threads for training and scoring: torch's and ExecuTorch's thread pool "
                           "(0 = what was fastest for one device here: 1 with the executorch engine, whose "
-                          "2-thread step was slower at 32 px (docs/PERFORMANCE.md), one per core with eager)")  # fmt: skip
+                          "2-thread step was slower at 32 px, see docs/PERFORMANCE.md; one per core with "
+                          "eager)")  # fmt: skip
 
     def __post_init__(self) -> None:
         if self.threads < 0:

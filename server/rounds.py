@@ -183,7 +183,10 @@ class RoundManager:
         return self.cohort.retry_after(snap.round, snap.opened_at, snap.deadline, self.clock())
 
     def _not_in_cohort(self, number: int) -> ProtocolError:
-        message = f"this device holds no slot of round {number}'s cohort (it never asked, or its slot expired); ask for a task again"
+        message = (
+            f"this device holds no slot of round {number}'s cohort (it never asked, or its slot expired); "
+            "ask for a task again"
+        )
         return ProtocolError(409, ErrorCode.NOT_IN_COHORT, message, {Header.RETRY_AFTER: str(self.pace())})
 
     # --- uploads ------------------------------------------------------------------------
