@@ -93,9 +93,9 @@ def _worker(index: int, device_ids: list[int], fleet: FleetConfig, data: DataCon
     from device_runtime.compute_threads import set_compute_threads
 
     set_compute_threads(fleet.threads)
-    # One trainer per manifest for the process's devices, as in a Ray actor: a loaded training
-    # program holds its activations for the largest batch (~100 MB at width 0.25), and one per
-    # device ran this machine out of memory at 1000 devices.
+    # One trainer per manifest for the process's devices, as in a Ray actor: one loaded training
+    # program per host, not per device. (The ExecuTorch engine still runs out of memory at 1000
+    # devices here, for a cause not yet found: docs/SCALING.md.)
     host_devices(index, device_ids, fleet, data, enrollment_key, events.put,
                  SharedTrainers(fleet.engine, fleet.evaluator))  # fmt: skip
 
