@@ -90,7 +90,8 @@ class Device:
         self._emit = on_event or (lambda _event: None)
         self._lock = compute_lock
         self._sleep = sleep
-        self._trainer_for = trainer_for or (
+        # `is None`, not `or`: a fleet host's SharedTrainers is empty (falsy) until its first device loads one.
+        self._trainer_for = trainer_for if trainer_for is not None else (
             lambda _sha, directory, manifest: make_trainer(options.engine, directory, manifest, options.evaluator)
         )
         self._trainers: dict[str, tuple[Manifest, Trainer, tuple[torch.Tensor, ...]]] = {}

@@ -20,7 +20,8 @@ import pytest
 from device_runtime.client import ProtocolClient
 from device_runtime.device import Device, DeviceOptions, metric_metadata
 from device_runtime.device_storage import DeviceStorage
-from device_runtime.events import DeviceEvent, FinalEvaluated, Finished, Refused, RoundReport, WorkerDone
+from device_runtime.device_host import SharedTrainers, host_devices
+from device_runtime.events import DeviceEvent, DeviceFailed, FinalEvaluated, Finished, Refused, RoundReport, WorkerDone
 from device_runtime.fleet import FleetConfig, FleetEvent, _collect, run_fleet
 from device_runtime.local_data import LocalData, share
 from device_runtime.network_faults import RecordingTransport
@@ -311,6 +312,30 @@ def test_a_device_whose_slot_expires_is_refused_asks_again_and_the_fleet_counts_
 
     progress = _collect(Replay(), FleetConfig(devices=1), RunRecorder({}), show=False)
     assert (progress.refused, progress.uploads, progress.training) == (1, 1, set())
+
+
+def test_the_devices_of_a_fleet_host_share_one_loaded_training_program(artifacts, tmp_path, monkeypatch):
+    """Three devices hosted by one process (as in a worker process or a Ray actor) train with the
+    ExecuTorch engine through one loaded program: a program per device is ~170 MB of planned
+    memory, which ran a 1000-device fleet out of memory."""
+    import device_runtime.device as device_module
+
+    loads: list[str] = []
+    make_trainer = device_module.make_trainer
+
+    def counting(*args, **kwargs):  # type: ignore[no-untyped-def]
+        loads.append(threading.current_thread().name)
+        return make_trainer(*args, **kwargs)
+
+    monkeypatch.setattr(device_module, "make_trainer", counting)
+    events: list[tuple[int, FleetEvent]] = []
+    with serve(artifacts, tmp_path / "server", **{**SERVER, "rounds": 1}) as server:  # type: ignore[arg-type]
+        fleet = FleetConfig(server=server.url, devices=3, storage=tmp_path / "fleet", max_idle_wait=0.5)
+        trainers = SharedTrainers("executorch", "onnx")
+        host_devices(0, [0, 1, 2], fleet, DATA, ENROLL, events.append, trainers)
+        assert _round(server.url, 1)["received"] == 3
+    assert not [e for _, e in events if isinstance(e, DeviceFailed)]
+    assert len(loads) == 1 and len(trainers) == 1
 
 
 def test_metric_metadata_leaves_out_undefined_and_non_finite_values():
