@@ -91,8 +91,12 @@ class Device:
         self._lock = compute_lock
         self._sleep = sleep
         # `is None`, not `or`: a fleet host's SharedTrainers is empty (falsy) until its first device loads one.
-        self._trainer_for = trainer_for if trainer_for is not None else (
-            lambda _sha, directory, manifest: make_trainer(options.engine, directory, manifest, options.evaluator)
+        self._trainer_for = (
+            trainer_for
+            if trainer_for is not None
+            else (
+                lambda _sha, directory, manifest: make_trainer(options.engine, directory, manifest, options.evaluator)
+            )
         )
         self._trainers: dict[str, tuple[Manifest, Trainer, tuple[torch.Tensor, ...]]] = {}
         self._skip_round: int | None = None

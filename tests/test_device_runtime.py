@@ -19,8 +19,8 @@ import pytest
 
 from device_runtime.client import ProtocolClient
 from device_runtime.device import Device, DeviceOptions, metric_metadata
-from device_runtime.device_storage import DeviceStorage
 from device_runtime.device_host import SharedTrainers, host_devices
+from device_runtime.device_storage import DeviceStorage
 from device_runtime.events import DeviceEvent, DeviceFailed, FinalEvaluated, Finished, Refused, RoundReport, WorkerDone
 from device_runtime.fleet import FleetConfig, FleetEvent, _collect, run_fleet
 from device_runtime.local_data import LocalData, share
