@@ -17,7 +17,7 @@ none. The reference measured in the same run is the processes backend on ``--ref
 devices (default 100): its per-device memory and device-rounds per minute.
 
 Usage: python -m bench.fleet_scale [--devices 1000] [--cohort 100] [--rounds 3]
-       [--backends processes,ray] [--engines eager] [--workers 2]
+       [--backends processes,ray] [--engines eager,executorch] [--workers 2]
        [--reference-devices 100] [--name NAME]
 """
 
@@ -161,9 +161,7 @@ def main() -> None:
     parser.add_argument("--cohort", type=int, default=100)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--backends", default="processes,ray", help="comma-separated: processes, ray")
-    # The ExecuTorch engine runs out of memory at 1000 devices on a 24 GB machine (docs/SCALING.md):
-    # `make bench` runs eager only until that is fixed; --engines eager,executorch measures both.
-    parser.add_argument("--engines", default="eager", help="comma-separated: eager, executorch")
+    parser.add_argument("--engines", default="eager,executorch", help="comma-separated: eager, executorch")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument(
         "--max-idle-wait", type=float, default=60.0,

@@ -94,8 +94,7 @@ def _worker(index: int, device_ids: list[int], fleet: FleetConfig, data: DataCon
 
     set_compute_threads(fleet.threads)
     # One trainer per manifest for the process's devices, as in a Ray actor: one loaded training
-    # program per host, not per device. (The ExecuTorch engine still runs out of memory at 1000
-    # devices here, for a cause not yet found: docs/SCALING.md.)
+    # program per host, not per device (~170 MB of planned memory each with the ExecuTorch engine).
     host_devices(index, device_ids, fleet, data, enrollment_key, events.put,
                  SharedTrainers(fleet.engine, fleet.evaluator))  # fmt: skip
 
