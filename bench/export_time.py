@@ -2,7 +2,7 @@
 then XNNPACK delegation of the matrix products) and the same without XNNPACK, against the
 public ``to_edge`` path of before (a trace, our decompositions, then ``to_edge``'s own second
 ``run_decompositions``), in the same run on the same step, each in a fresh process (the first
-lowering in a process also pays one-time costs). The programs differ (node order, delegates);
+lowering in a process also pays one-time costs), and where ours spends its time, phase by phase. The programs differ (node order, delegates);
 the tests check that they compute the same step.
 
 Usage: python -m bench.export_time [--alpha 0.25] [--input-size 32] [--variant fast]
@@ -55,12 +55,14 @@ def one(path: str, alpha: float, input_size: int, variant: str) -> None:
     warnings.simplefilter("ignore")
     logging.getLogger("torch").setLevel(logging.ERROR)
     step = training_step(build_model(ModelConfig(alpha=alpha, input_size=input_size), seed=0), variant)
+    phases: dict[str, float] = {}
     start = time.perf_counter()
     if path == "reference":
         program = reference(step, input_size)
     else:
-        program = lower_training_program(step, input_size, MAX_BATCH, xnnpack=path == "ours").program
-    print(json.dumps({"seconds": time.perf_counter() - start, "sha256": hashlib.sha256(program).hexdigest()}))
+        program = lower_training_program(step, input_size, MAX_BATCH, xnnpack=path == "ours", phases=phases).program
+    print(json.dumps({"seconds": time.perf_counter() - start, "sha256": hashlib.sha256(program).hexdigest(),
+                      "phases": phases}))  # fmt: skip
 
 
 def main() -> None:
@@ -91,10 +93,11 @@ def main() -> None:
         "ours_no_xnnpack_s": round(plain_s, 1),
         "ours_s": round(ours_s, 1),
         "ratio": round(ours_s / ref_s, 3),
+        "ours_phases_s": {k: round(v, 1) for k, v in measured["ours"]["phases"].items()},
     }
     print(f"training program, width {args.alpha}, {args.input_size} px, {args.variant}: "
           f"{ours_s:.0f} s ({plain_s:.0f} s without XNNPACK) vs {ref_s:.0f} s through to_edge "
-          f"({row['ratio']:.2f}x)")  # fmt: skip
+          f"({row['ratio']:.2f}x); phases: {row['ours_phases_s']}")  # fmt: skip
     print("wrote", write_results(f"export_time_{args.variant}", row))
 
 

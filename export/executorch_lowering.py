@@ -7,6 +7,7 @@ names, so a device can change weights without a new program.
 from __future__ import annotations
 
 import logging
+import time
 import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -107,7 +108,9 @@ def delegate_matrix_products(edge: EdgeProgramManager) -> EdgeProgramManager:
     return edge.to_backend(partitioner)
 
 
-def lower_training_program(step: nn.Module, input_size: int, max_batch: int, xnnpack: bool = True) -> LoweredProgram:
+def lower_training_program(
+    step: nn.Module, input_size: int, max_batch: int, xnnpack: bool = True, phases: dict[str, float] | None = None
+) -> LoweredProgram:
     """Export ``step`` with a dynamic batch (2..max_batch) and its weights in a .ptd; with
     ``xnnpack``, its matrix products delegated to XNNPACK (:func:`delegate_matrix_products`).
 
@@ -115,7 +118,8 @@ def lower_training_program(step: nn.Module, input_size: int, max_batch: int, xnn
     and core ATen's together (:func:`trace_joint`), and then converted to the edge dialect
     without ``to_edge``'s own ``run_decompositions``: each extra pass re-traces the whole graph
     to change nothing (docs/PERFORMANCE.md). ``_generate_edge_program`` is the rest of
-    ``to_edge``'s body in the pinned executorch 1.5.1.
+    ``to_edge``'s body in the pinned executorch 1.5.1. ``phases``, when given, receives each
+    phase's seconds (where an export's minutes go: docs/PERFORMANCE.md).
     """
     from executorch.exir import EdgeCompileConfig, ExecutorchBackendConfig
     from executorch.exir.program._program import (
@@ -130,16 +134,34 @@ def lower_training_program(step: nn.Module, input_size: int, max_batch: int, xnn
         table = {**_default_decomposition_table(), **DECOMPOSITIONS}
         for op in PRESERVED_OPS:
             table.pop(op, None)
+        clock = _PhaseClock(phases if phases is not None else {})
         joint = trace_joint(step, input_size, max_batch, table)
         drop_aliases(joint.graph_module)
         use_linear_for_transposed_matmul(joint.graph_module)
+        clock.lap("trace and decompose")
         config = EdgeCompileConfig(_check_ir_validity=False, preserve_ops=PRESERVED_OPS)
         edge_program = _generate_edge_program(config, joint, preserve_ops=PRESERVED_OPS)
         edge = EdgeProgramManager({"forward": edge_program}, None, config)
+        clock.lap("edge dialect")
         if xnnpack:
             edge = delegate_matrix_products(edge)
+            clock.lap("XNNPACK delegation")
         manager = edge.to_executorch(ExecutorchBackendConfig(external_constants=True, external_mutable_weights=True))
-    return _split_files(manager)
+        lowered = _split_files(manager)
+        clock.lap("to_executorch")
+    return lowered
+
+
+class _PhaseClock:
+    """Seconds since the previous lap, recorded under each lap's name."""
+
+    def __init__(self, into: dict[str, float]) -> None:
+        self._into, self._last = into, time.perf_counter()
+
+    def lap(self, name: str) -> None:
+        now = time.perf_counter()
+        self._into[name] = now - self._last
+        self._last = now
 
 
 def trace_joint(
