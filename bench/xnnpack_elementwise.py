@@ -1,0 +1,161 @@
+"""An experiment for issue 16, not the default export: the element-wise ops to XNNPACK too.
+
+The default export delegates only the matrix products to XNNPACK
+(``export.executorch_lowering.delegate_matrix_products``); the element-wise kernels of
+ExecuTorch's optimized library are single-threaded (docs/PERFORMANCE.md). This lowers the
+width-0.25, 32 px, 10-class training step twice, each in a fresh process: the default, and with
+XNNPACK also taking ``add``, ``mul``, ``sub``, ``div``, ``hardtanh``, ``relu``, ``clamp``,
+``sqrt`` and ``rsqrt`` whose inputs are all runtime tensors (a parameter input would be baked
+into the delegate as a constant, and training would not see its updates). For each program:
+export seconds; step time at 1 and 2 threads (``bench.train_step``'s child, eager in the same
+run); and gradients against eager PyTorch with the same random weights, at batch 32 and then
+at batch 17 after a step at batch 32 (a device's last batch of an epoch is smaller).
+
+Usage: python -m bench.xnnpack_elementwise [--steps 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from bench.common import write_results
+from bench.train_step import _child
+
+ELEMENTWISE = ["AddConfig", "MulConfig", "SubConfig", "DivConfig", "HardtanhConfig", "ReLUConfig", "ClampConfig",
+               "SquareRootConfig", "ReciprocalSquareRootConfig"]  # fmt: skip
+ALPHA, SIZE, BATCH = 0.25, 32, 32
+
+
+def _runtime_inputs_only(config: Any) -> Any:
+    from executorch.backends.xnnpack.utils.utils import is_param_node
+
+    class RuntimeInputsOnly(config):  # type: ignore[misc,valid-type]
+        def check_constraints(self, node: torch.fx.Node, ep: Any) -> bool:
+            if any(is_param_node(ep, arg) for arg in node.all_input_nodes):
+                return False
+            return bool(super().check_constraints(node, ep))
+
+    return RuntimeInputsOnly
+
+
+def export(out: Path, elementwise: bool) -> None:
+    import logging
+
+    from executorch.backends.xnnpack.partition.config import gemm_configs, generic_node_configs
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+
+    import export.executorch_lowering as lowering
+    from export.training_graph import training_step
+    from fedper.models import ModelConfig, build_model
+
+    def delegate(edge: Any) -> Any:
+        extra = [_runtime_inputs_only(getattr(generic_node_configs, n)) for n in ELEMENTWISE] if elementwise else []
+        configs = [gemm_configs.LinearConfig, gemm_configs.MMConfig, gemm_configs.AddmmConfig, *extra]
+        logging.getLogger(XnnpackPartitioner.__module__).setLevel(logging.ERROR)
+        return edge.to_backend(XnnpackPartitioner(configs=configs, force_non_static_weights_for_f32_linear=True))
+
+    lowering.delegate_matrix_products = delegate
+    model = build_model(ModelConfig(alpha=ALPHA, input_size=SIZE), seed=0)
+    step = training_step(model, "fast")
+    start = time.perf_counter()
+    lowered = lowering.lower_training_program(step, SIZE, 64)
+    seconds = time.perf_counter() - start
+    (out / "p.pte").write_bytes(lowered.program)
+    (out / "p.ptd").write_bytes(lowered.weights)
+    state = model.state_dict()
+    (out / "stats.json").write_text(json.dumps([int(state[n].numel()) for n in step.stat_names]))
+    print(json.dumps({"export_s": seconds}))
+
+
+def parity(out: Path, batch: int) -> None:
+    """Gradients of the program against eager PyTorch with the same random weights, at ``batch``
+    after a first step at batch 32: the largest relative difference and how many of the
+    tensors differ by more than 1e-3 (relative to the tensor's largest gradient)."""
+    from executorch.extension.pybindings.portable_lib import _load_for_executorch
+    from executorch.extension.training import TrainingModule
+
+    from fedper.models import ModelConfig, build_model
+
+    module = TrainingModule(_load_for_executorch(str(out / "p.pte"), data_path=str(out / "p.ptd")))
+    stats = [torch.ones(n) for n in json.loads((out / "stats.json").read_text())]
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(BATCH, 3, SIZE, SIZE, generator=g), torch.randint(0, 10, (BATCH,), generator=g)
+    module.forward_backward("forward", (x, y, *stats))
+    g = torch.Generator().manual_seed(5)
+    params = module.named_parameters()
+    for name, p in params.items():
+        p.copy_(torch.randn(p.shape, generator=g) * 0.1 + (1.0 if p.dim() == 1 and name.endswith("weight") else 0.0))
+    module.forward_backward("forward", (x[:batch], y[:batch], *stats))
+    grads = module.named_gradients()
+    model = build_model(ModelConfig(alpha=ALPHA, input_size=SIZE), seed=0).train()
+    with torch.no_grad():
+        for name, p in params.items():
+            model.state_dict()[name].copy_(p)
+    torch.nn.functional.cross_entropy(model(x[:batch]), y[:batch]).backward()
+    eager = dict(model.named_parameters())
+    rel = {n: float((grads[n] - eager[n].grad).abs().max() / (eager[n].grad.abs().max() + 1e-12)) for n in grads}  # type: ignore[operator,union-attr]
+    worst = max(rel, key=rel.__getitem__)
+    print(json.dumps({"worst": rel[worst], "worst_tensor": worst, "over_1e-3": sum(v > 1e-3 for v in rel.values()),
+                      "tensors": len(rel)}))  # fmt: skip
+
+
+def _run(*args: str) -> dict[str, Any]:
+    out = subprocess.run([sys.executable, "-m", "bench.xnnpack_elementwise", *args], capture_output=True, text=True)
+    if out.returncode != 0:
+        raise RuntimeError(out.stderr[-2000:])
+    result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--export", nargs=2, help=argparse.SUPPRESS)
+    parser.add_argument("--parity", nargs=2, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.export:
+        export(Path(args.export[0]), args.export[1] == "elementwise")
+        return
+    if args.parity:
+        parity(Path(args.parity[0]), int(args.parity[1]))
+        return
+    rows: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for variant in ("default", "elementwise"):
+            out = Path(tmp) / variant
+            out.mkdir()
+            row = _run("--export", str(out), variant)
+            pte, ptd, stats = str(out / "p.pte"), str(out / "p.ptd"), str(out / "stats.json")
+            for t in (1, 2):
+                row[f"ms_{t}thread"] = _child("et", pte, ptd, stats, str(SIZE), str(BATCH), str(args.steps), str(t))[
+                    "ms"
+                ]
+            for batch in (32, 17):
+                row[f"parity_batch{batch}"] = _run("--parity", str(out), str(batch))
+            rows[variant] = row
+            print(variant, json.dumps(row), flush=True)
+    for t in (1, 2):
+        rows[f"eager_ms_{t}thread"] = _child("eager", str(ALPHA), str(SIZE), str(BATCH), str(t), str(args.steps))["ms"]
+    d, e = rows["default"], rows["elementwise"]
+    print(
+        f"step at 1 / 2 threads: default {d['ms_1thread']:.0f} / {d['ms_2thread']:.0f} ms, elementwise "
+        f"{e['ms_1thread']:.0f} / {e['ms_2thread']:.0f} ms, eager {rows['eager_ms_1thread']:.0f} / "
+        f"{rows['eager_ms_2thread']:.0f} ms; export {d['export_s']:.0f} s vs {e['export_s']:.0f} s; gradients at "
+        f"batch 17 after 32, worst relative difference: default {d['parity_batch17']['worst']:.1e}, elementwise "
+        f"{e['parity_batch17']['worst']:.1e} ({e['parity_batch17']['over_1e-3']} of {e['parity_batch17']['tensors']} "
+        "tensors over 1e-3)"
+    )
+    print("wrote", write_results("xnnpack_elementwise", rows))
+
+
+if __name__ == "__main__":
+    main()
