@@ -11,7 +11,7 @@ export seconds; step time at 1 and 2 threads (``bench.train_step``'s child, eage
 run); and gradients against eager PyTorch with the same random weights, at batch 32 and then
 at batch 17 after a step at batch 32 (a device's last batch of an epoch is smaller).
 
-Usage: python -m bench.xnnpack_elementwise [--steps 20]
+Usage: python -m bench.xnnpack_elementwise [--steps 20] [--ops AddConfig,MulConfig,...]
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ def _runtime_inputs_only(config: Any) -> Any:
     return RuntimeInputsOnly
 
 
-def export(out: Path, elementwise: bool) -> None:
+def export(out: Path, ops: list[str]) -> None:
     import logging
 
     from executorch.backends.xnnpack.partition.config import gemm_configs, generic_node_configs
@@ -58,7 +58,7 @@ def export(out: Path, elementwise: bool) -> None:
     from fedper.models import ModelConfig, build_model
 
     def delegate(edge: Any) -> Any:
-        extra = [_runtime_inputs_only(getattr(generic_node_configs, n)) for n in ELEMENTWISE] if elementwise else []
+        extra = [_runtime_inputs_only(getattr(generic_node_configs, n)) for n in ops]
         configs = [gemm_configs.LinearConfig, gemm_configs.MMConfig, gemm_configs.AddmmConfig, *extra]
         logging.getLogger(XnnpackPartitioner.__module__).setLevel(logging.ERROR)
         return edge.to_backend(XnnpackPartitioner(configs=configs, force_non_static_weights_for_f32_linear=True))
@@ -119,11 +119,16 @@ def _run(*args: str) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument(
+        "--ops", default=",".join(ELEMENTWISE),
+        help="the XNNPACK partitioner configs added to the matrix products' (a subset bisects which one breaks)",
+    )  # fmt: skip
+    parser.add_argument("--name", default="xnnpack_elementwise", help="results file: bench/results/NAME.json")
     parser.add_argument("--export", nargs=2, help=argparse.SUPPRESS)
     parser.add_argument("--parity", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.export:
-        export(Path(args.export[0]), args.export[1] == "elementwise")
+        export(Path(args.export[0]), [n for n in args.export[1].split(",") if n])
         return
     if args.parity:
         parity(Path(args.parity[0]), int(args.parity[1]))
@@ -133,7 +138,8 @@ def main() -> None:
         for variant in ("default", "elementwise"):
             out = Path(tmp) / variant
             out.mkdir()
-            row = _run("--export", str(out), variant)
+            row = _run("--export", str(out), args.ops if variant == "elementwise" else "")
+            row["ops"] = args.ops if variant == "elementwise" else ""
             pte, ptd, stats = str(out / "p.pte"), str(out / "p.ptd"), str(out / "stats.json")
             for t in (1, 2):
                 row[f"ms_{t}thread"] = _child("et", pte, ptd, stats, str(SIZE), str(BATCH), str(args.steps), str(t))[
@@ -154,7 +160,7 @@ def main() -> None:
         f"{e['parity_batch17']['worst']:.1e} ({e['parity_batch17']['over_1e-3']} of {e['parity_batch17']['tensors']} "
         "tensors over 1e-3)"
     )
-    print("wrote", write_results("xnnpack_elementwise", rows))
+    print("wrote", write_results(args.name, rows))
 
 
 if __name__ == "__main__":
