@@ -2,8 +2,9 @@
 then XNNPACK delegation of the matrix products) and the same without XNNPACK, against the
 public ``to_edge`` path of before (a trace, our decompositions, then ``to_edge``'s own second
 ``run_decompositions``), in the same run on the same step, each in a fresh process (the first
-lowering in a process also pays one-time costs), and where ours spends its time, phase by phase. The programs differ (node order, delegates);
-the tests check that they compute the same step.
+lowering in a process also pays one-time costs), and where ours spends its time, phase by
+phase. The programs differ (node order, delegates); the tests check that they compute the
+same step.
 
 Usage: python -m bench.export_time [--alpha 0.25] [--input-size 32] [--variant fast]
 """

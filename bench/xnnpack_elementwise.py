@@ -17,6 +17,7 @@ Usage: python -m bench.xnnpack_elementwise [--steps 20] [--ops AddConfig,MulConf
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import subprocess
 import sys
@@ -48,22 +49,14 @@ def _runtime_inputs_only(config: Any) -> Any:
 
 
 def export(out: Path, ops: list[str]) -> None:
-    import logging
-
-    from executorch.backends.xnnpack.partition.config import gemm_configs, generic_node_configs
-    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+    from executorch.backends.xnnpack.partition.config import generic_node_configs
 
     import export.executorch_lowering as lowering
     from export.training_graph import training_step
     from fedper.models import ModelConfig, build_model
 
-    def delegate(edge: Any) -> Any:
-        extra = [_runtime_inputs_only(getattr(generic_node_configs, n)) for n in ops]
-        configs = [gemm_configs.LinearConfig, gemm_configs.MMConfig, gemm_configs.AddmmConfig, *extra]
-        logging.getLogger(XnnpackPartitioner.__module__).setLevel(logging.ERROR)
-        return edge.to_backend(XnnpackPartitioner(configs=configs, force_non_static_weights_for_f32_linear=True))
-
-    lowering.delegate_matrix_products = delegate
+    extra = [_runtime_inputs_only(getattr(generic_node_configs, n)) for n in ops]
+    lowering.delegate_matrix_products = functools.partial(lowering.delegate_matrix_products, extra_configs=extra)
     model = build_model(ModelConfig(alpha=ALPHA, input_size=SIZE), seed=0)
     step = training_step(model, "fast")
     start = time.perf_counter()
@@ -97,12 +90,16 @@ def parity(out: Path, batch: int) -> None:
     module.forward_backward("forward", (x[:batch], y[:batch], *stats))
     grads = module.named_gradients()
     model = build_model(ModelConfig(alpha=ALPHA, input_size=SIZE), seed=0).train()
+    state = model.state_dict()
     with torch.no_grad():
         for name, p in params.items():
-            model.state_dict()[name].copy_(p)
+            state[name].copy_(p)
     torch.nn.functional.cross_entropy(model(x[:batch]), y[:batch]).backward()
     eager = dict(model.named_parameters())
-    rel = {n: float((grads[n] - eager[n].grad).abs().max() / (eager[n].grad.abs().max() + 1e-12)) for n in grads}  # type: ignore[operator,union-attr]
+    rel = {
+        n: float((grads[n] - eager[n].grad).abs().max() / (eager[n].grad.abs().max() + 1e-12))  # type: ignore[operator,union-attr]
+        for n in grads
+    }
     worst = max(rel, key=rel.__getitem__)
     print(json.dumps({"worst": rel[worst], "worst_tensor": worst, "over_1e-3": sum(v > 1e-3 for v in rel.values()),
                       "tensors": len(rel)}))  # fmt: skip

@@ -90,17 +90,14 @@ class Device:
         self._emit = on_event or (lambda _event: None)
         self._lock = compute_lock
         self._sleep = sleep
-        # `is None`, not `or`: a fleet host's SharedTrainers is empty (falsy) until its first device loads one.
-        self._trainer_for = (
-            trainer_for
-            if trainer_for is not None
-            else (
-                lambda _sha, directory, manifest: make_trainer(options.engine, directory, manifest, options.evaluator)
-            )
-        )
+        self._trainer_for: TrainerFactory = trainer_for if trainer_for is not None else self._own_trainer
         self._trainers: dict[str, tuple[Manifest, Trainer, tuple[torch.Tensor, ...]]] = {}
         self._skip_round: int | None = None
         self.device_id: str | None = None
+
+    def _own_trainer(self, _sha: str, directory: Path, manifest: Manifest) -> Trainer:
+        """A trainer for this device alone (a device that runs by itself, not in a fleet host)."""
+        return make_trainer(self.options.engine, directory, manifest, self.options.evaluator)
 
     # --- identity -----------------------------------------------------------------------
 

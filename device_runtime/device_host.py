@@ -42,7 +42,10 @@ class SharedTrainers:
                 self._trainers[sha] = make_trainer(self._engine, directory, manifest, self._evaluator)  # type: ignore[arg-type]
             return self._trainers[sha]
 
-    def __len__(self) -> int:
+    @property
+    def loaded(self) -> int:
+        """How many trainers were loaded. (Not ``__len__``: an empty set would be falsy, and a
+        device's ``trainer_for or default`` once loaded a program per device because of it.)"""
         return len(self._trainers)
 
 

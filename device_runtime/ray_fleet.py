@@ -39,7 +39,7 @@ class DeviceHost:
             events: Any) -> int:  # fmt: skip
         """Run the devices until each is done; returns how many trainers they shared."""
         host_devices(index, device_ids, fleet, data, enrollment_key, events.put, self.trainers)
-        return len(self.trainers)
+        return self.trainers.loaded
 
 
 class _RayWorkers:

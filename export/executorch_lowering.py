@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import time
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -90,17 +91,18 @@ def drop_aliases(graph_module: torch.fx.GraphModule) -> int:
     return count
 
 
-def delegate_matrix_products(edge: EdgeProgramManager) -> EdgeProgramManager:
+def delegate_matrix_products(edge: EdgeProgramManager, extra_configs: Sequence[Any] = ()) -> EdgeProgramManager:
     """The matrix products (``mm``, ``linear``, ``addmm``) to XNNPACK, their weights left as
     the program's runtime tensors (a training step changes them): XNNPACK's GEMM uses the CPU's
     vector units (AVX2/FMA, NEON) and ExecuTorch's thread pool, where the optimized kernel
     library's ``mm`` is single-threaded SSE Eigen (docs/PERFORMANCE.md). The stock runtimes
-    (the Python wheel, the Android AAR) link the XNNPACK backend."""
+    (the Python wheel, the Android AAR) link the XNNPACK backend. ``extra_configs``: more of
+    XNNPACK's partitioner configs (``bench/xnnpack_elementwise.py`` tries element-wise ones)."""
     from executorch.backends.xnnpack.partition.config.gemm_configs import AddmmConfig, LinearConfig, MMConfig
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
 
     partitioner = XnnpackPartitioner(
-        configs=[LinearConfig, MMConfig, AddmmConfig], force_non_static_weights_for_f32_linear=True
+        configs=[LinearConfig, MMConfig, AddmmConfig, *extra_configs], force_non_static_weights_for_f32_linear=True
     )
     # It warns that to_backend is deprecated for to_edge_transform_and_lower, which would also
     # re-run the decompositions this pipeline does once (lower_training_program).

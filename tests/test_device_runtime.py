@@ -335,7 +335,7 @@ def test_the_devices_of_a_fleet_host_share_one_loaded_training_program(artifacts
         host_devices(0, [0, 1, 2], fleet, DATA, ENROLL, events.append, trainers)
         assert _round(server.url, 1)["received"] == 3
     assert not [e for _, e in events if isinstance(e, DeviceFailed)]
-    assert len(loads) == 1 and len(trainers) == 1
+    assert len(loads) == 1 and trainers.loaded == 1
 
 
 def test_metric_metadata_leaves_out_undefined_and_non_finite_values():
