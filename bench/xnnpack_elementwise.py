@@ -1,17 +1,17 @@
-"""An experiment for issue 16, not the default export: the element-wise ops to XNNPACK too.
+"""An experiment for issue 16, not the default export: more element-wise ops to XNNPACK.
 
-The default export delegates only the matrix products to XNNPACK
-(``export.executorch_lowering.delegate_matrix_products``); the element-wise kernels of
-ExecuTorch's optimized library are single-threaded (docs/PERFORMANCE.md). This lowers the
-width-0.25, 32 px, 10-class training step twice, each in a fresh process: the default, and with
-XNNPACK also taking ``add``, ``mul``, ``sub``, ``div``, ``hardtanh``, ``relu``, ``clamp``,
-``sqrt`` and ``rsqrt`` whose inputs are all runtime tensors (a parameter input would be baked
-into the delegate as a constant, and training would not see its updates). For each program:
+The default export delegates the matrix products and ``add``/``sub``/``mul`` to XNNPACK
+(``export.executorch_lowering.delegate_to_xnnpack``); the element-wise kernels of ExecuTorch's
+optimized library are single-threaded (docs/PERFORMANCE.md). This lowers the width-0.25, 32 px,
+10-class training step twice, each in a fresh process: the default, and with XNNPACK also taking
+``div``, ``hardtanh``, ``relu``, ``clamp``, ``sqrt`` and ``rsqrt`` (``--ops``) whose inputs are all
+runtime tensors (a parameter input would be baked into the delegate as a constant, and training
+would not see its updates). For each program:
 export seconds; step time at 1 and 2 threads (``bench.train_step``'s child, eager in the same
 run); and gradients against eager PyTorch with the same random weights, at batch 32 and then
 at batch 17 after a step at batch 32 (a device's last batch of an epoch is smaller).
 
-Usage: python -m bench.xnnpack_elementwise [--steps 20] [--ops AddConfig,MulConfig,...]
+Usage: python -m bench.xnnpack_elementwise [--steps 20] [--ops DivConfig,ReLUConfig,...]
 """
 
 from __future__ import annotations
@@ -31,21 +31,9 @@ import torch
 from bench.common import write_results
 from bench.train_step import _child
 
-ELEMENTWISE = ["AddConfig", "MulConfig", "SubConfig", "DivConfig", "HardtanhConfig", "ReLUConfig", "ClampConfig",
-               "SquareRootConfig", "ReciprocalSquareRootConfig"]  # fmt: skip
+ELEMENTWISE = ["DivConfig", "HardtanhConfig", "ReLUConfig", "ClampConfig", "SquareRootConfig",
+               "ReciprocalSquareRootConfig"]  # fmt: skip
 ALPHA, SIZE, BATCH = 0.25, 32, 32
-
-
-def _runtime_inputs_only(config: Any) -> Any:
-    from executorch.backends.xnnpack.utils.utils import is_param_node
-
-    class RuntimeInputsOnly(config):  # type: ignore[misc,valid-type]
-        def check_constraints(self, node: torch.fx.Node, ep: Any) -> bool:
-            if any(is_param_node(ep, arg) for arg in node.all_input_nodes):
-                return False
-            return bool(super().check_constraints(node, ep))
-
-    return RuntimeInputsOnly
 
 
 def export(out: Path, ops: list[str]) -> None:
@@ -55,8 +43,8 @@ def export(out: Path, ops: list[str]) -> None:
     from export.training_graph import training_step
     from fedper.models import ModelConfig, build_model
 
-    extra = [_runtime_inputs_only(getattr(generic_node_configs, n)) for n in ops]
-    lowering.delegate_matrix_products = functools.partial(lowering.delegate_matrix_products, extra_configs=extra)
+    extra = [lowering.runtime_inputs_only(getattr(generic_node_configs, n)) for n in ops]
+    lowering.delegate_to_xnnpack = functools.partial(lowering.delegate_to_xnnpack, extra_configs=extra)
     model = build_model(ModelConfig(alpha=ALPHA, input_size=SIZE), seed=0)
     step = training_step(model, "fast")
     start = time.perf_counter()
@@ -118,7 +106,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument(
         "--ops", default=",".join(ELEMENTWISE),
-        help="the XNNPACK partitioner configs added to the matrix products' (a subset bisects which one breaks)",
+        help="the XNNPACK partitioner configs added to the default's (a subset bisects which one breaks)",
     )  # fmt: skip
     parser.add_argument("--name", default="xnnpack_elementwise", help="results file: bench/results/NAME.json")
     parser.add_argument("--export", nargs=2, help=argparse.SUPPRESS)

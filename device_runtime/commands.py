@@ -32,9 +32,8 @@ class DeviceConfig:
     )
     max_rounds: int = option(0, "stop after this many rounds (0: until the run is finished)")
     threads: int = option(0, "compute threads for training and scoring: torch's and ExecuTorch's thread pool "
-                          "(0 = what was fastest for one device here: 1 with the executorch engine, whose "
-                          "2-thread step was slower at 32 px, see docs/PERFORMANCE.md; one per core with "
-                          "eager)")  # fmt: skip
+                          "(0 = one per core, what was fastest for one device with either engine: "
+                          "docs/PERFORMANCE.md)")  # fmt: skip
 
     def __post_init__(self) -> None:
         if self.threads < 0:
@@ -74,7 +73,7 @@ def device(args: argparse.Namespace) -> int:
     config = from_arguments(DeviceConfig, args)
     data = from_arguments(DataConfig, args)
     key = enrollment_key(config.enrollment_key_file)
-    set_compute_threads(config.threads or (1 if config.engine == "executorch" else 0))  # before any program loads
+    set_compute_threads(config.threads)  # before any program loads
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     owner_dir = config.data_dir
     loaded = share(data, config.client_id) if owner_dir is None else None

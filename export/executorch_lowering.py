@@ -6,10 +6,11 @@ names, so a device can change weights without a new program.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -91,30 +92,81 @@ def drop_aliases(graph_module: torch.fx.GraphModule) -> int:
     return count
 
 
-def delegate_matrix_products(edge: EdgeProgramManager, extra_configs: Sequence[Any] = ()) -> EdgeProgramManager:
-    """The matrix products (``mm``, ``linear``, ``addmm``) to XNNPACK, their weights left as
-    the program's runtime tensors (a training step changes them): XNNPACK's GEMM uses the CPU's
-    vector units (AVX2/FMA, NEON) and ExecuTorch's thread pool, where the optimized kernel
-    library's ``mm`` is single-threaded SSE Eigen (docs/PERFORMANCE.md). The stock runtimes
-    (the Python wheel, the Android AAR) link the XNNPACK backend. ``extra_configs``: more of
-    XNNPACK's partitioner configs (``bench/xnnpack_elementwise.py`` tries element-wise ones)."""
+# XNNPACK's element-wise configs the training program uses: with a dynamic batch, its ``div``,
+# ``sqrt`` and ``rsqrt`` give wrong gradients once the batch size changes (docs/PERFORMANCE.md).
+ELEMENTWISE_CONFIGS = ("AddConfig", "SubConfig", "MulConfig")
+
+
+def delegate_to_xnnpack(edge: EdgeProgramManager, extra_configs: Sequence[Any] = ()) -> EdgeProgramManager:
+    """The matrix products (``mm``, ``linear``, ``addmm``) and ``add``/``sub``/``mul`` to
+    XNNPACK, the weights left as the program's runtime tensors (a training step changes them):
+    XNNPACK uses the CPU's vector units (AVX2/FMA, NEON) and ExecuTorch's thread pool, where the
+    optimized kernel library's kernels are single-threaded (docs/PERFORMANCE.md). The stock
+    runtimes (the Python wheel, the Android AAR) link the XNNPACK backend. ``extra_configs``:
+    more of XNNPACK's partitioner configs (``bench/xnnpack_elementwise.py`` tries others)."""
+    from executorch.backends.xnnpack.partition.config import generic_node_configs
     from executorch.backends.xnnpack.partition.config.gemm_configs import AddmmConfig, LinearConfig, MMConfig
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
 
+    elementwise = [runtime_inputs_only(getattr(generic_node_configs, name)) for name in ELEMENTWISE_CONFIGS]
     partitioner = XnnpackPartitioner(
-        configs=[LinearConfig, MMConfig, AddmmConfig, *extra_configs], force_non_static_weights_for_f32_linear=True
+        configs=[LinearConfig, MMConfig, AddmmConfig, *elementwise, *extra_configs],
+        force_non_static_weights_for_f32_linear=True,
     )
     # It warns that to_backend is deprecated for to_edge_transform_and_lower, which would also
     # re-run the decompositions this pipeline does once (lower_training_program).
     logging.getLogger(XnnpackPartitioner.__module__).setLevel(logging.ERROR)
-    return edge.to_backend(partitioner)
+    with _sorting_in_place():
+        return edge.to_backend(partitioner)
+
+
+def runtime_inputs_only(config: type[Any]) -> type[Any]:
+    """XNNPACK partitioner ``config``, refusing nodes with a parameter input: XNNPACK would bake
+    the parameter into the delegate as a constant, and the program would never see its updates.
+    (A subclass: the partitioner takes config classes.)"""
+    from executorch.backends.xnnpack.utils.utils import is_param_node
+
+    class RuntimeInputsOnly(config):
+        def check_constraints(self, node: torch.fx.Node, ep: Any) -> bool:
+            if any(is_param_node(ep, arg) for arg in node.all_input_nodes):
+                return False
+            return bool(super().check_constraints(node, ep))
+
+    RuntimeInputsOnly.__name__ = f"RuntimeInputsOnly{config.__name__}"
+    return RuntimeInputsOnly
+
+
+@contextlib.contextmanager
+def _sorting_in_place() -> Iterator[None]:
+    """While partitioning, re-sort the graph in place instead of by ``legalize_graph``.
+
+    ExecuTorch 1.5.1's ``create_submodule_from_nodes`` calls ``legalize_graph`` once per
+    partition, which copies the whole ~4,400-node graph into a new one and regenerates its
+    Python code: ~150 partitions made that most of the delegation's minutes. torch's
+    ``stable_topological_sort`` moves the nodes that need it within the same graph (and keeps
+    the original order where it can). Nothing reads the graph's Python code before
+    ``to_executorch``, which emits the program from the nodes.
+    """
+    import executorch.exir.lowered_backend_module as lowered_backend_module
+    from torch._inductor.pattern_matcher import stable_topological_sort
+
+    def sort_in_place(graph_module: torch.fx.GraphModule) -> torch.fx.GraphModule:
+        stable_topological_sort(graph_module.graph)
+        return graph_module
+
+    original = lowered_backend_module.legalize_graph
+    lowered_backend_module.legalize_graph = sort_in_place
+    try:
+        yield
+    finally:
+        lowered_backend_module.legalize_graph = original
 
 
 def lower_training_program(
     step: nn.Module, input_size: int, max_batch: int, xnnpack: bool = True, phases: dict[str, float] | None = None
 ) -> LoweredProgram:
     """Export ``step`` with a dynamic batch (2..max_batch) and its weights in a .ptd; with
-    ``xnnpack``, its matrix products delegated to XNNPACK (:func:`delegate_matrix_products`).
+    ``xnnpack``, its matrix products and add/sub/mul delegated to XNNPACK (:func:`delegate_to_xnnpack`).
 
     The joint graph (~4,300 nodes) is decomposed while it is traced, with our decompositions
     and core ATen's together (:func:`trace_joint`), and then converted to the edge dialect
@@ -146,7 +198,7 @@ def lower_training_program(
         edge = EdgeProgramManager({"forward": edge_program}, None, config)
         clock.lap("edge dialect")
         if xnnpack:
-            edge = delegate_matrix_products(edge)
+            edge = delegate_to_xnnpack(edge)
             clock.lap("XNNPACK delegation")
         manager = edge.to_executorch(ExecutorchBackendConfig(external_constants=True, external_mutable_weights=True))
         lowered = _split_files(manager)
