@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import platform
-import resource
 from pathlib import Path
 from typing import Any
 
@@ -33,15 +32,21 @@ def machine() -> dict[str, Any]:
 
 
 def peak_rss_mb() -> float:
-    """Peak resident set size of this process so far (Linux reports KiB)."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    """Peak resident set size of this process's program so far: ``VmHWM``, not ``getrusage``'s
+    ``ru_maxrss``, which a process started by ``subprocess`` inherits from its parent (Linux
+    keeps it across fork and exec), so a benchmark's child reported the parent's peak."""
+    return _status_mb("VmHWM")
 
 
 def current_rss_mb() -> float:
     """Resident set size now (after imports and setup), to tell it from a run's peak."""
+    return _status_mb("VmRSS")
+
+
+def _status_mb(field: str) -> float:
     for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
+        if line.startswith(f"{field}:"):
+            return int(line.split()[1]) / 1024  # kB
     return float("nan")
 
 

@@ -1,5 +1,5 @@
 """Lowering the training program: ``lower_training_program`` (one trace with the decompositions,
-then XNNPACK delegation of the matrix products) and the same without XNNPACK, against the
+then XNNPACK delegation of the matrix products and add/sub/mul) and the same without XNNPACK, against the
 public ``to_edge`` path of before (a trace, our decompositions, then ``to_edge``'s own second
 ``run_decompositions``), in the same run on the same step, each in a fresh process (the first
 lowering in a process also pays one-time costs), and where ours spends its time, phase by
