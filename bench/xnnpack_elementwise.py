@@ -64,7 +64,7 @@ def parity(out: Path, batch: int) -> None:
     eager float32 is itself far off (17% on one BatchNorm channel at batch 17), so each tensor's
     error (largest absolute difference over the tensor's largest float64 gradient) is compared
     with eager float32's, as ``tests/test_export.py`` does: "bad" tensors are those more than 3x
-    eager float32's error plus 1e-4. Also the largest difference from eager float32 (what this
+    eager float32's error plus 1e-3. Also the largest difference from eager float32 (what this
     benchmark reported before it had the float64 reference)."""
     import copy
 
@@ -99,7 +99,7 @@ def parity(out: Path, batch: int) -> None:
 
     vs32 = {n: off(grads[n], eager[n].grad) for n in grads}  # type: ignore[arg-type]
     vs64 = {n: (off(grads[n], exact[n].grad), off(eager[n].grad, exact[n].grad)) for n in grads}  # type: ignore[arg-type]
-    bad = [n for n, (program, eager32) in vs64.items() if program > 3 * eager32 + 1e-4]
+    bad = [n for n, (program, eager32) in vs64.items() if program > 3 * eager32 + 1e-3]
     worst = max(vs32, key=vs32.__getitem__)
     worst64 = max(vs64, key=lambda n: vs64[n][0])
     print(json.dumps({"worst": vs32[worst], "worst_tensor": worst, "over_1e-3": sum(v > 1e-3 for v in vs32.values()),
@@ -159,7 +159,7 @@ def main() -> None:
         f"batch 17 after 32, worst relative difference from eager float32: default {d['parity_batch17']['worst']:.1e}, "
         f"elementwise {e['parity_batch17']['worst']:.1e}; from float64: default "
         f"{d['parity_batch17']['worst_vs_float64']:.1e}, elementwise {e['parity_batch17']['worst_vs_float64']:.1e}; "
-        f"tensors further from float64 than 3x eager float32 (+1e-4): default {d['parity_batch17']['bad_vs_float64']}, "
+        f"tensors further from float64 than 3x eager float32 (+1e-3): default {d['parity_batch17']['bad_vs_float64']}, "
         f"elementwise {e['parity_batch17']['bad_vs_float64']}"
     )
     print("wrote", write_results(args.name, rows))

@@ -100,8 +100,8 @@ def test_training_step_matches_eager_pytorch(variant, export_fixture, request, d
 
 def test_a_smaller_batch_after_a_larger_one_gets_eager_gradients(artifacts):
     """A device's last batch of an epoch is smaller than the others: the program's gradients at
-    batch 17 right after a step at 32 (XNNPACK's delegates resize to the new batch) are as close
-    to float64 as eager float32's are. Through the runtime's own TrainingModule, as
+    batch 17 right after a step at 32 (XNNPACK's delegates resize to the new batch) are within 3x
+    eager float32's distance from float64, plus 1e-3. Through the runtime's own TrainingModule, as
     TrainingProgram and the Android app call it, with random weights and images. The yardstick
     is float64, not eager float32: here one BatchNorm channel's gradient nearly cancels, eager
     float32 is 17% off float64 there, and a program that delegates ``div``/``sqrt``/``rsqrt``
@@ -150,7 +150,9 @@ def test_a_smaller_batch_after_a_larger_one_gets_eager_gradients(artifacts):
     assert set(errors) == set(gradients)
     changed = [n for n, t in gradients.items() if not torch.equal(t, as_read[n])]
     assert not changed, f"gradient tensors changed after they were read: {changed}"
-    bad = {n: e for n, e in errors.items() if e[0] > 3 * e[1] + 1e-4}
+    # The floor: a float32 GEMM summing in another order is ~1e-4 off where eager happens to be
+    # closer (at batch 32, blocks.10.pw: 2.2e-4 against eager's 1.8e-5: docs/PERFORMANCE.md).
+    bad = {n: e for n, e in errors.items() if e[0] > 3 * e[1] + 1e-3}
     assert not bad, bad
 
 
