@@ -92,8 +92,8 @@ def drop_aliases(graph_module: torch.fx.GraphModule) -> int:
     return count
 
 
-# XNNPACK's element-wise configs the training program uses: with a dynamic batch, its ``div``,
-# ``sqrt`` and ``rsqrt`` give wrong gradients once the batch size changes (docs/PERFORMANCE.md).
+# XNNPACK's element-wise configs the training program uses. The others (``div``, ``sqrt``,
+# ``rsqrt``, ``relu``, ...) compute right gradients but made the step no faster (docs/PERFORMANCE.md).
 ELEMENTWISE_CONFIGS = ("AddConfig", "SubConfig", "MulConfig")
 
 
@@ -142,7 +142,7 @@ def _sorting_in_place() -> Iterator[None]:
 
     ExecuTorch 1.5.1's ``create_submodule_from_nodes`` calls ``legalize_graph`` once per
     partition, which copies the whole ~4,400-node graph into a new one and regenerates its
-    Python code: ~150 partitions made that most of the delegation's minutes. torch's
+    Python code: ~170 partitions made that most of the delegation's minutes. torch's
     ``stable_topological_sort`` moves the nodes that need it within the same graph (and keeps
     the original order where it can). Nothing reads the graph's Python code before
     ``to_executorch``, which emits the program from the nodes.
