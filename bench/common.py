@@ -3,32 +3,19 @@
 from __future__ import annotations
 
 import json
-import os
-import platform
 from pathlib import Path
 from typing import Any
 
-import torch
+from fedper.environment import numeric_environment
 
 RESULTS = Path(__file__).parent / "results"
 
 
 def machine() -> dict[str, Any]:
-    cpu = "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {
-        "cpu": cpu,
-        "cores": os.cpu_count(),
-        "torch_threads": torch.get_num_threads(),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-    }
+    """The results' machine: the fields every benchmark reported before, and the kernel set."""
+    env = numeric_environment()
+    return {"cpu": env["cpu"], "cores": env["cores"], "torch_threads": env["torch_threads"], "python": env["python"],
+            "torch": env["torch"], "cpu_capability": env["cpu_capability"]}  # fmt: skip
 
 
 def peak_rss_mb() -> float:

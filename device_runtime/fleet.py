@@ -38,6 +38,7 @@ from device_runtime.events import (
 from fedper.baselines import per_client_accuracy
 from fedper.config_cli import nested, option
 from fedper.data import DataConfig, load_federated
+from fedper.environment import numeric_environment
 from fedper.errors import ConfigError
 from fedper.ray_cluster import RayConfig
 from fedper.results import ClientRecord, RunRecorder, config_json
@@ -191,6 +192,8 @@ def run_fleet(fleet: FleetConfig, data: DataConfig, enrollment_key: str, recorde
     """Run the fleet until the server finishes the run; returns (and writes) its results."""
     data = dataclasses.replace(data, num_clients=fleet.devices)
     recorder = recorder or RunRecorder({"fleet": config_json(fleet), "data": config_json(data)})
+    if recorder.environment is None:  # this machine's; with --ray-address, the driver's
+        recorder.environment = numeric_environment(threads=fleet.threads or os.cpu_count())
     if not recorder.baselines:  # the devices' own split, scored as the devices score themselves
         recorder.baselines = per_client_accuracy(load_federated(data), data.seed)
     if fleet.backend == "ray":

@@ -65,8 +65,11 @@ def point_label(round_number: int, final: bool) -> str:
 class RunRecorder:
     """Collects ClientRecords and writes the run's report files."""
 
-    def __init__(self, config: dict[str, Any]):
+    def __init__(self, config: dict[str, Any], environment: dict[str, Any] | None = None):
         self.config = config
+        # what computed the floats (fedper.environment): the same seed gives the same numbers
+        # only on the same kernel set
+        self.environment = environment
         # name -> each client's accuracy on its own test split (fedper.baselines), client order
         self.baselines: dict[str, list[float]] = {}
         # new users' accuracy against their number of photos (recipes/new_users.py), if measured
@@ -171,8 +174,9 @@ class RunRecorder:
         return out
 
     def summary(self) -> dict[str, Any]:
-        out = {
+        out: dict[str, Any] = {
             "config": self.config,
+            **({"environment": self.environment} if self.environment is not None else {}),
             "algorithms": {a: self.final(a) for a in self.algorithms},
             "baselines": self.baseline_summary(),
             "rounds": {a: self.rounds(a) for a in self.algorithms},

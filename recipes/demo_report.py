@@ -160,8 +160,17 @@ def render_report(config: DemoConfig, results: dict[str, Any], out: Path) -> str
         momentum=config.training.momentum,
         batch_size=config.training.batch_size,
         seed=config.seed,
+        environment=html.escape(_environment(results.get("environment"))),
         step_ms=f"{demo['step_ms']:.0f}",
         timings=timings,
         sizes=sizes,
         traffic=traffic,
     )
+
+
+def _environment(env: dict[str, Any] | None) -> str:
+    """What computed the floats, in words (fedper.environment)."""
+    if not env:
+        return "not recorded"
+    return (f"{env['cpu']}, torch {env['torch']}, kernel set {env['cpu_capability']}, "
+            f"{env['torch_threads']} thread(s) per worker")  # fmt: skip

@@ -25,6 +25,7 @@ from fedper.baselines import per_client_accuracy
 from fedper.config_cli import nested, option
 from fedper.data import DataConfig, FederatedData, labelled_tensors, load_federated
 from fedper.eager_trainer import EagerTrainer
+from fedper.environment import numeric_environment
 from fedper.errors import ConfigError
 from fedper.models import ModelConfig, build_model, exchanged_state, split
 from fedper.models.split import batchnorm_stat_names
@@ -139,7 +140,7 @@ def _run(sim: SimulationConfig, data: DataConfig, progress: ProgressFn | None, o
     }
     if on_start is not None:
         on_start(mcfg, config["clients_train_samples"])
-    recorder = RunRecorder(config)
+    recorder = RunRecorder(config, numeric_environment())
     recorder.baselines = per_client_accuracy(fed, data.seed)
     sim.out.mkdir(parents=True, exist_ok=True)
     for algorithm in sim.algorithms:

@@ -38,7 +38,9 @@ def test_demo_report_is_self_contained_and_says_what_the_numbers_mean(tmp_path):
     assert c["fedper_last_rounds"] == results["algorithms"]["fedper"]["last5_mean_accuracy"]
     assert c["last_rounds"] == 5
     results["baselines"] = {"majority": {"mean_accuracy": 0.366, "std": 0.1, "per_client": {}}}
+    results["environment"] = {"cpu": "Some CPU", "torch": "2.14.1", "cpu_capability": "AVX2", "torch_threads": 1}
     page = render_report(DemoConfig(), results, tmp_path)
+    assert "this run: Some CPU, torch 2.14.1, kernel set AVX2, 1 thread(s) per worker" in page
     assert "baseline: majority" in page and "0.366" in page
     assert "most common rating scores 0.366: FedPer is above it" in page and "Seed 0" in page
     assert "RESULTS.md" not in page  # the report's claims come from its own numbers
