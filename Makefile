@@ -8,7 +8,7 @@ INSTALLED := $(VENV)/.installed-test
 BENCH_INSTALLED := $(VENV)/.installed-bench
 DEMO_OUT ?= demo-out
 
-.PHONY: install demo test lint typecheck pytest android-test bench results clean
+.PHONY: install demo test test-portable lint typecheck pytest android-test bench results clean
 
 install: $(INSTALLED)
 
@@ -47,6 +47,12 @@ android-test: $(INSTALLED)
 test: $(INSTALLED)
 	$(MAKE) --no-print-directory -j2 --output-sync=target pytest lint typecheck android-test
 
+# The numeric tests (marker `numeric`) under every kernel set this CPU supports, at 1 and 2
+# threads; then each test's claims beside their bounds (test-portable/claims.md). README, "Development".
+PORTABLE ?=
+test-portable: $(INSTALLED)
+	$(BIN)/python -m tests.portable --out test-portable $(PORTABLE)
+
 # Every table of docs/RESULTS.md, on 3 seeds, written into it (runs reused from runs/results).
 results: $(INSTALLED)
 	$(BIN)/python docs/scripts/data_figure.py docs/img/synth_users.png
@@ -56,4 +62,4 @@ bench: $(BENCH_INSTALLED)
 	$(BIN)/python -m bench
 
 clean:
-	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache $(DEMO_OUT) android_demo/core/build
+	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache $(DEMO_OUT) android_demo/core/build test-portable

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -13,6 +15,30 @@ import torch
 
 from fedper.data import DataConfig, load_dataset, to_tensor
 from fedper.manifest import Manifest, read_manifest
+from tests.numeric_claims import NumericClaims
+
+_session_threads = 0  # torch's thread count for every test, set at configure
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """``FEDPER_TEST_THREADS`` (set by ``make test-portable``): torch's and ExecuTorch's thread
+    count for this run, set before any program is loaded."""
+    global _session_threads
+    threads = os.environ.get("FEDPER_TEST_THREADS")
+    if threads:
+        from device_runtime.compute_threads import set_compute_threads
+
+        set_compute_threads(int(threads))
+    _session_threads = torch.get_num_threads()
+
+
+@pytest.fixture(autouse=True)
+def _session_thread_count() -> Iterator[None]:
+    """Each test computes with the session's thread count: a simulation run in process sets
+    torch's to its ``--threads``, which would otherwise hold for every later test."""
+    torch.set_num_threads(_session_threads)
+    yield
+    torch.set_num_threads(_session_threads)
 
 
 class BackgroundExport:
@@ -24,8 +50,13 @@ class BackgroundExport:
         self.out, self.variant, self.log = out, variant, out.parent / f"export-{variant}.log"
         self.proc: subprocess.Popen[bytes] | None = None
 
+    @property
+    def _done(self) -> Path:
+        """Written once the export succeeded: what a later run with FEDPER_TEST_EXPORTS reuses."""
+        return self.out.parent / "exported"
+
     def start(self) -> BackgroundExport:
-        if self.proc is None:
+        if self.proc is None and not self._done.exists():
             self.out.parent.mkdir(parents=True, exist_ok=True)
             args = [sys.executable, "-m", "fedper.cli", "export", "--out", str(self.out), "--kp", "2",
                     "--dataset", "digits", "--seed", "0", "--variant", self.variant]  # fmt: skip
@@ -34,15 +65,20 @@ class BackgroundExport:
         return self
 
     def result(self) -> Path:
-        if self.start().proc.wait() != 0:  # type: ignore[union-attr]
-            raise RuntimeError(f"the test export failed:\n{self.log.read_text()[-3000:]}")
+        if not self._done.exists():
+            if self.start().proc.wait() != 0:  # type: ignore[union-attr]
+                raise RuntimeError(f"the test export failed:\n{self.log.read_text()[-3000:]}")
+            self._done.touch()
         return self.out
 
 
 # fixture name -> the training-graph variant it exports
 EXPORT_FIXTURES = {"artifacts": "fast", "plain_artifacts": "plain"}
 _exports: dict[str, BackgroundExport] = {}
-_export_root = Path(tempfile.mkdtemp(prefix="fedper-test-exports-"))
+# FEDPER_TEST_EXPORTS=DIR keeps the exports in DIR for the next run to reuse: make test-portable
+# exports once per kernel set (an export's initial weights depend on it) for every thread count.
+_kept_exports = os.environ.get("FEDPER_TEST_EXPORTS")
+_export_root = Path(_kept_exports) if _kept_exports else Path(tempfile.mkdtemp(prefix="fedper-test-exports-"))
 
 
 @pytest.hookimpl(trylast=True)  # after -k and -m have deselected
@@ -69,7 +105,8 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         if export.proc is not None and export.proc.poll() is None:
             export.proc.kill()
             export.proc.wait()
-    shutil.rmtree(_export_root, ignore_errors=True)
+    if not _kept_exports:
+        shutil.rmtree(_export_root, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
@@ -95,6 +132,12 @@ def server_artifacts(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from export.pipeline import write_server_only_export
 
     return write_server_only_export(tmp_path_factory.mktemp("server-export") / "artifacts", alpha=0.25)
+
+
+@pytest.fixture
+def claim(record_property: Callable[[str, object], None]) -> NumericClaims:
+    """Assert a numeric test's value against its bound and record both (tests/portable.py)."""
+    return NumericClaims(record_property)
 
 
 @pytest.fixture(scope="session")
