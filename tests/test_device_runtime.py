@@ -111,7 +111,8 @@ def fleet_runs(artifacts: Path, tmp_path_factory: pytest.TempPathFactory) -> dic
     return runs
 
 
-def test_fleet_runs_the_exported_program_over_http(fleet_runs, artifacts):
+@pytest.mark.numeric
+def test_fleet_runs_the_exported_program_over_http(fleet_runs, artifacts, claim):
     run = fleet_runs["executorch"]
     assert run["status"]["state"] == "finished" and run["status"]["model_version"] == 2
     assert run["status"]["devices"] == 3
@@ -124,10 +125,11 @@ def test_fleet_runs_the_exported_program_over_http(fleet_runs, artifacts):
         assert r.num_samples == len(share(DATA, r.client).train)
         assert r.accuracy_after is not None and r.train_loss is not None
     # One round of training lifts accuracy on the devices' own test splits well above the
-    # exported model's (which predicts few of the 10 classes).
+    # exported model's (which predicts few of the 10 classes): by 0.32 under every kernel set and
+    # thread count (make test-portable), so the bound leaves 0.12 of room.
     before = np.mean([r.accuracy for r in records if r.round == 1])
     after = np.mean([r.accuracy for r in records if r.round == 2])
-    assert after > before + 0.2, (before, after)
+    claim.above("mean accuracy gain in round 1", after - before, 0.2)
     for name in ("results.json", "metrics.csv", "accuracy_per_round.png"):
         assert (run["out"] / name).stat().st_size > 0
     # Each device kept its own, trained head; heads differ from each other and from the export's.
@@ -143,9 +145,12 @@ def test_fleet_runs_the_exported_program_over_http(fleet_runs, artifacts):
     # the final point (round 3 = after round 2), which is the headline.
     finals = sorted((r for r in run["records"] if r.final), key=lambda r: r.client)
     assert [(r.round, r.client) for r in finals] == [(3, c) for c in range(3)]
+    # The device scores with its inference program, the check with eager PyTorch: logits that
+    # differ by rounding may flip a near-tie, so one prediction in the ~72 may differ.
     for r, head in zip(finals, heads, strict=True):
         assert r.accuracy_after is None and r.num_samples == len(share(DATA, r.client).train)
-        assert r.accuracy == pytest.approx(_accuracy(artifacts, run["final_base"], head, r.client), abs=0.02)
+        eager = _accuracy(artifacts, run["final_base"], head, r.client)
+        claim.below(f"|device - eager| final accuracy, device {r.client}", abs(r.accuracy - eager), 0.02)
     headline = run["results"]["algorithms"]["fedper"]
     assert headline["final_per_client"] == {str(r.client): r.accuracy for r in finals}
     assert (headline["final_round"], headline["final_point"]) == (3, "after round 2")
@@ -153,7 +158,8 @@ def test_fleet_runs_the_exported_program_over_http(fleet_runs, artifacts):
     assert run["results"]["rounds"]["fedper"][-1]["final"] is True
 
 
-def test_engines_and_simulation_agree(fleet_runs):
+@pytest.mark.numeric
+def test_engines_and_simulation_agree(fleet_runs, claim):
     """ExecuTorch fleet, eager fleet and `fedper simulate`: same algorithm, data, batches, FedAvg."""
 
     def by_key(records):
@@ -161,22 +167,30 @@ def test_engines_and_simulation_agree(fleet_runs):
 
     et, eager, sim = (by_key(fleet_runs[k]["records"]) for k in ("executorch", "eager", "simulate"))
     assert et.keys() == eager.keys() == sim.keys()
-    table = {k: (sim[k].accuracy, eager[k].accuracy, et[k].accuracy, sim[k].train_loss, eager[k].train_loss,
-                 et[k].train_loss) for k in sorted(sim)}  # fmt: skip
     assert {k for k, r in sim.items() if r.final} == {k for k, r in et.items() if r.final} == {(3, c) for c in range(3)}
-    for (rnd, _client), (acc_s, acc_e, acc_x, loss_s, loss_e, loss_x) in table.items():
-        # Round 1 evaluates the exported initial weights: the same model everywhere.
-        tol = 0.0 if rnd == 1 else 0.05
-        assert abs(acc_e - acc_s) <= tol and abs(acc_x - acc_s) <= tol, table
+    for rnd in (1, 2, 3):
+        keys = [k for k in sorted(sim) if k[0] == rnd]
+        accuracy = max(max(abs(eager[k].accuracy - sim[k].accuracy), abs(et[k].accuracy - sim[k].accuracy))
+                       for k in keys)  # fmt: skip
+        # Round 1 scores the exported initial weights, the same model everywhere: engines differ
+        # only by rounding, which can flip a near-tie (one prediction of ~72 is 0.014; measured:
+        # none); a wrong model would be off by far more. Later rounds carry the engines' training
+        # differences (measured: at most 2 predictions of ~72 in round 3).
+        claim.below(f"round {rnd}: largest |engine - simulation| accuracy", accuracy, 0.03 if rnd == 1 else 0.1)
         if rnd == 3:  # the final point: evaluated, not trained
-            assert loss_s is loss_e is loss_x is None
+            assert all(r[k].train_loss is None for r in (sim, eager, et) for k in keys)
             continue
         # Eager PyTorch in a fleet computes what the simulation computes (one thread, same batches,
         # same FedAvg up to summation order).
-        assert loss_e == pytest.approx(loss_s, rel=2e-3), table
-        # ExecuTorch's fp32 sums differ from eager's by rounding; training amplifies that through
-        # 27 BatchNorm layers (test_export measures it against fp64), so later rounds drift more.
-        assert loss_x == pytest.approx(loss_s, rel=2e-2 if rnd == 1 else 0.15), table
+        loss_e = max(abs(eager[k].train_loss / sim[k].train_loss - 1) for k in keys)
+        claim.below(f"round {rnd}: largest relative |eager fleet - simulation| loss", loss_e, 2e-3)
+        # ExecuTorch's fp32 sums differ from eager's by rounding, and training the whole model is
+        # chaotic (test_export: a 1e-9 difference is O(1) within a few steps), so the two runs
+        # part within round 1. Measured over kernel sets and thread counts (make test-portable):
+        # round 1 at most 2.6% apart, round 2 at most 4.9%; the bounds are about 3x that.
+        loss_x = max(abs(et[k].train_loss / sim[k].train_loss - 1) for k in keys)
+        claim.below(f"round {rnd}: largest relative |executorch fleet - simulation| loss", loss_x,
+                    0.08 if rnd == 1 else 0.15)  # fmt: skip
 
 
 def test_no_head_tensor_ever_leaves_a_device(artifacts, tmp_path):
@@ -207,7 +221,8 @@ def test_no_head_tensor_ever_leaves_a_device(artifacts, tmp_path):
                 assert name.encode() not in data, (path, name)
 
 
-def test_dropout_with_min_clients_closes_rounds_at_the_deadline(artifacts, tmp_path):
+@pytest.mark.numeric
+def test_dropout_with_min_clients_closes_rounds_at_the_deadline(artifacts, tmp_path, claim):
     manifest = read_manifest(artifacts)
     recording = RecordingTransport()
     # 20 s: room for two devices to train before the deadline even on a loaded machine (8 s was flaky)
@@ -238,7 +253,8 @@ def test_dropout_with_min_clients_closes_rounds_at_the_deadline(artifacts, tmp_p
     assert all(isinstance(device_events[-1], Finished) for device_events in events)
     sha = sha256_file(artifacts / "manifest.json")
     head_0 = weights.load(tmp_path / "devices" / "device_0" / "heads" / f"{sha}.safetensors")
-    assert finals[0][0].accuracy == pytest.approx(_accuracy(artifacts, final, head_0), abs=0.02)
+    eager = _accuracy(artifacts, final, head_0)
+    claim.below("|device - eager| final accuracy", abs(finals[0][0].accuracy - eager), 0.02)  # one near-tie of ~72
     assert not (tmp_path / "devices" / "device_2" / "heads").exists()
 
 
@@ -375,7 +391,8 @@ def _wait_for_line(proc: subprocess.Popen[str], needle: str, timeout: float = 30
     raise AssertionError(f"no {needle!r} within {timeout} s")
 
 
-def test_device_killed_mid_training_keeps_head_and_token_and_rejoins(artifacts, tmp_path):
+@pytest.mark.numeric
+def test_device_killed_mid_training_keeps_head_and_token_and_rejoins(artifacts, tmp_path, claim):
     sha = sha256_file(artifacts / "manifest.json")
     storage = tmp_path / "device"
     head_file = storage / "heads" / f"{sha}.safetensors"
@@ -411,12 +428,13 @@ def test_device_killed_mid_training_keeps_head_and_token_and_rejoins(artifacts, 
     # It rejoined with its own head: round 2's reported accuracy (measured before training) is
     # that of base v1 + the head it kept, not of base v1 + the export's initial head.
     reported = round_2["metrics"]["accuracy"]["mean"]
-    assert reported == pytest.approx(
-        _accuracy(artifacts, base_v1, weights.load(tmp_path / "head-before-restart")), abs=0.02
-    )
+    eager = _accuracy(artifacts, base_v1, weights.load(tmp_path / "head-before-restart"))
+    claim.below("|device - eager| accuracy with the kept head", abs(reported - eager), 0.02)  # one near-tie of ~72
     # The kept head is a trained one, not the export's initial head (whose accuracy may happen to
     # be close after one round on two classes).
     initial_head = weights.load(artifacts / read_manifest(artifacts).artifacts["initial_head"])
     kept = weights.load(tmp_path / "head-before-restart")
-    assert max(float(np.abs(kept[k] - initial_head[k]).max()) for k in kept) > 1e-2
+    claim.above(
+        "largest change of a head tensor", max(float(np.abs(kept[k] - initial_head[k]).max()) for k in kept), 1e-2
+    )
     assert head_file.read_bytes() != after_round_1

@@ -80,7 +80,8 @@ def test_manifest_reader_refuses_tampering(artifacts, tmp_path):
 
 
 @pytest.mark.parametrize(("variant", "export_fixture"), [("fast", "artifacts"), ("plain", "plain_artifacts")])
-def test_training_step_matches_eager_pytorch(variant, export_fixture, request, digits_batches):
+@pytest.mark.numeric
+def test_training_step_matches_eager_pytorch(variant, export_fixture, request, digits_batches, claim):
     """One step of either training graph equals nn.Conv2d/nn.BatchNorm2d in train mode."""
     x, y = digits_batches
     artifacts = request.getfixturevalue(export_fixture)
@@ -91,14 +92,15 @@ def test_training_step_matches_eager_pytorch(variant, export_fixture, request, d
     eager.start_round(0.01, 0.9)
     loss_et = program.train_step(x[:32], y[:32])
     loss_eager = eager.train_step(x[:32], y[:32])
-    assert loss_et == pytest.approx(loss_eager, rel=1e-5)
+    claim.below("relative |program - eager| loss", abs(loss_et / loss_eager - 1), 1e-5)
     # The running statistics the program returned are what nn.BatchNorm2d computed.
     stats = program.get_bn_statistics()
-    for name, value in stats.items():
-        torch.testing.assert_close(value, model.state_dict()[name], rtol=1e-3, atol=1e-4)
+    claim.close("BatchNorm statistics, program against eager", torch.cat([v.flatten() for v in stats.values()]),
+                torch.cat([model.state_dict()[n].flatten() for n in stats]), rtol=1e-3, atol=1e-4)  # fmt: skip
 
 
-def test_a_smaller_batch_after_a_larger_one_gets_eager_gradients(artifacts):
+@pytest.mark.numeric
+def test_a_smaller_batch_after_a_larger_one_gets_eager_gradients(artifacts, claim):
     """A device's last batch of an epoch is smaller than the others: the program's gradients at
     batch 17 right after a step at 32 (XNNPACK's delegates resize to the new batch) are within 3x
     eager float32's distance from float64, plus 1e-3. Through the runtime's own TrainingModule, as
@@ -137,7 +139,7 @@ def test_a_smaller_batch_after_a_larger_one_gets_eager_gradients(artifacts):
     eager_loss = torch.nn.functional.cross_entropy(model(x[:17]), y[:17])
     eager_loss.backward()
     torch.nn.functional.cross_entropy(model64(x[:17].double()), y[:17]).backward()
-    assert float(loss) == pytest.approx(float(eager_loss), rel=1e-5)
+    claim.below("relative |program - eager| loss", abs(float(loss) / float(eager_loss) - 1), 1e-5)
     exact = dict(model64.named_parameters())
 
     def off(a: torch.Tensor, name: str) -> float:  # relative to the tensor's largest exact gradient
@@ -152,28 +154,32 @@ def test_a_smaller_batch_after_a_larger_one_gets_eager_gradients(artifacts):
     assert not changed, f"gradient tensors changed after they were read: {changed}"
     # The floor: a float32 GEMM summing in another order is ~1e-4 off where eager happens to be
     # closer (at batch 32, blocks.10.pw: 2.2e-4 against eager's 1.8e-5: docs/PERFORMANCE.md).
-    bad = {n: e for n, e in errors.items() if e[0] > 3 * e[1] + 1e-3}
-    assert not bad, bad
+    worst = max(errors, key=lambda n: errors[n][0] - 3 * errors[n][1])
+    claim.below(f"largest gradient error beyond 3x eager's ({worst}: program {errors[worst][0]:.2g}, eager "
+                f"{errors[worst][1]:.2g})", errors[worst][0] - 3 * errors[worst][1], 1e-3)  # fmt: skip
 
 
-def test_weights_track_eager_over_many_steps_and_loss_decreases(artifacts, digits_batches):
-    """After N steps the program's weights are as close to eager float32 as eager float32 is
-    to eager float64: rounding differences (fp32 sums in the portable kernels, amplified by
-    27 BatchNorm layers) grow during training whatever runs it, so the yardstick is fp32's
-    own drift from fp64, measured in the same test (see docs/EXPORT.md)."""
+@pytest.mark.numeric
+def test_head_weights_track_eager_over_many_steps_and_the_whole_model_learns(artifacts, digits_batches, claim):
+    """Twenty steps (five epochs over 128 images, lr 0.05, momentum 0.9) carried over by the
+    program's own state. Weights are compared where training is not chaotic: training the whole
+    model is. Its base (27 BatchNorm layers) turns any rounding difference into an O(1) one
+    within a few steps: eager fp32 ends 3-50% of the distance it moved away from fp64 (varying
+    with the kernel set), and two fp64 runs whose weights differ by 1e-9 are 30% apart after 3
+    steps (issue 25). Training the head alone is not chaotic (fp32 ends 4e-4 of its movement
+    from fp64), so there the program must track eager to within 3x fp32's own drift, and the
+    whole model must learn: its loss falls."""
     x, y = digits_batches
-    program = TrainingProgram(artifacts)
-    eager, model = _eager(artifacts)
-    model64 = copy.deepcopy(model).double()
-    eager64 = EagerTrainer(model64)
-    names = program.manifest.base_names + program.manifest.head_names
+    batches = [(x[32 * (i % 4) : 32 * (i % 4 + 1)], y[32 * (i % 4) : 32 * (i % 4 + 1)]) for i in range(20)]
+    program = TrainingProgram(artifacts, trainable="head")
+    names = program.manifest.head_names
+    eager, model = _eager(artifacts, trainable=names)
+    eager64 = EagerTrainer(copy.deepcopy(model).double(), trainable=names)
     start = eager.get_tensors(names)
     for t in (program, eager, eager64):
         t.start_round(0.05, 0.9)
-    losses = []
-    for i in range(20):  # five epochs over 128 images
-        xb, yb = x[32 * (i % 4) : 32 * (i % 4 + 1)], y[32 * (i % 4) : 32 * (i % 4 + 1)]
-        losses.append(program.train_step(xb, yb))
+    for xb, yb in batches:
+        program.train_step(xb, yb)
         eager.train_step(xb, yb)
         eager64.train_step(xb.double(), yb)
     a, b, c = (t.get_tensors(names) for t in (program, eager, eager64))
@@ -181,14 +187,21 @@ def test_weights_track_eager_over_many_steps_and_loss_decreases(artifacts, digit
     def dist(p, q):
         return float(torch.sqrt(sum(((p[n].double() - q[n].double()) ** 2).sum() for n in names)))
 
-    moved = dist(b, start)
-    fp32_drift = dist(b, c)
-    assert dist(a, b) < 3 * fp32_drift, (dist(a, b) / moved, fp32_drift / moved)
-    assert dist(a, c) < 3 * fp32_drift
-    assert np.mean(losses[-4:]) < np.mean(losses[:4]) - 0.3
+    moved, fp32_drift = dist(b, start), dist(b, c)
+    claim.below("head: eager fp32-fp64 distance over the distance moved", fp32_drift / moved, 0.01)
+    claim.below("head: distance program-eager over eager fp32-fp64", dist(a, b) / fp32_drift, 3)
+    claim.below("head: distance program-fp64 over eager fp32-fp64", dist(a, c) / fp32_drift, 3)
+
+    whole = TrainingProgram(artifacts)
+    whole.start_round(0.05, 0.9)
+    losses = [whole.train_step(xb, yb) for xb, yb in batches]
+    claim.above(
+        "whole model: mean loss of the first 4 steps minus the last 4", np.mean(losses[:4]) - np.mean(losses[-4:]), 0.3
+    )
 
 
-def test_new_weights_are_used_and_round_trip_exactly(artifacts, digits_batches):
+@pytest.mark.numeric
+def test_new_weights_are_used_and_round_trip_exactly(artifacts, digits_batches, claim):
     x, y = digits_batches
     program = TrainingProgram(artifacts)
     eager, _ = _eager(artifacts)
@@ -206,7 +219,8 @@ def test_new_weights_are_used_and_round_trip_exactly(artifacts, digits_batches):
     eager.set_tensors({**base, **head})
     program.start_round(0.01, 0.0)
     eager.start_round(0.01, 0.0)
-    assert program.train_step(x[:16], y[:16]) == pytest.approx(eager.train_step(x[:16], y[:16]), rel=1e-5)
+    loss, eager_loss = program.train_step(x[:16], y[:16]), eager.train_step(x[:16], y[:16])
+    claim.below("relative |program - eager| loss with new weights", abs(loss / eager_loss - 1), 1e-5)
     # What get_base/get_head return, loaded into a fresh program, is the same state exactly.
     trained_base, trained_head = program.get_base(), program.get_head()
     fresh = TrainingProgram(artifacts)
@@ -235,7 +249,8 @@ def test_head_only_training_leaves_the_base_bit_identical(artifacts, digits_batc
     assert "classifier.weight" in changed and "blocks.12.pw.bn.running_mean" in changed
 
 
-def test_training_metadata_points_at_the_right_tensors(artifacts, digits_batches):
+@pytest.mark.numeric
+def test_training_metadata_points_at_the_right_tensors(artifacts, digits_batches, claim):
     """Guards the ExecuTorch 1.5.1 bug that silently returns wrong gradients/parameters."""
     x, y = digits_batches
     program = TrainingProgram(artifacts)
@@ -250,7 +265,8 @@ def test_training_metadata_points_at_the_right_tensors(artifacts, digits_batches
     grads = module.named_gradients()
     # The head's gradients are far from any BN amplification: they must match tightly.
     for name in ("classifier.weight", "classifier.bias"):
-        torch.testing.assert_close(grads[name], dict(model.named_parameters())[name].grad, rtol=1e-3, atol=1e-5)
+        claim.close(f"{name} gradient, program against eager", grads[name], dict(model.named_parameters())[name].grad,
+                    rtol=1e-3, atol=1e-5)  # fmt: skip
 
     class Shifted:
         """A program whose gradient index is off by the number of BN statistics (the 1.5.1 bug)."""
@@ -271,7 +287,8 @@ def test_training_metadata_points_at_the_right_tensors(artifacts, digits_batches
 
 
 @pytest.mark.parametrize("evaluator", ["executorch", "onnx"])
-def test_inference_models_match_eager_and_use_the_current_weights(artifacts, digits_batches, evaluator):
+@pytest.mark.numeric
+def test_inference_models_match_eager_and_use_the_current_weights(artifacts, digits_batches, evaluator, claim):
     x, _ = digits_batches
     program = TrainingProgram(artifacts, evaluator=evaluator)
     eager, _ = _eager(artifacts)
@@ -286,8 +303,8 @@ def test_inference_models_match_eager_and_use_the_current_weights(artifacts, dig
     program.set_tensors(trained)
     eager.set_tensors(trained)
     after = program.predict(x[:8])
-    torch.testing.assert_close(after, eager.predict(x[:8]), rtol=0, atol=1e-4)
-    assert (after - before).abs().max() > 0.1  # new weights change the output
+    claim.close("logits, inference model against eager", after, eager.predict(x[:8]), rtol=0, atol=1e-4)
+    claim.above("largest logit change from new weights", float((after - before).abs().max()), 0.1)
 
 
 def test_repartition_reuses_programs(artifacts, tmp_path):

@@ -76,7 +76,8 @@ def test_exported_onnx_takes_every_weight_as_a_true_graph_input(artifacts):
     assert max(o.version for o in onnx.load(str(path)).opset_import if o.domain in ("", "ai.onnx")) == ONNX_OPSET
 
 
-def test_python_device_feeds_exactly_the_model_inputs_and_matches_torch(artifacts, digits_batches, monkeypatch):
+@pytest.mark.numeric
+def test_python_device_feeds_exactly_the_model_inputs_and_matches_torch(artifacts, digits_batches, monkeypatch, claim):
     """The device's scoring path (TrainingProgram -> OnnxInference) with non-initial weights:
     its feeds pass Java's check and its logits are torch's eval-mode logits."""
     x, _ = digits_batches
@@ -108,9 +109,9 @@ def test_python_device_feeds_exactly_the_model_inputs_and_matches_torch(artifact
     model.load_state_dict(trained, strict=False)  # all but BN's integer batch counters
     with torch.no_grad():
         expected = model.eval()(x[:16])
-    torch.testing.assert_close(logits, expected, rtol=0, atol=1e-4)
+    claim.close("logits, ONNX Runtime against torch", logits, expected, rtol=0, atol=1e-4)
     initial = TrainingProgram(artifacts, evaluator="onnx").predict(x[:16])
-    assert (logits - initial).abs().max() > 0.1  # the fed weights are used
+    claim.above("largest logit change from the fed weights", float((logits - initial).abs().max()), 0.1)
 
 
 def test_onnx_inference_names_a_missing_unknown_or_misshapen_weight(artifacts):
@@ -157,7 +158,8 @@ def test_a_model_with_overridable_initializers_is_refused_by_name(tmp_path):
         OnnxInference(path)
 
 
-def test_weights_as_graph_inputs_rewrites_exactly_the_named_weights(tmp_path):
+@pytest.mark.numeric
+def test_weights_as_graph_inputs_rewrites_exactly_the_named_weights(tmp_path, claim):
     model = _Tiny().eval()
     names = [n for n, t in model.state_dict().items() if t.is_floating_point()]
     converted = weights_as_graph_inputs(_old_style_onnx(), names)
@@ -172,7 +174,7 @@ def test_weights_as_graph_inputs_rewrites_exactly_the_named_weights(tmp_path):
     model.load_state_dict(state, strict=False)
     x = torch.randn(3, 3, 8, 8)
     with torch.no_grad():
-        torch.testing.assert_close(inference.predict(x), model(x), rtol=0, atol=1e-5)
+        claim.close("logits, rewritten ONNX model against torch", inference.predict(x), model(x), rtol=0, atol=1e-5)
     with pytest.raises(ExportContractError, match="no weight 'nope.weight'"):
         weights_as_graph_inputs(_old_style_onnx(), [*names, "nope.weight"])
 

@@ -1,4 +1,5 @@
 import csv
+import dataclasses
 import json
 from pathlib import Path
 
@@ -16,50 +17,75 @@ from fedper.models.split import exchanged_names
 from fedper.train_config import TrainConfig
 from recipes.simulation import SimulationConfig, run
 
+# The learning run: five clients of the digits, two classes each. From random weights this
+# MobileNet scores about its clients' majority class for the first rounds, then takes off:
+# above 0.8 after 7-8 rounds and 0.957-0.996 after 12, over seeds 0-2 under the default and AVX2
+# kernels (issue 25; the seed stands in for rounding, which perturbs training the same way).
+# Twelve rounds put the final point well past the take-off; at 5 rounds of lr 0.01 FedPer sat
+# at the majority baseline and rounding decided which side of it.
+CLIENTS, ROUNDS = 5, 12
+NON_IID = DataConfig(dataset="digits", num_clients=CLIENTS, classes_per_client=2, seed=0)
+
 
 @pytest.fixture(scope="module")
 def strongly_non_iid_run(tmp_path_factory) -> tuple[Path, dict]:
     out = tmp_path_factory.mktemp("sim")
-    sim = SimulationConfig(
-        algorithms=("fedper", "fedavg"), kp=2, rounds=5, training=TrainConfig(local_epochs=1), threads=1, out=out
-    )
-    data = DataConfig(dataset="digits", num_clients=10, classes_per_client=2, seed=0)
-    run(sim, data)
+    sim = SimulationConfig(algorithms=("fedper", "fedavg"), kp=2, rounds=ROUNDS,
+                           training=TrainConfig(local_epochs=1, learning_rate=0.05), threads=1, out=out)  # fmt: skip
+    run(sim, NON_IID)
     return out, json.loads((out / "results.json").read_text())
 
 
-def test_fedper_beats_fedavg_when_clients_see_two_classes_each(strongly_non_iid_run):
+@pytest.mark.numeric
+def test_fedper_beats_fedavg_when_clients_see_two_classes_each(strongly_non_iid_run, claim):
+    """FedAvg's one model cannot serve clients of different classes: 0.48-0.56 below FedPer over
+    kernel sets and thread counts (make test-portable); the bound is 0.2."""
     _, results = strongly_non_iid_run
     fedper = results["algorithms"]["fedper"]["final_mean_accuracy"]
     fedavg = results["algorithms"]["fedavg"]["final_mean_accuracy"]
-    assert fedper > fedavg + 0.2, (fedper, fedavg)
+    claim.above("FedPer minus FedAvg, final mean accuracy", fedper - fedavg, 0.2)
+
+
+@pytest.mark.numeric
+def test_fedper_learns_well_above_each_clients_majority_class(strongly_non_iid_run, claim):
+    """The learning claim: 0.44-0.48 above the majority baseline (0.52) over kernel sets and
+    thread counts (make test-portable); the bound is 0.2. Seed 0 is the one tested: over seeds
+    0-2 the margin is 0.22-0.50 (seed 2's clients have a 0.76 majority)."""
+    _, results = strongly_non_iid_run
+    fedper = results["algorithms"]["fedper"]["final_mean_accuracy"]
+    claim.above(
+        "FedPer minus majority, final mean accuracy", fedper - results["baselines"]["majority"]["mean_accuracy"], 0.2
+    )
 
 
 def test_run_writes_metrics_plots_and_reusable_weights(strongly_non_iid_run):
     out, results = strongly_non_iid_run
     assert results["config"]["simulation"]["kp"] == 2
+    assert results["environment"]["torch"] == torch.__version__
+    assert results["environment"]["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
+    assert results["environment"]["torch_threads"] == 1
     # Digits have no generator features: only the majority baseline, one value per client.
     assert set(results["baselines"]) == {"majority"}
-    assert len(results["baselines"]["majority"]["per_client"]) == 10
-    assert results["algorithms"]["fedper"]["final_mean_accuracy"] > results["baselines"]["majority"]["mean_accuracy"]
-    # Rounds 1-5 at their start, then the final point after round 5's aggregation.
-    assert [r["round"] for r in results["rounds"]["fedper"]] == [1, 2, 3, 4, 5, 6]
-    assert [r.get("final", False) for r in results["rounds"]["fedper"]] == [False] * 5 + [True]
-    assert results["rounds"]["fedper"][-1]["after_round"] == 5
+    assert len(results["baselines"]["majority"]["per_client"]) == CLIENTS
+    # Rounds 1-12 at their start, then the final point after round 12's aggregation.
+    final = ROUNDS + 1
+    assert [r["round"] for r in results["rounds"]["fedper"]] == list(range(1, final + 1))
+    assert [r.get("final", False) for r in results["rounds"]["fedper"]] == [False] * ROUNDS + [True]
+    assert results["rounds"]["fedper"][-1]["after_round"] == ROUNDS
     assert "accuracy_after" not in results["rounds"]["fedper"][-1]
-    assert results["algorithms"]["fedper"]["final_round"] == 6
-    assert results["algorithms"]["fedper"]["final_point"] == "after round 5"
-    assert results["algorithms"]["fedper"]["last5_rounds"] == [2, 3, 4, 5, 6]
+    assert results["algorithms"]["fedper"]["final_round"] == final
+    assert results["algorithms"]["fedper"]["final_point"] == f"after round {ROUNDS}"
+    assert results["algorithms"]["fedper"]["last5_rounds"] == list(range(final - 4, final + 1))
     first = results["rounds"]["fedper"][0]
     assert set(first) >= {"accuracy", "accuracy_after", "train_loss"}
     assert set(first["accuracy"]) == {"mean", "weighted_mean", "std", "count"}
     with (out / "metrics.csv").open() as f:
         rows = list(csv.DictReader(f))
-    assert len(rows) == 2 * 6 * 10
+    assert len(rows) == 2 * final * CLIENTS
     assert {r["algorithm"] for r in rows} == {"fedper", "fedavg"}
-    last = [float(r["accuracy"]) for r in rows if r["algorithm"] == "fedper" and r["round"] == "6"]
-    assert {r["final"] for r in rows if r["round"] == "6"} == {"True"}
-    assert {r["final"] for r in rows if r["round"] != "6"} == {"False"}
+    last = [float(r["accuracy"]) for r in rows if r["algorithm"] == "fedper" and r["round"] == str(final)]
+    assert {r["final"] for r in rows if r["round"] == str(final)} == {"True"}
+    assert {r["final"] for r in rows if r["round"] != str(final)} == {"False"}
     assert np.mean(last) == pytest.approx(results["algorithms"]["fedper"]["final_mean_accuracy"])
     for png in ("accuracy_per_round.png", "final_accuracy_per_client.png"):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -69,7 +95,7 @@ def test_run_writes_metrics_plots_and_reusable_weights(strongly_non_iid_run):
     assert list(base) == sorted(s.base) or set(base) == set(s.base)
     head = weights.load(out / "fedper" / "heads" / "client_003.safetensors")
     assert set(head) == set(s.head)
-    assert len(list((out / "fedper" / "heads").iterdir())) == 10
+    assert len(list((out / "fedper" / "heads").iterdir())) == CLIENTS
     # FedAvg shares everything: one global model, no personal tensors.
     assert set(weights.load(out / "fedavg" / "final_base.safetensors")) == set(s.names)
     assert not (out / "fedavg" / "heads").exists()
@@ -95,29 +121,46 @@ def _reevaluate(out: Path, results: dict, data: DataConfig, algorithm: str) -> d
     return accuracies
 
 
+@pytest.mark.numeric
 def test_final_point_is_the_saved_final_model_after_the_last_round(tmp_path):
-    """The headline is measured after round 2's aggregation, with exactly the weights saved."""
+    """The headline is measured after round 2's aggregation, with exactly the weights saved.
+    Proved by weights and events, not by accuracies differing (a near-chance model may score
+    the same before and after a round: issue 25): the 2-round run's round 2 starts from what
+    the 1-round run saved, and its final point scores what it saved itself, which differs."""
     sim = SimulationConfig(algorithms=("fedper", "fedavg", "local"), rounds=2, alpha=0.25,
-                           training=TrainConfig(local_epochs=1), threads=1, out=tmp_path)  # fmt: skip
+                           training=TrainConfig(local_epochs=1), threads=1, out=tmp_path / "two")  # fmt: skip
     data = DataConfig(dataset="digits", num_clients=3, classes_per_client=2, seed=0)
     recorder = run(sim, data)
-    results = json.loads((tmp_path / "results.json").read_text())
+    one_round = dataclasses.replace(sim, rounds=1, out=tmp_path / "one")
+    after_round_1 = run(one_round, data)
+    results = json.loads((sim.out / "results.json").read_text())
     for algorithm in sim.algorithms:
         records = recorder.records(algorithm)
         finals = [r for r in records if r.final]
         assert sorted((r.round, r.client) for r in finals) == [(3, c) for c in range(3)]
         assert all(r.accuracy_after is None and r.train_loss is None for r in finals)
         headline = results["algorithms"][algorithm]
-        assert headline["final_per_client"] == _reevaluate(tmp_path, results, data, algorithm)
+        assert headline["final_per_client"] == _reevaluate(sim.out, results, data, algorithm)
         assert headline["final_per_client"] == {str(r.client): r.accuracy for r in finals}
         assert (headline["final_round"], headline["final_after_round"]) == (3, 2)
-        round_2 = {str(r.client): r.accuracy for r in records if r.round == 2}
-        assert headline["final_per_client"] != round_2  # not the start of the last round
         assert results["rounds"][algorithm][-1]["accuracy"]["mean"] == headline["final_mean_accuracy"]
+        # Round 2 starts from the weights saved after round 1 (same floats, same machine) ...
+        round_2 = {r.client: r.accuracy for r in records if r.round == 2}
+        assert round_2 == {r.client: r.accuracy for r in after_round_1.records(algorithm) if r.final}
+        # ... and the final point scores the weights saved after round 2, which round 2 changed.
+        saved_1, saved_2 = _saved(one_round.out / algorithm), _saved(sim.out / algorithm)
+        assert saved_1.keys() == saved_2.keys()
+        assert [n for n in saved_2 if not np.array_equal(saved_1[n], saved_2[n])]
     # Local training's final model is the one each client had just after training in round 2.
     local = recorder.records("local")
     after_2 = {str(r.client): r.accuracy_after for r in local if r.round == 2}
     assert results["algorithms"]["local"]["final_per_client"] == after_2
+
+
+def _saved(directory: Path) -> dict[str, np.ndarray]:
+    """Every tensor a run saved for one algorithm: its final base and each client's head."""
+    files = sorted(directory.glob("*.safetensors")) + sorted(directory.glob("heads/*.safetensors"))
+    return {f"{f.name}:{n}": t for f in files for n, t in weights.load(f).items()}
 
 
 def _tiny(out: Path, **kw) -> dict:
@@ -136,7 +179,9 @@ def _tiny(out: Path, **kw) -> dict:
     return json.loads((out / "results.json").read_text())
 
 
+@pytest.mark.numeric
 def test_same_command_line_same_numbers(tmp_path):
+    """Bit for bit on one machine and kernel set (another CPU's kernels round differently)."""
     a = _tiny(tmp_path / "a")
     b = _tiny(tmp_path / "b")
     assert a["algorithms"] == b["algorithms"]
