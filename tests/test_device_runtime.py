@@ -16,6 +16,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
+import torch
 
 from device_runtime.client import ProtocolClient
 from device_runtime.device import Device, DeviceOptions, metric_metadata
@@ -156,6 +157,12 @@ def test_fleet_runs_the_exported_program_over_http(fleet_runs, artifacts, claim)
     assert (headline["final_round"], headline["final_point"]) == (3, "after round 2")
     assert headline["last5_rounds"] == [1, 2, 3]
     assert run["results"]["rounds"]["fedper"][-1]["final"] is True
+    # What computed the floats: this machine's kernel set, the workers' one thread each.
+    environment = run["results"]["environment"]
+    assert environment["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
+    assert (
+        environment["torch_threads"] == 1 and environment["executorch"] == read_manifest(artifacts).runtime.executorch
+    )
 
 
 @pytest.mark.numeric
