@@ -23,13 +23,15 @@ class NumericClaims:
 
     record: Callable[[str, object], None]
 
-    def above(self, name: str, value: float, bound: float) -> None:
+    def above(self, name: str, value: float, bound: float, detail: str = "") -> None:
+        """``name`` stays the same from run to run (it keys the claim); ``detail`` goes into the
+        failure message only."""
         self._record(name, value, bound, ">")
-        assert value > bound, f"{name}: {value:.6g} is not above {bound:.6g}"
+        assert value > bound, f"{name}: {value:.6g} is not above {bound:.6g} {detail}".rstrip()
 
-    def below(self, name: str, value: float, bound: float) -> None:
+    def below(self, name: str, value: float, bound: float, detail: str = "") -> None:
         self._record(name, value, bound, "<")
-        assert value < bound, f"{name}: {value:.6g} is not below {bound:.6g}"
+        assert value < bound, f"{name}: {value:.6g} is not below {bound:.6g} {detail}".rstrip()
 
     def close(self, name: str, actual: Any, expected: Any, rtol: float, atol: float) -> None:
         """``torch.testing.assert_close``'s criterion, |actual - expected| <= atol + rtol |expected|

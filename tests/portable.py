@@ -107,7 +107,7 @@ def claims_table(runs: list[str], claims: dict[str, dict[tuple[str, str], dict[s
     for test, name in keys:
         seen = [claims[r].get((test, name)) for r in runs]
         first = next(c for c in seen if c is not None)
-        values = [f"{float(c['value']):.4g}" if c else "-" for c in seen]
+        values = [f"{float(c['value']):.4g}" if c else "-" for c in seen]  # "-": not reached in that run
         smallest = min(margin(c) for c in seen if c)
         lines.append(f"| {test} | {name} | {first['sense']} {float(first['bound']):.4g} | " + " | ".join(values)
                      + f" | {smallest:.3g} |")  # fmt: skip
