@@ -6,7 +6,9 @@ every evaluation point, the majority baseline, and FedPer's and FedAvg's accurac
 (the test's final point). Run it under each kernel set to see the spread the test's bounds allow.
 
 Usage: [ATEN_CPU_CAPABILITY=default|avx2] .venv/bin/python docs/scripts/learning_budget.py
-       [--seeds 0,1,2] [--rounds 15]   (about 100 s per seed on one core)
+       [--seeds 0,1,2] [--rounds 15] [--at 12] [--clients 5] [--lr 0.05]   (about 100 s per seed)
+
+The test's setting before issue 25: --clients 10 --lr 0.01 --rounds 5 --at 5 --seeds 0.
 """
 
 from __future__ import annotations
@@ -23,26 +25,30 @@ from fedper.results import RunRecorder
 from fedper.train_config import TrainConfig
 from recipes.simulation import SimulationConfig, run
 
-TEST_ROUNDS = 12  # tests/test_simulation.py: ROUNDS
-
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--at", type=int, default=12, help="the test's final point: after this round")
+    parser.add_argument("--clients", type=int, default=5)
+    parser.add_argument("--lr", type=float, default=0.05)
     args = parser.parse_args()
     print(f"kernel set {torch.backends.cpu.get_cpu_capability()}\n")
-    print("| seed | majority | FedPer after round 12 | FedAvg after round 12 | first above 0.8 | FedPer each round |")
+    print(
+        f"| seed | majority | FedPer after round {args.at} | FedAvg after round {args.at} | first above 0.8 "
+        "| FedPer each round |"
+    )
     print("|---|---|---|---|---|---|")
     for seed in map(int, args.seeds.split(",")):
         out = Path(tempfile.mkdtemp())
-        training = TrainConfig(local_epochs=1, learning_rate=0.05)
+        training = TrainConfig(local_epochs=1, learning_rate=args.lr)
         sim = SimulationConfig(algorithms=("fedper", "fedavg"), kp=2, rounds=args.rounds, training=training, threads=1,
                                out=out)  # fmt: skip
-        recorder = run(sim, DataConfig(dataset="digits", num_clients=5, classes_per_client=2, seed=seed))
+        recorder = run(sim, DataConfig(dataset="digits", num_clients=args.clients, classes_per_client=2, seed=seed))
         results = json.loads((out / "results.json").read_text())
         curve = [r["accuracy"]["mean"] for r in results["rounds"]["fedper"]]  # curve[k]: after k rounds
-        after = {a: _mean_after(recorder, a, TEST_ROUNDS) for a in ("fedper", "fedavg")}
+        after = {a: _mean_after(recorder, a, args.at) for a in ("fedper", "fedavg")}
         above = next((k for k, a in enumerate(curve) if a > 0.8), None)
         majority = results["baselines"]["majority"]["mean_accuracy"]
         print(f"| {seed} | {majority:.3f} | {after['fedper']:.3f} | {after['fedavg']:.3f} | {above} "
