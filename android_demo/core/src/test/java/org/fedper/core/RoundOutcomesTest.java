@@ -55,14 +55,14 @@ public class RoundOutcomesTest {
 
   @Test
   public void anUploadRefusedAsNotInCohortWaitsRetryAfterAndRetrainsFromTheCommittedHead() throws Exception {
-    // Slots expire 1 s after they are given; the first training takes 2.5 s, so its upload finds
+    // Slots expire 3 s after they are given; the first training takes 4 s, so its upload finds
     // the slot gone (409 not_in_cohort). The device waits Retry-After, gets the round again and
     // trains it again from the head it had before: the refused round's head was never committed.
-    TestServer s = start("artifacts", 1, 1, "--report-timeout", "1");
+    TestServer s = start("artifacts", 1, 1, "--report-timeout", "3");
     FakeTrainer trainer = new FakeTrainer(1f);
     trainer.beforeStep = done -> {
       if (trainer.headsReceived.size() == 1) {
-        Thread.sleep(2500);
+        Thread.sleep(4000);
       }
     };
     Device device = new Device(s.url, new DeviceStore(tmp.newFolder().toPath()), trainer, data(10), 30);
