@@ -1,8 +1,10 @@
 """One device: what a phone does each round, with the exported program (or eager PyTorch).
 
-Round: task -> manifest/programs (once, cached by sha256) -> base (cached by ETag) -> load
-base + own head -> evaluate (``metric.accuracy``) -> train -> save head (atomic) -> upload
-the base only. The head never leaves this object except into the device's own storage.
+Round: task -> manifest/programs (once, cached by sha256; the manifest pinned once its
+trainer loaded) -> base (cached by ETag, per manifest) -> load base + own head -> evaluate
+(``metric.accuracy``) -> train -> stage the head -> upload the base only -> commit the head
+once the server accepted the base (202 or ``duplicate_update``). A 401 enrolls again, once a
+run. The head never leaves this object except into the device's own storage.
 When the run is finished (410), a device that trained evaluates once more with the newest
 model version's base and its final head: the run's final point (:mod:`fedper.results`).
 """
@@ -104,11 +106,15 @@ class Device:
     def ensure_enrolled(self) -> str:
         saved = self.storage.credentials()
         if saved is None:
-            device_id, token = self.client.enroll(self._enrollment_key)
-            self.storage.save_credentials(device_id, token)
-        else:
-            device_id, token = saved
-            self.client.token = token
+            return self._enroll()
+        device_id, token = saved
+        self.client.token = token
+        self.device_id = device_id
+        return device_id
+
+    def _enroll(self) -> str:
+        device_id, token = self.client.enroll(self._enrollment_key)
+        self.storage.save_credentials(device_id, token)
         self.device_id = device_id
         return device_id
 
@@ -118,6 +124,7 @@ class Device:
         """Take part in rounds until the run is finished (410) or ``max_rounds`` were done."""
         self.ensure_enrolled()
         reports: list[RoundReport] = []
+        reenrolled = False
         while max_rounds is None or len(reports) < max_rounds:
             try:
                 task = self.client.task()
@@ -127,6 +134,11 @@ class Device:
             except TransientError as exc:
                 log.warning("device %s: %s; waiting", self.device_id, exc)
                 self._sleep(self.options.max_idle_wait)
+                continue
+            except RefusedError as exc:
+                if exc.status != 401 or reenrolled:
+                    raise
+                reenrolled = self._reenroll(exc)
                 continue
             if isinstance(task, NoTask) or task.round == self._skip_round:
                 wait = task.retry_after if isinstance(task, NoTask) else self.options.max_idle_wait
@@ -148,9 +160,18 @@ class Device:
                 if exc.code in (ErrorCode.ROUND_NOT_OPEN, ErrorCode.STALE_BASE_VERSION):
                     self._skip_round = task.round  # too late for this round; wait for the next
                     continue
+                if exc.status == 401 and not reenrolled:
+                    reenrolled = self._reenroll(exc)
+                    continue
                 raise
             reports.append(report)
         return reports
+
+    def _reenroll(self, refused: RefusedError) -> bool:
+        """A 401 mid-run (token revoked, or the server lost its devices): enroll again, once."""
+        log.warning("device %s: %s; enrolling again", self.device_id, refused)
+        self._enroll()
+        return True
 
     def _finish(self) -> None:
         self.evaluate_final()
@@ -167,7 +188,7 @@ class Device:
             return None
         status = self.client.status()
         manifest, trainer, (_x, y, xt, yt) = self._prepare(sha, Route.ARTIFACT.format(name=MANIFEST_FILE))
-        base = self._base(status.model_version, Route.MODEL_BASE.format(version=status.model_version), manifest)
+        base = self._base(sha, status.model_version, Route.MODEL_BASE.format(version=status.model_version), manifest)
         with self._compute():
             trainer.set_tensors(base)
             trainer.set_tensors(head)
@@ -179,8 +200,8 @@ class Device:
 
     def run_round(self, task: Task) -> RoundReport:
         manifest, trainer, (x, y, xt, yt) = self._prepare(task.manifest_sha256, task.manifest_url)
-        base = self._base(task.model_version, task.base_url, manifest)
         sha = task.manifest_sha256
+        base = self._base(sha, task.model_version, task.base_url, manifest)
         head = self.storage.load_head(sha)
         if head is None:  # first round: the exported initial head
             head = self._initial_head(sha, manifest)
@@ -206,7 +227,7 @@ class Device:
             accuracy_after = score(trainer, xt, yt)
             head_after = trainer.get_tensors(manifest.head_names)
             update = trainer.get_tensors(manifest.base_names)
-        self.storage.save_head(sha, head_after)  # before uploading: a crash keeps the head
+        self.storage.stage_head(sha, head_after)  # committed once the server accepts the base
         if rng.random() < self.options.straggler:
             self._sleep(self.options.straggler_delay)
         metrics = {"accuracy": accuracy, "accuracy_after": accuracy_after, "train_loss": loss}
@@ -226,6 +247,7 @@ class Device:
         except TransientError:
             self._emit(Refused(task.round, "upload failed"))
             raise
+        self.storage.commit_head(sha)  # 202, or duplicate_update: the server has this round's base
         report = RoundReport(task.round, task.model_version, len(y), accuracy, accuracy_after,
                              None if np.isnan(loss) else loss, True, received)  # fmt: skip
         self._emit(Uploaded(report))
@@ -255,20 +277,19 @@ class Device:
             path = directory / name
             if not path.exists() or sha256_file(path) != manifest.sha256[name]:
                 path.write_bytes(self.client.download_verified(f"/v1/artifacts/{name}", manifest.sha256[name]))
-        self.storage.pin_manifest(sha)
         with self._compute():  # the ExecuTorch runtime is not safe to load from two threads at once
             trainer = self._trainer_for(sha, directory, manifest)
+        self.storage.pin_manifest(sha)  # only once a trainer of it loaded
         data = self._data_for(manifest)
         prepared = (manifest, trainer, data.tensors(manifest))
         self._trainers[sha] = prepared
         return prepared
 
-    def _base(self, version: int, url: str, manifest: Manifest) -> dict[str, np.ndarray]:
-        path = self.storage.base_path(version)
-        etag = self.storage.base_etag(version) if path.exists() else None
-        body, new_etag = self.client.download(url, etag)
+    def _base(self, sha: str, version: int, url: str, manifest: Manifest) -> dict[str, np.ndarray]:
+        path = self.storage.base_path(sha, version)
+        body, new_etag = self.client.download(url, self.storage.base_etag(sha, version))
         if body is not None:
-            self.storage.save_base(version, body, new_etag)
+            self.storage.save_base(sha, version, body, new_etag)
         return weights.load_checked([path], manifest.layout("base"))
 
     def _initial_head(self, sha: str, manifest: Manifest) -> dict[str, np.ndarray]:

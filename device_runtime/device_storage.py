@@ -5,8 +5,9 @@ Layout::
     device.json                    device id and token (mode 0600)
     pinned_manifest                sha256 of the manifest this device trains
     artifacts/<manifest sha256>/   manifest.json, train.pte, ... (verified by sha256)
-    bases/v<N>.safetensors         downloaded model versions (+ .etag)
+    bases/<manifest sha256>/v<N>.safetensors   downloaded model versions of that export (+ .etag)
     heads/<manifest sha256>.safetensors   the personal head: never leaves the device
+    heads/<manifest sha256>.staged        a round's trained head, until the server accepts the round
 
 Every write goes to a temporary file that is fsynced and renamed, so a crash at any
 moment leaves the previous complete file.
@@ -15,6 +16,8 @@ moment leaves the previous complete file.
 from __future__ import annotations
 
 import json
+import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +25,8 @@ import numpy as np
 
 from fedper import weights
 from fedper.atomic_write import atomic_write_bytes, atomic_write_text
+
+_SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
 class DeviceStorage:
@@ -59,23 +64,29 @@ class DeviceStorage:
         path.mkdir(parents=True, exist_ok=True)
         return path
 
-    # --- bases -------------------------------------------------------------------------
+    # --- bases: per manifest, since model versions restart at 0 in every run ---------------
 
-    def base_path(self, version: int) -> Path:
-        return self.root / "bases" / f"v{version}.safetensors"
+    def _base_dir(self, manifest_sha: str) -> Path:
+        if not _SHA256.fullmatch(manifest_sha):
+            raise ValueError(f"not a sha256: {manifest_sha!r}")
+        return self.root / "bases" / manifest_sha
 
-    def base_etag(self, version: int) -> str | None:
-        path = self.root / "bases" / f"v{version}.etag"
-        return path.read_text().strip() if path.exists() else None
+    def base_path(self, manifest_sha: str, version: int) -> Path:
+        return self._base_dir(manifest_sha) / f"v{version}.safetensors"
 
-    def save_base(self, version: int, data: bytes, etag: str) -> None:
-        atomic_write_bytes(self.base_path(version), data)
-        atomic_write_text(self.root / "bases" / f"v{version}.etag", etag)
-        for old in (self.root / "bases").glob("v*.safetensors"):  # keep the latest two
+    def base_etag(self, manifest_sha: str, version: int) -> str | None:
+        path = self._base_dir(manifest_sha) / f"v{version}.etag"
+        return path.read_text().strip() if path.exists() and self.base_path(manifest_sha, version).exists() else None
+
+    def save_base(self, manifest_sha: str, version: int, data: bytes, etag: str) -> None:
+        directory = self._base_dir(manifest_sha)
+        atomic_write_bytes(self.base_path(manifest_sha, version), data)
+        atomic_write_text(directory / f"v{version}.etag", etag)
+        for old in directory.glob("v*.safetensors"):  # keep the latest two
             v = int(old.stem[1:])
             if v < version - 1:
                 old.unlink(missing_ok=True)
-                (self.root / "bases" / f"v{v}.etag").unlink(missing_ok=True)
+                (directory / f"v{v}.etag").unlink(missing_ok=True)
 
     # --- the personal head -------------------------------------------------------------
 
@@ -88,3 +99,17 @@ class DeviceStorage:
 
     def save_head(self, manifest_sha: str, tensors: dict[str, Any]) -> None:
         weights.save(self.head_path(manifest_sha), tensors)
+
+    # A round's trained head is staged and committed only once the server accepted the round's
+    # base: a round that runs again (its upload refused or lost) starts from the committed head,
+    # so the same photos never train the head twice for one base update.
+
+    def staged_head_path(self, manifest_sha: str) -> Path:
+        return self.root / "heads" / f"{manifest_sha}.staged"
+
+    def stage_head(self, manifest_sha: str, tensors: dict[str, Any]) -> None:
+        weights.save(self.staged_head_path(manifest_sha), tensors)
+
+    def commit_head(self, manifest_sha: str) -> None:
+        """The staged head becomes the head: one rename, so a crash leaves one or the other whole."""
+        os.replace(self.staged_head_path(manifest_sha), self.head_path(manifest_sha))

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 import httpx
@@ -18,8 +19,8 @@ import numpy as np
 import pytest
 import torch
 
-from device_runtime.client import ProtocolClient
-from device_runtime.device import Device, DeviceOptions, metric_metadata
+from device_runtime.client import ProtocolClient, RefusedError
+from device_runtime.device import Device, DeviceOptions, make_trainer, metric_metadata
 from device_runtime.device_host import SharedTrainers, host_devices
 from device_runtime.device_storage import DeviceStorage
 from device_runtime.events import DeviceEvent, DeviceFailed, FinalEvaluated, Finished, Refused, RoundReport, WorkerDone
@@ -28,9 +29,10 @@ from device_runtime.local_data import LocalData, share
 from device_runtime.network_faults import RecordingTransport
 from fedper import weights
 from fedper.data import DataConfig
-from fedper.manifest import read_manifest, sha256_file
+from fedper.manifest import Manifest, read_manifest, sha256_file
 from fedper.results import RunRecorder
 from fedper.train_config import TrainConfig
+from fedper.trainer import Trainer
 from recipes.simulation import SimulationConfig
 from recipes.simulation import run as simulate
 from tests.server_support import ENROLL, admin, decode_update, serve
@@ -293,29 +295,86 @@ def test_a_device_without_test_examples_omits_accuracy_and_its_round_counts(serv
     assert isinstance(events[-1], Finished)
 
 
+class HeadRecorder:
+    """A trainer that keeps every head it was given and every head it handed back."""
+
+    def __init__(self, inner: Trainer, head_names: list[str]):
+        self.inner, self.head_names = inner, head_names
+        self.heads_in: list[dict[str, np.ndarray]] = []
+        self.heads_out: list[dict[str, np.ndarray]] = []
+
+    def set_tensors(self, tensors: Mapping[str, torch.Tensor | np.ndarray]) -> None:
+        if set(self.head_names) <= set(tensors):
+            self.heads_in.append({n: np.array(tensors[n], copy=True) for n in self.head_names})
+        self.inner.set_tensors(tensors)
+
+    def get_tensors(self, names: Iterable[str]) -> dict[str, torch.Tensor]:
+        names = list(names)
+        out = self.inner.get_tensors(names)
+        if names == self.head_names:
+            self.heads_out.append({n: out[n].detach().numpy().copy() for n in names})
+        return out
+
+    def start_round(self, learning_rate: float, momentum: float) -> None:
+        self.inner.start_round(learning_rate, momentum)
+
+    def train_step(self, x: torch.Tensor, y: torch.Tensor) -> float:
+        return self.inner.train_step(x, y)
+
+    def predict(self, x: torch.Tensor) -> torch.Tensor:
+        return self.inner.predict(x)
+
+
 def test_a_device_whose_slot_expires_is_refused_asks_again_and_the_fleet_counts_it(server_artifacts, tmp_path):
-    """Cohort of one, report timeout 5 s: the device straggles 5.5 s after its first training,
-    its upload is refused (not_in_cohort), it asks again, trains again and is accepted. Its
+    """Cohort of one, report timeout 15 s: the device straggles 15.5 s after its first training,
+    its upload is refused (not_in_cohort), it waits Retry-After, asks again, trains again from
+    the head it had (the refused round's head was staged, never committed) and is accepted. Its
     events say so, and the fleet's live table counts one refusal and nobody still training."""
     events: list[DeviceEvent] = []
     waits: list[float] = []
+    recorders: list[HeadRecorder] = []
 
     def sleep(seconds: float) -> None:
         waits.append(seconds)
-        time.sleep(5.5 if len(waits) == 1 else min(seconds, 0.2))  # only the first straggle is late
+        # Only the first straggle is late. The second attempt has the whole report timeout to
+        # train and upload: 15 s, so that a loaded machine (training took over 5 s on 2 busy
+        # cores) does not make it late too.
+        time.sleep(15.5 if len(waits) == 1 else min(seconds, 0.2))
+
+    def trainer_for(_sha: str, directory: Path, manifest: Manifest) -> Trainer:
+        recorders.append(HeadRecorder(make_trainer("eager", directory, manifest), manifest.head_names))
+        return recorders[-1]
 
     config = {**SERVER, "rounds": 1, "target_clients": 1, "min_clients": 1, "cohort_size": 1,
-              "over_selection": 1.0, "report_timeout": 5}  # fmt: skip
+              "over_selection": 1.0, "report_timeout": 15}  # fmt: skip
+    recording = RecordingTransport()
     with serve(server_artifacts, tmp_path / "server", **config) as s:  # type: ignore[arg-type]
-        client = ProtocolClient(s.url)
-        options = DeviceOptions(engine="eager", client_id=0, max_idle_wait=0.5, straggler=1.0, straggler_delay=5.5)
-        device = Device(client, DeviceStorage(tmp_path / "device"), lambda _m: share(DATA, 0), options, ENROLL,
-                        events.append, sleep=sleep)  # fmt: skip
+        client = ProtocolClient(s.url, transport=recording)
+        options = DeviceOptions(engine="eager", client_id=0, max_idle_wait=30, straggler=1.0, straggler_delay=15.5)
+        storage = DeviceStorage(tmp_path / "device")
+        device = Device(client, storage, lambda _m: share(DATA, 0), options, ENROLL,
+                        events.append, sleep=sleep, trainer_for=trainer_for)  # fmt: skip
         try:
             reports = device.run()
         finally:
             client.close()
         assert _round(s.url, 1)["received"] == 1
+    # After the refusal the device waited what the 409's Retry-After said (1-2 s here).
+    assert 1 <= waits[1] <= 2, waits
+    # Both trainings of round 1 started from the exported head; the stored head is the second's.
+    manifest = read_manifest(server_artifacts, verify_files=False)
+    initial = weights.load(server_artifacts / manifest.artifacts["initial_head"])
+    (recorder,) = recorders
+    # Evaluate and train, twice, then the final evaluation (410) with the stored head.
+    assert len(recorder.heads_in) == 5 and len(recorder.heads_out) == 2
+    for head in recorder.heads_in[:4]:
+        assert all(np.array_equal(head[n], initial[n]) for n in manifest.head_names)
+    sha = sha256_file(server_artifacts / "manifest.json")
+    stored = storage.load_head(sha)
+    assert stored is not None and not np.array_equal(stored[manifest.head_names[0]], initial[manifest.head_names[0]])
+    assert all(np.array_equal(stored[n], recorder.heads_out[1][n]) for n in manifest.head_names)
+    assert all(np.array_equal(stored[n], recorder.heads_in[4][n]) for n in manifest.head_names)
+    assert not storage.staged_head_path(sha).exists()
     kinds = [e.kind for e in events if e.kind in ("training", "refused", "uploaded")]
     assert kinds == ["training", "refused", "training", "uploaded"]
     assert [e for e in events if isinstance(e, Refused)] == [Refused(1, "not_in_cohort")]
@@ -335,6 +394,76 @@ def test_a_device_whose_slot_expires_is_refused_asks_again_and_the_fleet_counts_
 
     progress = _collect(Replay(), FleetConfig(devices=1), RunRecorder({}), show=False)
     assert (progress.refused, progress.uploads, progress.training) == (1, 1, set())
+
+
+def _revoke(url: str, device_id: str | None) -> None:
+    r = httpx.post(f"{url}/v1/admin/devices/{device_id}/revoke", headers=admin())
+    assert r.status_code == 200, r.text
+
+
+def test_a_revoked_device_enrolls_again_once_and_a_second_401_ends_its_run(server_artifacts, tmp_path):
+    """PROTOCOL.md: 401 means an unknown or revoked token. The device enrolls again (it holds the
+    key) and finishes the round; revoked again within the same run, it stops with the 401."""
+    config = {**SERVER, "rounds": 1, "target_clients": 1, "min_clients": 1}
+    with serve(server_artifacts, tmp_path / "server", **config) as s:  # type: ignore[arg-type]
+        client = ProtocolClient(s.url)
+        storage = DeviceStorage(tmp_path / "device")
+        options = DeviceOptions(engine="eager", client_id=0, max_idle_wait=0.5)
+        device = Device(client, storage, lambda _m: share(DATA, 0), options, ENROLL)
+        first = device.ensure_enrolled()
+        _revoke(s.url, first)
+        try:
+            assert [r.round for r in device.run()] == [1]
+        finally:
+            client.close()
+        assert device.device_id != first and storage.credentials() == (device.device_id, client.token)
+
+    with serve(server_artifacts, tmp_path / "server2", **config) as s:  # type: ignore[arg-type]
+        client = ProtocolClient(s.url)
+        straggling = DeviceOptions(engine="eager", client_id=0, max_idle_wait=0.5, straggler=1.0)
+        device = Device(client, DeviceStorage(tmp_path / "device2"), lambda _m: share(DATA, 0), straggling, ENROLL,
+                        sleep=lambda _s: _revoke(s.url, device.device_id))  # fmt: skip
+        _revoke(s.url, device.ensure_enrolled())  # the first 401 comes on the task, the second on the upload
+        try:
+            with pytest.raises(RefusedError) as refused:
+                device.run()
+        finally:
+            client.close()
+        assert refused.value.status == 401
+        assert _round(s.url, 1)["received"] == 0
+
+
+def test_a_manifest_is_pinned_only_once_its_trainer_loaded(server_artifacts, tmp_path):
+    """A runtime that cannot load the programs must not pin their manifest: the device would
+    otherwise refuse a later compatible export as a conflict with one it never trained."""
+    config = {**SERVER, "rounds": 1, "target_clients": 1, "min_clients": 1}
+
+    def cannot_load(_sha: str, _directory: Path, _manifest: Manifest) -> Trainer:
+        raise RuntimeError("this runtime cannot load the programs")
+
+    with serve(server_artifacts, tmp_path / "server", **config) as s:  # type: ignore[arg-type]
+        client = ProtocolClient(s.url)
+        storage = DeviceStorage(tmp_path / "device")
+        options = DeviceOptions(engine="eager", client_id=0, max_idle_wait=0.5)
+        device = Device(client, storage, lambda _m: share(DATA, 0), options, ENROLL, trainer_for=cannot_load)
+        try:
+            with pytest.raises(RuntimeError, match="cannot load"):
+                device.run()
+        finally:
+            client.close()
+    assert storage.pinned_manifest() is None
+
+
+def test_bases_are_kept_per_manifest(tmp_path):
+    """Model versions restart at 0 in every run: an old run's v50 is another model, not a newer one."""
+    storage = DeviceStorage(tmp_path)
+    old, new = "a" * 64, "b" * 64
+    storage.save_base(old, 50, b"old", '"e50"')
+    storage.save_base(new, 0, b"new", '"e0"')
+    assert storage.base_path(new, 0).read_bytes() == b"new"
+    assert storage.base_etag(new, 50) is None and storage.base_etag(old, 50) == '"e50"'
+    with pytest.raises(ValueError, match="not a sha256"):
+        storage.base_path("../x", 0)
 
 
 def test_the_devices_of_a_fleet_host_share_one_loaded_training_program(artifacts, tmp_path, monkeypatch):

@@ -8,7 +8,7 @@ base holds tensors that ``artifacts`` keeps personal.
 ``host_fixtures.py verify FILE``: checks a file the Java codec wrote; exit 1 with the difference.
 ``host_fixtures.py onnx-inputs OUT``: model.onnx of the same model (MobileNet 0.25 @ 32 px, seed 0) as
 ``make`` exported, and input_names.txt: ONNX Runtime's input names for it, one a line, in order (what
-the Java ``OrtSession.getInputNames()`` reports on a phone).
+the Java ``OrtSession.getInputNames()`` reports on a phone); ir_version.txt: its ONNX IR version.
 ``host_fixtures.py verify-ptd FILE``: checks a ``.ptd`` the Java side rewrote, with ExecuTorch's reader.
 """
 
@@ -63,6 +63,7 @@ def make(out: Path) -> None:
 
 
 def onnx_inputs(out: Path) -> None:
+    import onnx
     import onnxruntime
 
     from export.onnx_export import export_onnx
@@ -78,6 +79,7 @@ def onnx_inputs(out: Path) -> None:
     options.log_severity_level = 3  # errors only
     session = onnxruntime.InferenceSession(str(out / "model.onnx"), options, providers=["CPUExecutionProvider"])
     (out / "input_names.txt").write_text("".join(f"{i.name}\n" for i in session.get_inputs()))
+    (out / "ir_version.txt").write_text(f"{onnx.load(str(out / 'model.onnx')).ir_version}\n")
 
 
 def verify_ptd(path: Path) -> int:

@@ -16,6 +16,14 @@ public class Activity extends android.view.ContextThemeWrapper {
     throw new UnsupportedOperationException("stub");
   }
 
+  protected void onDestroy() {
+    throw new UnsupportedOperationException("stub");
+  }
+
+  public boolean isDestroyed() {
+    throw new UnsupportedOperationException("stub");
+  }
+
   public void setContentView(int layoutResID) {
     throw new UnsupportedOperationException("stub");
   }

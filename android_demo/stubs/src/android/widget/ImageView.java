@@ -10,7 +10,7 @@ public class ImageView extends android.view.View {
     throw new UnsupportedOperationException("stub");
   }
 
-  public void setImageURI(android.net.Uri uri) {
+  public void setImageBitmap(android.graphics.Bitmap bm) {
     throw new UnsupportedOperationException("stub");
   }
 }

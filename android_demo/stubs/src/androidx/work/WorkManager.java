@@ -19,6 +19,8 @@ public abstract class WorkManager {
     throw new UnsupportedOperationException("stub");
   }
 
+  public abstract Operation cancelUniqueWork(String uniqueWorkName);
+
   public abstract Operation enqueueUniquePeriodicWork(
       String uniqueWorkName, ExistingPeriodicWorkPolicy existingPeriodicWorkPolicy, PeriodicWorkRequest periodicWork);
 }

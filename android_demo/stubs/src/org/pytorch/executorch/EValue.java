@@ -1,10 +1,11 @@
-// API stub (signatures only) of org.pytorch.executorch.EValue.
-// Mirrors extension/android/executorch_android/src/main/java/org/pytorch/executorch/EValue.java (org.pytorch:executorch-android 1.3.1 (pytorch/executorch tag v1.3.1)).
-// Checked against: pytorch/executorch@v1.3.1 (e2f18eb23c45bd22ca332b0b8b49a81de304b472):extension/android/executorch_android/src/main/java/org/pytorch/executorch/EValue.java
+// API stub (signatures only) of org.pytorch.executorch.EValue, as Java sees the Kotlin source.
+// Mirrors extension/android/executorch_android/src/main/java/org/pytorch/executorch/EValue.kt (org.pytorch:executorch-android 1.5.1).
+// Checked against: pytorch/executorch@v1.4.1 and @cff6f4dd (main, 2026-08-22, version.txt 1.5.0), identical for this
+// file; the v1.5.1 tag (3b606839) was not in the stored snapshot (see android_demo/README.md).
 // Only the members android_demo/app uses; bodies throw. Not shipped: the real library is on the device.
 package org.pytorch.executorch;
 
-public class EValue {
+public final class EValue {
   private EValue() {}
 
   public static EValue from(Tensor tensor) {

@@ -1,21 +1,26 @@
-// API stub (signatures only) of org.pytorch.executorch.training.SGD.
-// Mirrors extension/android/executorch_android/src/main/java/org/pytorch/executorch/training/SGD.java (org.pytorch:executorch-android 1.3.1 (pytorch/executorch tag v1.3.1)).
-// Checked against: pytorch/executorch@v1.3.1 (e2f18eb23c45bd22ca332b0b8b49a81de304b472):extension/android/executorch_android/src/main/java/org/pytorch/executorch/training/SGD.java
+// API stub (signatures only) of org.pytorch.executorch.training.SGD, as Java sees the Kotlin source.
+// Mirrors extension/android/executorch_android/src/main/java/org/pytorch/executorch/training/SGD.kt (org.pytorch:executorch-android 1.5.1).
+// Checked against: pytorch/executorch@v1.4.1 and @cff6f4dd (main, 2026-08-22, version.txt 1.5.0), identical for this
+// file; the v1.5.1 tag (3b606839) was not in the stored snapshot (see android_demo/README.md).
 // Only the members android_demo/app uses; bodies throw. Not shipped: the real library is on the device.
 package org.pytorch.executorch.training;
 
 import java.util.Map;
 import org.pytorch.executorch.Tensor;
 
-public class SGD {
+public final class SGD {
   private SGD() {}
 
-  public static SGD create(Map<String, Tensor> namedParameters, double learningRate, double momentum,
+  public static SGD create(Map<String, ? extends Tensor> namedParameters, double learningRate, double momentum,
       double dampening, double weightDecay, boolean nesterov) {
     throw new UnsupportedOperationException("stub");
   }
 
-  public void step(Map<String, Tensor> namedGradients) {
+  public static SGD create(Map<String, ? extends Tensor> namedParameters, double learningRate) {
+    throw new UnsupportedOperationException("stub");
+  }
+
+  public void step(Map<String, ? extends Tensor> namedGradients) {
     throw new UnsupportedOperationException("stub");
   }
 }

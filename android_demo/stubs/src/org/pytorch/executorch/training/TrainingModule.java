@@ -1,6 +1,7 @@
-// API stub (signatures only) of org.pytorch.executorch.training.TrainingModule.
-// Mirrors extension/android/executorch_android/src/main/java/org/pytorch/executorch/training/TrainingModule.java (org.pytorch:executorch-android 1.3.1 (pytorch/executorch tag v1.3.1)).
-// Checked against: pytorch/executorch@v1.3.1 (e2f18eb23c45bd22ca332b0b8b49a81de304b472):extension/android/executorch_android/src/main/java/org/pytorch/executorch/training/TrainingModule.java
+// API stub (signatures only) of org.pytorch.executorch.training.TrainingModule, as Java sees the Kotlin source.
+// Mirrors extension/android/executorch_android/src/main/java/org/pytorch/executorch/training/TrainingModule.kt (org.pytorch:executorch-android 1.5.1).
+// Checked against: pytorch/executorch@v1.4.1 and @cff6f4dd (main, 2026-08-22, version.txt 1.5.0), identical for this
+// file; the v1.5.1 tag (3b606839) was not in the stored snapshot (see android_demo/README.md).
 // Only the members android_demo/app uses; bodies throw. Not shipped: the real library is on the device.
 package org.pytorch.executorch.training;
 
@@ -9,10 +10,14 @@ import java.util.Map;
 import org.pytorch.executorch.EValue;
 import org.pytorch.executorch.Tensor;
 
-public class TrainingModule implements Closeable {
+public final class TrainingModule implements Closeable {
   private TrainingModule() {}
 
-  public static TrainingModule load(final String modelPath, final String dataPath) {
+  public static TrainingModule load(String modelPath, String dataPath) {
+    throw new UnsupportedOperationException("stub");
+  }
+
+  public static TrainingModule load(String modelPath) {
     throw new UnsupportedOperationException("stub");
   }
 

@@ -13,6 +13,7 @@ import org.fedper.core.AtomicFiles;
 import org.fedper.core.LocalData;
 import org.fedper.core.Manifest;
 import org.fedper.core.PtdFile;
+import org.fedper.core.RuntimeVersions;
 import org.fedper.core.Tensor;
 import org.fedper.core.TrainConfig;
 import org.fedper.core.Trainer;
@@ -40,7 +41,7 @@ final class ExecuTorchTrainer implements Trainer, AutoCloseable {
   private SGD sgd;
 
   ExecuTorchTrainer(Path dir, Manifest manifest) throws IOException {
-    ExecuTorchVersions.requireLoadable(manifest.executorchVersion);
+    RuntimeVersions.requireLoadable(manifest.executorchVersion, BuildConfig.EXECUTORCH_VERSION);
     if (!"all".equals(manifest.trainable) && !"head".equals(manifest.trainable)) {
       throw new IllegalArgumentException("manifest.json training.trainable is '" + manifest.trainable
           + "', expected 'all' or 'head'");

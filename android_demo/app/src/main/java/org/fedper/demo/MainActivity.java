@@ -1,5 +1,6 @@
 package org.fedper.demo;
 
+import android.graphics.Bitmap;
 import android.net.Uri;
 import android.os.Bundle;
 import android.widget.Button;
@@ -9,10 +10,12 @@ import android.widget.TextView;
 import androidx.activity.result.ActivityResultLauncher;
 import androidx.activity.result.contract.ActivityResultContracts;
 import androidx.appcompat.app.AppCompatActivity;
+import java.io.IOException;
 import java.nio.charset.StandardCharsets;
 import java.nio.file.Files;
 import java.nio.file.Path;
 import java.util.LinkedHashMap;
+import java.util.Locale;
 import java.util.Map;
 import java.util.concurrent.ExecutorService;
 import java.util.concurrent.Executors;
@@ -21,13 +24,25 @@ import org.fedper.core.Manifest;
 import org.fedper.core.Safetensors;
 import org.fedper.core.Tensor;
 
-/** Rate photos from the gallery, score a new one with this phone's personal model, see rounds. */
+/**
+ * Rate photos from the gallery, score a new one with this phone's personal model, see rounds.
+ * Threads: the views and the fields below are touched on the UI thread only. Slow work (decoding,
+ * saving, scoring) runs on {@link #background} and gets what it needs as arguments, read on the UI
+ * thread when it is submitted; it posts results back through {@link #onUi}.
+ */
 public final class MainActivity extends AppCompatActivity {
+  /**
+   * Longest side of the on-screen preview: enough for the full-width, 240dp-high view on a phone
+   * 1080-1440 px wide, and about 6 MB as a bitmap where a 50 MP photo decoded whole is 200 MB.
+   */
+  private static final int PREVIEW_SIDE = 1280;
   private final ExecutorService background = Executors.newSingleThreadExecutor();
   private TextView status;
   private ImageView photo;
   private RatingBar rating;
+  /** The photo the next tap on "rate" saves a rating for (null: that tap picks one). UI thread only. */
   private Uri picked;
+  /** Whether the gallery pick under way is for scoring (else for rating). UI thread only. */
   private boolean scoring;
 
   @Override
@@ -42,10 +57,12 @@ public final class MainActivity extends AppCompatActivity {
           if (uri == null) {
             return;
           }
-          picked = uri;
-          photo.setImageURI(uri);
+          showPreview(uri);
           if (scoring) {
-            background.execute(this::score);
+            picked = null; // a scored photo is not the one "rate" saves
+            background.execute(() -> score(uri));
+          } else {
+            picked = uri;
           }
         });
     Button rate = findViewById(R.id.rate);
@@ -54,7 +71,9 @@ public final class MainActivity extends AppCompatActivity {
         scoring = false;
         pick.launch("image/*");
       } else {
-        background.execute(this::saveRating);
+        Uri chosen = picked;
+        int stars = Math.min(PhotoRatings.RATING_LEVELS, Math.max(1, Math.round(rating.getRating())));
+        background.execute(() -> saveRating(chosen, stars));
       }
     });
     ((Button) findViewById(R.id.score)).setOnClickListener(v -> {
@@ -64,6 +83,44 @@ public final class MainActivity extends AppCompatActivity {
     ((Button) findViewById(R.id.round_now)).setOnClickListener(v -> RoundWorker.runNow(this));
     RoundWorker.schedule(this);
     showStatus(null);
+  }
+
+  /**
+   * Stops the background thread with the activity. shutdown, not shutdownNow: a rating tapped just
+   * before leaving (or turning the phone, which also destroys the activity) is still saved, where an
+   * interrupt could abort its write; what the remaining tasks post back is dropped by onUi.
+   */
+  @Override
+  protected void onDestroy() {
+    super.onDestroy();
+    background.shutdown();
+  }
+
+  /** Runs action on the UI thread unless the activity is destroyed by then (its views are gone). */
+  private void onUi(Runnable action) {
+    runOnUiThread(() -> {
+      if (!isDestroyed()) {
+        action.run();
+      }
+    });
+  }
+
+  /** Shows a bounded, upright preview, decoded off the UI thread (never the full camera image). */
+  private void showPreview(Uri uri) {
+    background.execute(() -> {
+      try {
+        Bitmap preview = PhotoRatings.decodeUpright(this, uri, PREVIEW_SIDE);
+        onUi(() -> photo.setImageBitmap(preview));
+      } catch (Exception ex) {
+        onUi(() -> {
+          photo.setImageBitmap(null);
+          if (picked == uri) {
+            picked = null; // this pick, not a later one: "rate" picks again instead of failing
+          }
+        });
+        showStatus("could not open the photo: " + ex.getMessage());
+      }
+    });
   }
 
   /** The pinned manifest, once the first round downloaded it. */
@@ -76,10 +133,14 @@ public final class MainActivity extends AppCompatActivity {
     return Manifest.parse(new String(Files.readAllBytes(m), StandardCharsets.UTF_8));
   }
 
-  private void saveRating() {
+  private void saveRating(Uri uri, int stars) {
     try {
-      PhotoRatings.add(this, picked, Math.max(1, Math.round(rating.getRating())));
-      picked = null;
+      PhotoRatings.add(this, uri, stars);
+      onUi(() -> {
+        if (picked == uri) {
+          picked = null; // this pick, not a later one
+        }
+      });
       int legacy = PhotoRatings.legacyCount(this);
       showStatus("saved; " + PhotoRatings.kept(this).size() + " photos rated"
           + (legacy > 0 ? "; " + legacy + " photos rated by an older version must be rated again" : ""));
@@ -88,7 +149,7 @@ public final class MainActivity extends AppCompatActivity {
     }
   }
 
-  private void score() {
+  private void score(Uri uri) {
     try {
       DeviceStore store = RoundWorker.store(this);
       Manifest m = manifest(store);
@@ -96,29 +157,43 @@ public final class MainActivity extends AppCompatActivity {
         showStatus("no model yet: take part in a round first");
         return;
       }
+      PhotoRatings.requireRatingScale(m);
       String sha = store.pinnedManifest();
       Path dir = store.artifactDir(sha);
       Map<String, Tensor> weights = new LinkedHashMap<>();
-      // The newest base this phone downloaded, and its own head (or the export's initial head).
-      long latest = store.latestBaseVersion();
-      Path base = latest >= 0 ? store.basePath(latest) : dir.resolve(m.artifacts.get("initial_base"));
-      weights.putAll(Safetensors.read(Files.readAllBytes(base)).tensors);
+      // The newest base this phone downloaded for this export, and its own head (or the export's initial head).
+      // This manifest's newest base (a base of another export is never used: versions restart at
+      // 0 in every run), refused unless its names and shapes are the manifest's.
+      long latest = store.latestBaseVersion(sha);
+      if (latest >= 0) {
+        weights.putAll(store.readBase(sha, latest, m));
+      } else {
+        Path base = dir.resolve(m.artifacts.get("initial_base"));
+        Map<String, Tensor> initial = Safetensors.read(Files.readAllBytes(base)).tensors;
+        Manifest.checkLayout(initial, m.base, base.toString());
+        weights.putAll(initial);
+      }
       Map<String, Tensor> head = store.heads.load(sha);
       weights.putAll(head != null ? head : Safetensors.read(Files.readAllBytes(dir.resolve(m.artifacts.get("initial_head")))).tensors);
       try (OnnxScorer scorer = new OnnxScorer(dir.resolve(m.artifacts.get("onnx_model")), m)) {
-        float[] logits = scorer.logits(PhotoRatings.pixels(this, picked, m), weights);
-        showStatus(String.format(java.util.Locale.ROOT, "your taste predicts %.1f / 5 for this photo",
-            OnnxScorer.expectedRating(logits)));
+        float[] logits = scorer.logits(PhotoRatings.pixels(this, uri, m), weights);
+        if (logits.length != PhotoRatings.RATING_LEVELS) {
+          // expectedRating weighs class k as rating k + 1: only meaningful on the rating scale
+          throw new IOException("the ONNX model gave " + logits.length + " scores; manifest.json says "
+              + m.numClasses + " classes");
+        }
+        showStatus(String.format(Locale.ROOT, "your taste predicts %.1f / %d for this photo",
+            OnnxScorer.expectedRating(logits), PhotoRatings.RATING_LEVELS));
       }
-      picked = null;
     } catch (Exception ex) {
       showStatus("could not score: " + ex.getMessage());
     }
   }
 
+  /** Shows message (or nothing) above the last round's outcome; any thread. */
   private void showStatus(String message) {
     String last = getSharedPreferences(RoundWorker.PREFS, MODE_PRIVATE).getString("last", "no round yet");
     String text = (message == null ? "" : message + "\n") + "last round: " + last;
-    runOnUiThread(() -> status.setText(text));
+    onUi(() -> status.setText(text));
   }
 }

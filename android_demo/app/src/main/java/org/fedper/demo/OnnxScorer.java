@@ -12,6 +12,7 @@ import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Map;
 import org.fedper.core.Manifest;
+import org.fedper.core.RuntimeVersions;
 import org.fedper.core.ScoringFeeds;
 import org.fedper.core.Tensor;
 
@@ -28,6 +29,7 @@ final class OnnxScorer implements AutoCloseable {
   private final Manifest manifest;
 
   OnnxScorer(Path model, Manifest manifest) throws IOException {
+    RuntimeVersions.requireScorable(manifest.onnxOpset, BuildConfig.ONNXRUNTIME_VERSION);
     this.manifest = manifest;
     OrtSession.SessionOptions opts = null;
     try {

@@ -14,6 +14,8 @@ import java.nio.file.Path;
 import java.util.ArrayList;
 import java.util.List;
 import java.util.Locale;
+import java.util.regex.Matcher;
+import java.util.regex.Pattern;
 import java.util.stream.Stream;
 import org.fedper.core.AtomicFiles;
 import org.fedper.core.LocalData;
@@ -29,6 +31,13 @@ import org.fedper.core.Manifest;
 final class PhotoRatings implements LocalData {
   /** Longest side of a kept photo: well above any exported input size, small on disk. */
   static final int KEPT_SIDE = 256;
+  /**
+   * The rating scale, 1..RATING_LEVELS stars, which are the model's classes 0..RATING_LEVELS-1:
+   * the one place it is set, so the file names, the labels and the check of an export agree.
+   */
+  static final int RATING_LEVELS = 5;
+  /** A kept photo's file name: a hash of its Uri and its rating. */
+  private static final Pattern KEPT_NAME = Pattern.compile("[0-9a-f]+\\.r([1-9][0-9]?)\\.jpg");
 
   private final List<float[]> train = new ArrayList<>();
   private final List<Long> trainLabels = new ArrayList<>();
@@ -39,12 +48,24 @@ final class PhotoRatings implements LocalData {
     return context.getFilesDir().toPath().resolve("ratings");
   }
 
-  /** Keeps one rated photo (downscaled, upright) under a name carrying its rating 1-5. */
-  static void add(Context context, Uri photo, int rating) throws IOException {
-    if (rating < 1 || rating > 5) {
-      throw new IllegalArgumentException("rating " + rating + " is not 1-5");
+  /**
+   * Refuses an export whose classes are not the rating scale: training on it would feed labels the
+   * model has no class for (or leave classes no photo can have), and its scores would not be ratings.
+   */
+  static void requireRatingScale(Manifest manifest) {
+    if (manifest.numClasses != RATING_LEVELS) {
+      throw new IllegalArgumentException(String.format(Locale.ROOT,
+          "this model predicts %d classes; the app rates photos 1-%d (%d classes)",
+          manifest.numClasses, RATING_LEVELS, RATING_LEVELS));
     }
-    Bitmap upright = decodeUpright(context, photo);
+  }
+
+  /** Keeps one rated photo (downscaled, upright) under a name carrying its rating 1..RATING_LEVELS. */
+  static void add(Context context, Uri photo, int rating) throws IOException {
+    if (rating < 1 || rating > RATING_LEVELS) {
+      throw new IllegalArgumentException("rating " + rating + " is not 1-" + RATING_LEVELS);
+    }
+    Bitmap upright = decodeUpright(context, photo, KEPT_SIDE);
     ByteArrayOutputStream jpeg = new ByteArrayOutputStream();
     if (!upright.compress(Bitmap.CompressFormat.JPEG, 90, jpeg)) {
       throw new IOException("cannot re-encode " + photo);
@@ -68,9 +89,19 @@ final class PhotoRatings implements LocalData {
       return out;
     }
     try (Stream<Path> files = Files.list(root(context))) {
-      files.filter(p -> p.getFileName().toString().matches("[0-9a-f]+\\.r[1-5]\\.jpg")).sorted().forEach(out::add);
+      files.filter(p -> ratingOf(p.getFileName().toString()) > 0).sorted().forEach(out::add);
     }
     return out;
+  }
+
+  /** The rating in a kept photo's file name, or 0 if the name is not a kept photo's. */
+  private static int ratingOf(String name) {
+    Matcher m = KEPT_NAME.matcher(name);
+    if (!m.matches()) {
+      return 0;
+    }
+    int rating = Integer.parseInt(m.group(1));
+    return rating <= RATING_LEVELS ? rating : 0;
   }
 
   /**
@@ -87,11 +118,13 @@ final class PhotoRatings implements LocalData {
     }
   }
 
+  /** The kept photos as this export's training and test data; refuses an export not made for ratings. */
   static PhotoRatings load(Context context, Manifest manifest) throws IOException {
+    requireRatingScale(manifest);
     PhotoRatings r = new PhotoRatings();
     for (Path p : kept(context)) {
       String name = p.getFileName().toString();
-      long label = name.charAt(name.indexOf(".r") + 2) - '1'; // ratings 1..5 are classes 0..4
+      long label = ratingOf(name) - 1; // ratings 1..RATING_LEVELS are classes 0..RATING_LEVELS-1
       Bitmap photo = BitmapFactory.decodeFile(p.toString());
       if (photo == null) {
         throw new IOException("cannot decode the kept photo " + p);
@@ -107,14 +140,18 @@ final class PhotoRatings implements LocalData {
 
   /** The model input for a photo picked from the gallery (for scoring). */
   static float[] pixels(Context context, Uri photo, Manifest manifest) throws IOException {
-    Bitmap upright = decodeUpright(context, photo);
+    Bitmap upright = decodeUpright(context, photo, KEPT_SIDE);
     float[] out = modelInput(upright, manifest);
     upright.recycle();
     return out;
   }
 
-  /** Decodes at most about KEPT_SIDE on the longest side (never the full camera image) and rotates upright. */
-  private static Bitmap decodeUpright(Context context, Uri photo) throws IOException {
+  /**
+   * Decodes a photo at most maxSide on its longest side and rotates it upright. It never decodes
+   * the full camera image (a 50 MP photo is 200 MB as a bitmap): the decoder subsamples by a power
+   * of two first. Used for kept photos, model input and the on-screen preview alike.
+   */
+  static Bitmap decodeUpright(Context context, Uri photo, int maxSide) throws IOException {
     BitmapFactory.Options bounds = new BitmapFactory.Options();
     bounds.inJustDecodeBounds = true;
     try (InputStream in = context.getContentResolver().openInputStream(photo)) {
@@ -125,7 +162,7 @@ final class PhotoRatings implements LocalData {
     }
     BitmapFactory.Options opts = new BitmapFactory.Options();
     opts.inSampleSize = 1;
-    while (Math.max(bounds.outWidth, bounds.outHeight) / (opts.inSampleSize * 2) >= KEPT_SIDE) {
+    while (Math.max(bounds.outWidth, bounds.outHeight) / (opts.inSampleSize * 2) >= maxSide) {
       opts.inSampleSize *= 2;
     }
     Bitmap decoded;
@@ -140,7 +177,7 @@ final class PhotoRatings implements LocalData {
       degrees = rotationDegrees(new ExifInterface(in).getAttributeInt(
           ExifInterface.TAG_ORIENTATION, ExifInterface.ORIENTATION_NORMAL));
     }
-    float scale = Math.min(1f, (float) KEPT_SIDE / Math.max(decoded.getWidth(), decoded.getHeight()));
+    float scale = Math.min(1f, (float) maxSide / Math.max(decoded.getWidth(), decoded.getHeight()));
     Matrix m = new Matrix();
     m.postScale(scale, scale);
     m.postRotate(degrees);

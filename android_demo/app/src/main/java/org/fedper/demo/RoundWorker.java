@@ -18,23 +18,32 @@ import java.util.List;
 import java.util.Locale;
 import java.util.concurrent.TimeUnit;
 import java.util.concurrent.locks.ReentrantLock;
+import org.fedper.core.Backoff;
 import org.fedper.core.DeviceStore;
 import org.fedper.core.ProtocolClient;
 import org.fedper.core.ProtocolException;
+import org.fedper.core.RoundBudget;
 import org.fedper.core.RoundLoop;
 
 /**
  * One federated round in the background, only when the phone is charging, idle and on an
  * unmetered network (as production FL systems schedule training), so the user never pays for it.
- * A round never runs beside another one (they would share round.ptd and the head store), and it
- * gives up waiting for a task well before WorkManager stops a worker (10 minutes).
+ * A round never runs beside another one (they would share round.ptd and the head store). Everything
+ * a round does, every wait and every HTTP exchange included, is within one budget that ends well
+ * before WorkManager stops a worker (10 minutes); a round that would overrun it hands back with
+ * Result.retry(), its trained head uncommitted.
  */
 public final class RoundWorker extends Worker {
   static final String UNIQUE = "fedper-round";
   static final String UNIQUE_NOW = "fedper-round-now";
   static final String PREFS = "fedper-status";
-  /** Total seconds a round may sleep on 204 / Retry-After before handing back to WorkManager. */
-  static final double WAIT_BUDGET_SECONDS = 240;
+  /**
+   * Wall-clock seconds for a whole round: downloads, waits, training and upload. WorkManager
+   * stops a worker at 10 minutes; the rest is margin for writing the status and closing.
+   */
+  static final double ROUND_BUDGET_SECONDS = 8 * 60;
+  /** The longest single wait for a task (204 / Retry-After / not_in_cohort) within the budget. */
+  static final double MAX_IDLE_WAIT_SECONDS = 60;
   /** Periodic and one-time workers run in this process: one round at a time across both. */
   private static final ReentrantLock ROUND = new ReentrantLock();
 
@@ -71,15 +80,6 @@ public final class RoundWorker extends Worker {
     return new DeviceStore(root);
   }
 
-  /** Raised by the sleeper (which may throw only unchecked) when the wait budget is spent. */
-  static final class WaitedTooLong extends RuntimeException {
-    private static final long serialVersionUID = 1L;
-
-    WaitedTooLong(double seconds) {
-      super(String.format(Locale.ROOT, "no task after %.0f s of waiting", seconds));
-    }
-  }
-
   @NonNull @Override
   public Result doWork() {
     Context context = getApplicationContext();
@@ -88,10 +88,10 @@ public final class RoundWorker extends Worker {
       return Result.retry(); // the other job is in a round right now
     }
     List<ExecuTorchTrainer> trainers = new ArrayList<>();
-    double[] waited = {0};
+    RoundBudget budget = new RoundBudget(ROUND_BUDGET_SECONDS, RoundBudget.Clock.SYSTEM, Backoff.Sleeper.REAL);
     try {
       RoundLoop loop = new RoundLoop(
-          new ProtocolClient(BuildConfig.SERVER_URL),
+          new ProtocolClient(BuildConfig.SERVER_URL, budget),
           store(context),
           manifest -> {
             try {
@@ -105,18 +105,14 @@ public final class RoundWorker extends Worker {
             trainers.add(t);
             return t;
           },
-          seconds -> {
-            if (waited[0] + seconds > WAIT_BUDGET_SECONDS) {
-              throw new WaitedTooLong(waited[0]);
-            }
-            waited[0] += seconds;
-            Thread.sleep((long) (seconds * 1000));
-          },
-          60.0,
+          budget,
+          MAX_IDLE_WAIT_SECONDS,
           System.nanoTime());
       loop.ensureEnrolled(BuildConfig.ENROLLMENT_KEY, "android");
       List<RoundLoop.Report> done = loop.run(1);
-      if (done.isEmpty()) {
+      if (loop.finished()) {
+        // 410: the run is over for good; stop waking the phone for it.
+        WorkManager.getInstance(context).cancelUniqueWork(UNIQUE);
         status.edit().putString("last", "the run is finished").apply();
       } else {
         RoundLoop.Report r = done.get(0);
@@ -125,12 +121,16 @@ public final class RoundWorker extends Worker {
             r.round, accuracy(r.accuracy), accuracy(r.accuracyAfter), r.numSamples)).apply();
       }
       return Result.success();
-    } catch (WaitedTooLong ex) {
+    } catch (ProtocolException.OutOfTime ex) {
       status.edit().putString("last", ex.getMessage() + "; will try again later").apply();
       return Result.retry();
     } catch (ProtocolException.Transient ex) {
       status.edit().putString("last", "network trouble; will retry").apply();
       return Result.retry();
+    } catch (ProtocolException.Unauthorized ex) {
+      WorkManager.getInstance(context).cancelUniqueWork(UNIQUE);
+      status.edit().putString("last", "this phone is no longer enrolled (" + ex.getMessage() + ")").apply();
+      return Result.failure();
     } catch (Exception | LinkageError ex) {
       status.edit().putString("last", "round failed: " + ex.getMessage()).apply();
       return Result.failure();

@@ -20,13 +20,18 @@ public final class AtomicFiles {
         out.write(data);
         out.getFD().sync();
       }
-      try {
-        Files.move(tmp, target, StandardCopyOption.ATOMIC_MOVE, StandardCopyOption.REPLACE_EXISTING);
-      } catch (AtomicMoveNotSupportedException ex) {
-        Files.move(tmp, target, StandardCopyOption.REPLACE_EXISTING);
-      }
+      replace(tmp, target);
     } finally {
       Files.deleteIfExists(tmp);
+    }
+  }
+
+  /** Renames source over target, atomically where the file system can. */
+  public static void replace(Path source, Path target) throws IOException {
+    try {
+      Files.move(source, target, StandardCopyOption.ATOMIC_MOVE, StandardCopyOption.REPLACE_EXISTING);
+    } catch (AtomicMoveNotSupportedException ex) {
+      Files.move(source, target, StandardCopyOption.REPLACE_EXISTING);
     }
   }
 }

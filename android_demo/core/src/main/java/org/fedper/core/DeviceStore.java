@@ -4,6 +4,7 @@ import java.io.IOException;
 import java.nio.charset.StandardCharsets;
 import java.nio.file.Files;
 import java.nio.file.Path;
+import java.util.Map;
 import org.json.JSONException;
 import org.json.JSONObject;
 
@@ -60,26 +61,37 @@ public final class DeviceStore {
     return p;
   }
 
-  public Path basePath(long version) {
-    return root.resolve("bases").resolve("v" + version + ".safetensors");
+  /**
+   * Bases are kept per manifest: model versions count from 0 in every run, so a version number
+   * means nothing without the manifest it belongs to (an old run's v50 is not newer than v0).
+   */
+  public Path basePath(String manifestSha256, long version) {
+    return baseDir(manifestSha256).resolve("v" + version + ".safetensors");
   }
 
-  public String baseEtag(long version) throws IOException {
-    Path p = root.resolve("bases").resolve("v" + version + ".etag");
-    return Files.exists(p) && Files.exists(basePath(version))
+  private Path baseDir(String manifestSha256) {
+    if (!manifestSha256.matches("[0-9a-f]{64}")) {
+      throw new IllegalArgumentException("not a sha256: " + manifestSha256);
+    }
+    return root.resolve("bases").resolve(manifestSha256);
+  }
+
+  public String baseEtag(String manifestSha256, long version) throws IOException {
+    Path p = baseDir(manifestSha256).resolve("v" + version + ".etag");
+    return Files.exists(p) && Files.exists(basePath(manifestSha256, version))
         ? new String(Files.readAllBytes(p), StandardCharsets.UTF_8).trim()
         : null;
   }
 
-  /** The newest model version on disk, or -1. */
-  public long latestBaseVersion() throws IOException {
-    Path dir = root.resolve("bases");
+  /** The newest model version of this manifest on disk, or -1. */
+  public long latestBaseVersion(String manifestSha256) throws IOException {
+    Path dir = baseDir(manifestSha256);
     long latest = -1;
     if (Files.isDirectory(dir)) {
       try (java.util.stream.Stream<Path> files = Files.list(dir)) {
         for (Path p : (Iterable<Path>) files::iterator) {
           String n = p.getFileName().toString();
-          if (n.matches("v[0-9]+\\.safetensors")) {
+          if (n.matches("v[0-9]{1,18}\\.safetensors")) {
             latest = Math.max(latest, Long.parseLong(n.substring(1, n.indexOf('.'))));
           }
         }
@@ -88,15 +100,25 @@ public final class DeviceStore {
     return latest;
   }
 
-  public void saveBase(long version, byte[] body, String etag) throws IOException {
-    AtomicFiles.write(basePath(version), body);
-    AtomicFiles.write(
-        root.resolve("bases").resolve("v" + version + ".etag"), etag.getBytes(StandardCharsets.UTF_8));
+  public void saveBase(String manifestSha256, long version, byte[] body, String etag) throws IOException {
+    AtomicFiles.write(basePath(manifestSha256, version), body);
+    AtomicFiles.write(baseDir(manifestSha256).resolve("v" + version + ".etag"), etag.getBytes(StandardCharsets.UTF_8));
     for (long old = version - 2; old >= 0; old--) { // keep the latest two versions
-      if (!Files.deleteIfExists(basePath(old))) {
+      if (!Files.deleteIfExists(basePath(manifestSha256, old))) {
         break;
       }
-      Files.deleteIfExists(root.resolve("bases").resolve("v" + old + ".etag"));
+      Files.deleteIfExists(baseDir(manifestSha256).resolve("v" + old + ".etag"));
     }
+  }
+
+  /**
+   * A stored base of this manifest, refused (IllegalArgumentException naming the file) unless
+   * its tensor names and shapes are exactly the manifest's base.
+   */
+  public Map<String, Tensor> readBase(String manifestSha256, long version, Manifest manifest) throws IOException {
+    Path p = basePath(manifestSha256, version);
+    Map<String, Tensor> base = Safetensors.read(Files.readAllBytes(p)).tensors;
+    Manifest.checkLayout(base, manifest.base, p.toString());
+    return base;
   }
 }

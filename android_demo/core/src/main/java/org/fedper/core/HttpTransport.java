@@ -10,6 +10,8 @@ import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Locale;
 import java.util.Map;
+import java.util.Timer;
+import java.util.TimerTask;
 
 /**
  * One HTTP exchange. The default implementation uses HttpURLConnection, which both the JVM and
@@ -17,6 +19,15 @@ import java.util.Map;
  */
 public interface HttpTransport {
   Response send(String method, String url, Map<String, String> headers, byte[] body) throws IOException;
+
+  /**
+   * The same exchange, given up (IOException) after timeoutMillis in all: ProtocolClient passes
+   * what is left of the round's budget. A transport without a clock of its own ignores it.
+   */
+  default Response send(String method, String url, Map<String, String> headers, byte[] body, int timeoutMillis)
+      throws IOException {
+    return send(method, url, headers, body);
+  }
 
   /** Status, lower-cased headers and body. */
   final class Response {
@@ -35,8 +46,13 @@ public interface HttpTransport {
     }
   }
 
-  /** The platform's HttpURLConnection, with connect and read timeouts. */
+  /**
+   * The platform's HttpURLConnection. Its connect and read timeouts bound each step, not the
+   * exchange (a server trickling a byte a minute never trips them), so a watchdog also
+   * disconnects it when the whole exchange has taken timeoutMillis.
+   */
   final class UrlConnection implements HttpTransport {
+    private static final Timer WATCHDOG = new Timer("fedper-http-watchdog", true);
     private final int timeoutMillis;
 
     public UrlConnection(int timeoutMillis) {
@@ -46,7 +62,20 @@ public interface HttpTransport {
     @Override
     public Response send(String method, String url, Map<String, String> headers, byte[] body)
         throws IOException {
+      return send(method, url, headers, body, timeoutMillis);
+    }
+
+    @Override
+    public Response send(String method, String url, Map<String, String> headers, byte[] body, int timeoutMillis)
+        throws IOException {
       HttpURLConnection c = (HttpURLConnection) new URL(url).openConnection();
+      TimerTask cut = new TimerTask() {
+        @Override
+        public void run() {
+          c.disconnect();
+        }
+      };
+      WATCHDOG.schedule(cut, timeoutMillis);
       try {
         c.setRequestMethod(method);
         c.setConnectTimeout(timeoutMillis);
@@ -72,6 +101,7 @@ public interface HttpTransport {
         InputStream in = status >= 400 ? c.getErrorStream() : c.getInputStream();
         return new Response(status, responseHeaders, in == null ? new byte[0] : readAll(in));
       } finally {
+        cut.cancel();
         c.disconnect();
       }
     }

@@ -37,6 +37,8 @@ public final class Manifest {
   public final float[] normalizationStd;
   /** runtime.executorch: the executorch version that wrote the programs; null in old manifests. */
   public final String executorchVersion;
+  /** runtime.onnx_opset: the opset model.onnx was exported with; -1 when the manifest predates it. */
+  public final int onnxOpset;
 
   private Manifest(JsonFields m) {
     String format = m.string("format");
@@ -82,6 +84,7 @@ public final class Manifest {
       }
     }
     this.executorchVersion = m.has("runtime") ? m.object("runtime").string("executorch", null) : null;
+    this.onnxOpset = m.has("runtime") ? m.object("runtime").integer("onnx_opset", -1) : -1;
   }
 
   /** Parses manifest.json's text; IllegalArgumentException naming the first bad field. */
@@ -128,6 +131,28 @@ public final class Manifest {
       }
     }
     return Collections.unmodifiableMap(out);
+  }
+
+  /**
+   * Refuses tensors whose names or shapes are not exactly expected (a missing, extra or
+   * misshaped tensor), naming what was read and the first difference.
+   */
+  public static void checkLayout(Map<String, Tensor> tensors, Map<String, long[]> expected, String what) {
+    for (Map.Entry<String, long[]> e : expected.entrySet()) {
+      Tensor t = tensors.get(e.getKey());
+      if (t == null) {
+        throw new IllegalArgumentException(what + " lacks tensor " + e.getKey());
+      }
+      if (!java.util.Arrays.equals(t.shape(), e.getValue())) {
+        throw new IllegalArgumentException(what + ": tensor " + e.getKey() + " has shape "
+            + java.util.Arrays.toString(t.shape()) + ", expected " + java.util.Arrays.toString(e.getValue()));
+      }
+    }
+    for (String name : tensors.keySet()) {
+      if (!expected.containsKey(name)) {
+        throw new IllegalArgumentException(what + " has tensor " + name + ", which the manifest does not list there");
+      }
+    }
   }
 
   public List<String> baseNames() {

@@ -19,21 +19,35 @@ public final class ProtocolClient {
   private final HttpTransport http;
   private final Backoff backoff;
   private final Random rng;
-  private final Backoff.Sleeper sleeper;
+  private final RoundBudget budget;
+  private final int requestTimeoutMillis;
   private String token;
 
-  public ProtocolClient(
-      String server, HttpTransport http, Backoff backoff, Random rng, Backoff.Sleeper sleeper) {
+  /**
+   * requestTimeoutMillis bounds each exchange (less when the budget has less left); every
+   * backoff wait is the budget's, so retries never outlast it.
+   */
+  public ProtocolClient(String server, HttpTransport http, Backoff backoff, Random rng, RoundBudget budget,
+      int requestTimeoutMillis) {
     this.server = server.endsWith("/") ? server.substring(0, server.length() - 1) : server;
     this.http = http;
     this.backoff = backoff;
     this.rng = rng;
-    this.sleeper = sleeper;
+    this.budget = budget;
+    this.requestTimeoutMillis = requestTimeoutMillis;
   }
 
-  public ProtocolClient(String server) {
-    this(server, new HttpTransport.UrlConnection(120_000), Backoff.standard(), new Random(), Backoff.Sleeper.REAL);
+  public ProtocolClient(String server, HttpTransport http, Backoff backoff, Random rng, RoundBudget budget) {
+    this(server, http, backoff, rng, budget, DEFAULT_TIMEOUT_MILLIS);
   }
+
+  /** The phone's client: HttpURLConnection, the standard backoff, all within budget. */
+  public ProtocolClient(String server, RoundBudget budget) {
+    this(server, new HttpTransport.UrlConnection(DEFAULT_TIMEOUT_MILLIS), Backoff.standard(), new Random(), budget);
+  }
+
+  /** An exchange's limit when the budget has more left: a base of a few MB over slow Wi-Fi. */
+  public static final int DEFAULT_TIMEOUT_MILLIS = 120_000;
 
   public void setToken(String token) {
     this.token = token;
@@ -92,8 +106,7 @@ public final class ProtocolClient {
       throw new ProtocolException.RunFinished();
     }
     if (r.status == 204) {
-      String retry = r.header(Protocol.Header.RETRY_AFTER);
-      return new TaskOrWait(null, retry == null ? 5.0 : Double.parseDouble(retry.trim()));
+      return new TaskOrWait(null, retryAfter(r));
     }
     if (r.status != 200) {
       throw refused(r);
@@ -128,7 +141,7 @@ public final class ProtocolClient {
 
   /**
    * Accepted-so-far count, or -1 when the server already had this device's update (409 duplicate);
-   * 409 not_in_cohort is a Transient: ask for a task again.
+   * 409 not_in_cohort is a NotInCohort carrying Retry-After; 408 a Transient; 410 RunFinished.
    */
   public long upload(long round, byte[] body) throws ProtocolException, InterruptedException {
     Map<String, String> headers = auth(null);
@@ -149,8 +162,8 @@ public final class ProtocolClient {
     }
     if (Protocol.ErrorCode.NOT_IN_COHORT.equals(refused.code)) {
       // Revision 1.2: we hold no unexpired slot of the round's cohort. Not a failure:
-      // back off and ask for a task again (the next GET /v1/task says how long to wait).
-      throw new ProtocolException.Transient("not in this round's cohort: " + refused.getMessage());
+      // wait Retry-After and ask for a task again.
+      throw new ProtocolException.NotInCohort(retryAfter(r), refused.getMessage());
     }
     throw refused;
   }
@@ -171,10 +184,11 @@ public final class ProtocolClient {
     String last = "";
     for (int attempt = 0; attempt < backoff.attempts; attempt++) {
       if (attempt > 0) {
-        sleeper.sleep(backoff.delaySeconds(attempt - 1, rng));
+        budget.sleep(backoff.delaySeconds(attempt - 1, rng), "backing off after " + last);
       }
+      int timeout = budget.timeoutMillis(requestTimeoutMillis, method + " " + path);
       try {
-        HttpTransport.Response r = http.send(method, server + path, headers, body);
+        HttpTransport.Response r = http.send(method, server + path, headers, body, timeout);
         if (r.status < 500) {
           return r;
         }
@@ -187,12 +201,28 @@ public final class ProtocolClient {
   }
 
   private static ProtocolException refused(HttpTransport.Response r) {
+    String code;
+    String message;
     try {
       JsonFields body = JsonFields.parse(text(r), "the server's error answer");
-      return new ProtocolException(r.status, body.string("code", "?"), body.string("message", ""));
+      code = body.string("code", "?");
+      message = body.string("message", "");
     } catch (IllegalArgumentException ex) {
       String t = text(r);
-      return new ProtocolException(r.status, "?", t.length() > 200 ? t.substring(0, 200) : t);
+      code = "?";
+      message = t.length() > 200 ? t.substring(0, 200) : t;
+    }
+    return r.status == 401 ? new ProtocolException.Unauthorized(code, message) : new ProtocolException(r.status, code, message);
+  }
+
+  /** Retry-After in seconds; 5 when absent or not a number (the server sends whole seconds). */
+  static double retryAfter(HttpTransport.Response r) {
+    String value = r.header(Protocol.Header.RETRY_AFTER);
+    try {
+      double s = value == null ? 5.0 : Double.parseDouble(value.trim());
+      return Double.isFinite(s) ? Math.max(0, s) : 5.0;
+    } catch (NumberFormatException ex) {
+      return 5.0;
     }
   }
 

@@ -13,8 +13,10 @@ import java.util.function.Function;
 
 /**
  * What a phone does each round, the same steps as the Python device (device_runtime/device.py):
- * task, manifest and programs (once, verified by sha256, manifest pinned), base (by ETag), own
- * head from the head store, evaluate, train, save the head (before uploading), upload the base.
+ * task, manifest and programs (once, verified by sha256; the manifest pinned once its trainer
+ * loaded), base (by ETag, kept per manifest), own head from the head store, evaluate, train,
+ * stage the trained head, upload the base, and commit the head only when the server accepted
+ * the base. Every wait and every HTTP exchange is within one RoundBudget.
  */
 public final class RoundLoop {
   /** One finished round, as the app shows it (accuracies are NaN when the test split is empty). */
@@ -43,11 +45,14 @@ public final class RoundLoop {
   private final DeviceStore store;
   private final Function<Manifest, LocalData> data;
   private final TrainerFactory trainers;
-  private final Backoff.Sleeper sleeper;
+  private final RoundBudget budget;
   private final double maxIdleWaitSeconds;
   private final long seed;
   private String deviceId;
+  private String enrollmentKey;
+  private String platform;
   private long skipRound = -1;
+  private boolean finished;
 
   /** Makes the engine once the programs are on disk (dir holds every artifact the manifest names). */
   public interface TrainerFactory {
@@ -55,31 +60,51 @@ public final class RoundLoop {
   }
 
   public RoundLoop(ProtocolClient client, DeviceStore store, Function<Manifest, LocalData> data,
-      TrainerFactory trainers, Backoff.Sleeper sleeper, double maxIdleWaitSeconds, long seed) {
+      TrainerFactory trainers, RoundBudget budget, double maxIdleWaitSeconds, long seed) {
     this.client = client;
     this.store = store;
     this.data = data;
     this.trainers = trainers;
-    this.sleeper = sleeper;
+    this.budget = budget;
     this.maxIdleWaitSeconds = maxIdleWaitSeconds;
     this.seed = seed;
   }
 
-  /** Enrolls once; later runs reuse the stored token. */
+  /**
+   * Enrolls once; later runs reuse the stored token. enrollmentKey may be null or empty (an app
+   * that ships without one): then a device that has no token, or whose token the server no
+   * longer accepts, ends with Unauthorized instead of enrolling.
+   */
   public String ensureEnrolled(String enrollmentKey, String platform) throws Exception {
+    this.enrollmentKey = enrollmentKey == null || enrollmentKey.isEmpty() ? null : enrollmentKey;
+    this.platform = platform;
     String[] saved = store.credentials();
     if (saved == null) {
-      saved = client.enroll(enrollmentKey, platform);
-      store.saveCredentials(saved[0], saved[1]);
-    } else {
-      client.setToken(saved[1]);
+      return enroll("this device has no token");
     }
+    client.setToken(saved[1]);
     deviceId = saved[0];
+    return deviceId;
+  }
+
+  private String enroll(String why) throws Exception {
+    if (enrollmentKey == null) {
+      throw new ProtocolException.Unauthorized(Protocol.ErrorCode.UNAUTHORIZED,
+          why + ", and the app holds no enrollment key: this phone is no longer enrolled");
+    }
+    String[] ids = client.enroll(enrollmentKey, platform);
+    store.saveCredentials(ids[0], ids[1]);
+    deviceId = ids[0];
     return deviceId;
   }
 
   public String deviceId() {
     return deviceId;
+  }
+
+  /** True once the server said the run is finished (410 on a task or an upload). */
+  public boolean finished() {
+    return finished;
   }
 
   /**
@@ -88,24 +113,37 @@ public final class RoundLoop {
    */
   public List<Report> run(int maxRounds) throws Exception {
     List<Report> reports = new ArrayList<>();
+    boolean reenrolled = false;
     while (maxRounds <= 0 || reports.size() < maxRounds) {
       ProtocolClient.TaskOrWait next;
       try {
         next = client.task();
       } catch (ProtocolException.RunFinished done) {
+        finished = true;
         break;
       } catch (ProtocolException.Transient ex) {
-        sleeper.sleep(maxIdleWaitSeconds);
+        budget.sleep(maxIdleWaitSeconds, "the server is unreachable: " + ex.getMessage());
+        continue;
+      } catch (ProtocolException.Unauthorized ex) {
+        reenrolled = reenrollOnce(reenrolled, ex);
         continue;
       }
       if (next.task == null || next.task.round == skipRound) {
-        sleeper.sleep(Math.min(next.task == null ? next.retryAfterSeconds : maxIdleWaitSeconds, maxIdleWaitSeconds));
+        double wait = Math.min(next.task == null ? next.retryAfterSeconds : maxIdleWaitSeconds, maxIdleWaitSeconds);
+        budget.sleep(wait, "no task for this device yet");
         continue;
       }
       try {
         reports.add(runRound(next.task));
+      } catch (ProtocolException.RunFinished done) { // the operator stopped the run while we trained
+        finished = true;
+        break;
+      } catch (ProtocolException.NotInCohort ex) { // not a failure: wait and ask again
+        budget.sleep(Math.min(ex.retryAfterSeconds, maxIdleWaitSeconds), "not in round " + next.task.round + "'s cohort");
       } catch (ProtocolException.Transient ex) {
         continue; // ask for a task again
+      } catch (ProtocolException.Unauthorized ex) {
+        reenrolled = reenrollOnce(reenrolled, ex);
       } catch (ProtocolException ex) {
         if (Protocol.ErrorCode.ROUND_NOT_OPEN.equals(ex.code) || Protocol.ErrorCode.STALE_BASE_VERSION.equals(ex.code)) {
           skipRound = next.task.round; // too late for this round; wait for the next one
@@ -115,6 +153,18 @@ public final class RoundLoop {
       }
     }
     return reports;
+  }
+
+  /**
+   * A 401 mid-run (the token was revoked, or the server lost its devices): enroll again, once
+   * per run(); a second 401, or no enrollment key, ends the run with Unauthorized.
+   */
+  private boolean reenrollOnce(boolean already, ProtocolException.Unauthorized ex) throws Exception {
+    if (already) {
+      throw ex;
+    }
+    enroll("the server refused this device's token (" + ex.getMessage() + ")");
+    return true;
   }
 
   private Trainer trainer;
@@ -138,6 +188,7 @@ public final class RoundLoop {
     LocalData.Batch test = local.testSet();
     double accuracy = test.size() == 0 ? Double.NaN : trainer.evaluate(test);
     TrainConfig config = manifest.trainConfig(task.config);
+    budget.check("training");
     trainer.startRound(config);
     Random order = new Random(seed * 1_000_003L + task.round);
     double lossSum = 0;
@@ -151,12 +202,15 @@ public final class RoundLoop {
         }
         int[] idx = new int[end - start];
         System.arraycopy(perm, start, idx, 0, idx.length);
+        budget.check("training step " + (steps + 1));
         lossSum += trainer.trainStep(local.trainBatch(idx));
         steps++;
       }
     }
     double accuracyAfter = test.size() == 0 ? Double.NaN : trainer.evaluate(test);
-    store.heads.save(task.manifestSha256, only(trainer.getHead(), manifest.headNames()));
+    // Staged, not saved: if the upload is not accepted, the next attempt starts from the head
+    // the last accepted round left, so these photos do not train the head twice.
+    store.heads.stage(task.manifestSha256, only(trainer.getHead(), manifest.headNames()));
     // A head-only export trains only the head: the base goes back exactly as it came.
     Map<String, Tensor> update = only("head".equals(manifest.trainable) ? base : trainer.getBase(), manifest.baseNames());
     Map<String, String> meta = new LinkedHashMap<>();
@@ -167,6 +221,7 @@ public final class RoundLoop {
     putMetric(meta, "accuracy_after", accuracyAfter);
     putMetric(meta, "train_loss", loss);
     long received = client.upload(task.round, Safetensors.write(update, meta));
+    store.heads.commit(task.manifestSha256); // 202, or duplicate_update: the server has this round's base
     return new Report(task.round, task.modelVersion, local.trainSize(), accuracy, accuracyAfter, loss, received);
   }
 
@@ -212,41 +267,27 @@ public final class RoundLoop {
         AtomicFiles.write(file, client.downloadVerified(Protocol.Path.ARTIFACT.replace("{name}", name), want));
       }
     }
-    store.pinManifest(sha);
+    Trainer created = trainers.create(dir, m); // a runtime that cannot load the programs throws here
+    store.pinManifest(sha); // pinned only once a trainer of it loaded
     manifest = m;
-    trainer = trainers.create(dir, m);
+    trainer = created;
     trainerSha = sha;
   }
 
   private Map<String, Tensor> base(Task task) throws Exception {
-    String etag = store.baseEtag(task.modelVersion);
+    String etag = store.baseEtag(task.manifestSha256, task.modelVersion);
     ProtocolClient.Download d = client.download(task.baseUrl, etag);
     if (d.body != null) {
-      store.saveBase(task.modelVersion, d.body, d.etag);
+      store.saveBase(task.manifestSha256, task.modelVersion, d.body, d.etag);
     }
-    Map<String, Tensor> base = Safetensors.read(Files.readAllBytes(store.basePath(task.modelVersion))).tensors;
-    checkLayout(base, manifest.base, "base of model version " + task.modelVersion);
-    return base;
+    return store.readBase(task.manifestSha256, task.modelVersion, manifest);
   }
 
   private Map<String, Tensor> initialHead(String sha) throws IOException {
     Path p = store.artifactDir(sha).resolve(manifest.artifacts.get("initial_head"));
     Map<String, Tensor> head = Safetensors.read(Files.readAllBytes(p)).tensors;
-    checkLayout(head, manifest.head, "the exported initial head");
+    Manifest.checkLayout(head, manifest.head, "the exported initial head " + p);
     return head;
-  }
-
-  static void checkLayout(Map<String, Tensor> tensors, Map<String, long[]> expected, String what) {
-    for (Map.Entry<String, long[]> e : expected.entrySet()) {
-      Tensor t = tensors.get(e.getKey());
-      if (t == null) {
-        throw new IllegalArgumentException(what + " lacks tensor " + e.getKey());
-      }
-      if (!java.util.Arrays.equals(t.shape(), e.getValue())) {
-        throw new IllegalArgumentException(what + ": tensor " + e.getKey() + " has shape "
-            + java.util.Arrays.toString(t.shape()) + ", expected " + java.util.Arrays.toString(e.getValue()));
-      }
-    }
   }
 
   private static Map<String, Tensor> only(Map<String, Tensor> tensors, List<String> names) {

@@ -57,4 +57,22 @@ public class HeadStoreTest {
     assertTrue(ex.getMessage().contains(store.path(SHA).toString()));
     assertThrows(IllegalArgumentException.class, () -> store.path("../../etc/passwd"));
   }
+
+  @Test
+  public void aStagedHeadCountsOnlyOnceCommitted() throws Exception {
+    HeadStore store = new HeadStore(tmp.getRoot().toPath().resolve("heads"));
+    store.save(SHA, head(1f));
+    store.stage(SHA, head(2f));
+    assertEquals(head(1f), store.load(SHA)); // the upload has not been accepted yet
+    store.stage(SHA, head(3f)); // the round ran again from the committed head
+    store.commit(SHA);
+    assertEquals(head(3f), store.load(SHA));
+    assertThrows(IllegalStateException.class, () -> store.commit(SHA)); // nothing staged any more
+    store.stage(SHA, head(4f));
+    store.discardStaged(SHA);
+    assertEquals(head(3f), store.load(SHA));
+    try (Stream<Path> files = Files.list(tmp.getRoot().toPath().resolve("heads"))) {
+      assertEquals(1, files.collect(Collectors.toList()).size());
+    }
+  }
 }

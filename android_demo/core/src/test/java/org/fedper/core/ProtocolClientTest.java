@@ -52,7 +52,7 @@ public class ProtocolClientTest {
   private final List<Double> slept = new ArrayList<>();
 
   private ProtocolClient client(Scripted http) {
-    return new ProtocolClient("http://server", http, new Backoff(0.5, 30, 4), new Random(0), slept::add);
+    return new ProtocolClient("http://server", http, new Backoff(0.5, 30, 4), new Random(0), RoundBudget.unlimited(slept::add));
   }
 
   @Test

@@ -29,57 +29,25 @@ import org.junit.rules.TemporaryFolder;
  * export (a new model, or one whose base would take tensors the device keeps personal).
  */
 public class RoundLoopIntegrationTest {
-  private static final String ADMIN = "admin-token-for-java-tests-0123456789";
-  private static final String ENROLL = "enrollment-key-for-java-tests";
+  private static final String ENROLL = TestServer.ENROLL;
 
   @Rule public TemporaryFolder tmp = new TemporaryFolder();
-  private Process server;
+  private TestServer server;
   private String url;
 
-  /** Starts `fedper serve` on fixtures export NAME (a new data dir each time) and waits for it. */
+  /** Starts `fedper serve` on fixtures export NAME (a new data dir each time), stopping the last one. */
   private void startServer(String export, int rounds, int clients) throws Exception {
-    if (server != null) {
-      stopServer();
-    }
-    int port;
-    try (ServerSocket s = new ServerSocket(0)) {
-      port = s.getLocalPort();
-    }
-    url = "http://127.0.0.1:" + port;
-    ProcessBuilder pb = new ProcessBuilder(HostFixtures.python(), "-m", "fedper.cli", "serve",
-        "--artifacts", HostFixtures.dir().resolve(export).toString(),
-        "--data-dir", tmp.newFolder().toPath().resolve("server").toString(), "--port", Integer.toString(port),
-        "--rounds", Integer.toString(rounds), "--target-clients", Integer.toString(clients),
-        "--min-clients", Integer.toString(clients), "--round-timeout", "0", "--retry-after", "1");
-    pb.environment().put("FEDPER_ADMIN_TOKEN", ADMIN);
-    pb.environment().put("FEDPER_ENROLLMENT_KEY", ENROLL);
-    pb.redirectErrorStream(true).redirectOutput(new File(tmp.getRoot(), "server.log"));
-    server = pb.start();
-    HttpTransport http = new HttpTransport.UrlConnection(2000);
-    for (int i = 0; i < 300; i++) {
-      assertTrue("server exited: " + log(), server.isAlive());
-      try {
-        if (http.send("GET", url + "/v1/health", Collections.emptyMap(), null).status == 200) {
-          return;
-        }
-      } catch (java.io.IOException notYet) {
-        Thread.sleep(200);
-      }
-    }
-    throw new AssertionError("server did not start: " + log());
+    stopServer();
+    server = new TestServer(tmp.getRoot().toPath(), export, rounds, clients);
+    url = server.url;
   }
 
   @After
   public void stopServer() throws Exception {
     if (server != null) {
-      server.destroy();
-      server.waitFor();
+      server.stop();
       server = null;
     }
-  }
-
-  private String log() throws Exception {
-    return new String(Files.readAllBytes(tmp.getRoot().toPath().resolve("server.log")), StandardCharsets.UTF_8);
   }
 
   /** Returns the received base plus a known offset, and the received head plus one. */
@@ -89,6 +57,12 @@ public class RoundLoopIntegrationTest {
     Map<String, Tensor> base;
     Map<String, Tensor> head;
     int steps;
+    /** Runs before each step (argument: steps done so far): a test's way to act mid-training. */
+    Step beforeStep = done -> {};
+
+    interface Step {
+      void run(int done) throws Exception;
+    }
 
     FakeTrainer(float offset) {
       this.offset = offset;
@@ -105,7 +79,8 @@ public class RoundLoopIntegrationTest {
 
     @Override public void startRound(TrainConfig config) {}
 
-    @Override public float trainStep(LocalData.Batch batch) {
+    @Override public float trainStep(LocalData.Batch batch) throws Exception {
+      beforeStep.run(steps);
       assertTrue("batches of at least 2", batch.size() >= 2);
       steps++;
       return 1.0f;
@@ -165,10 +140,11 @@ public class RoundLoopIntegrationTest {
       final int dev = d;
       trainers[d] = new FakeTrainer(offsets[d]);
       stores[d] = new DeviceStore(tmp.getRoot().toPath().resolve("device" + d));
+      RoundBudget budget = RoundBudget.unlimited(Backoff.Sleeper.REAL);
       ProtocolClient client = new ProtocolClient(url, new HttpTransport.UrlConnection(30_000), Backoff.standard(),
-          new Random(d), Backoff.Sleeper.REAL);
+          new Random(d), budget);
       RoundLoop loop = new RoundLoop(client, stores[d], m -> data(samples[dev]), (dir, m) -> trainers[dev],
-          Backoff.Sleeper.REAL, 0.5, d);
+          budget, 0.5, d);
       threads[d] = new Thread(() -> {
         try {
           loop.ensureEnrolled(ENROLL, "android-host-test");
@@ -195,10 +171,7 @@ public class RoundLoopIntegrationTest {
 
     // Each round the server averages base + offset with weights 30:10, so two rounds add
     // 2 * (30 * 1 + 10 * 4) / 40 = 3.5 to every element of the initial base.
-    Map<String, String> admin = new LinkedHashMap<>();
-    admin.put("Authorization", "Bearer " + ADMIN);
-    HttpTransport.Response latest = new HttpTransport.UrlConnection(30_000)
-        .send("GET", url + "/v1/admin/models/latest/base", admin, null);
+    HttpTransport.Response latest = server.admin("GET", "/v1/admin/models/latest/base");
     assertEquals(200, latest.status);
     Map<String, Tensor> result = Safetensors.read(latest.body).tensors;
     assertEquals(manifest.base.keySet(), result.keySet());
@@ -221,36 +194,53 @@ public class RoundLoopIntegrationTest {
     assertArrayEquals(new long[] {1, 2}, new long[] {reports.get(0).get(0).round, reports.get(0).get(1).round});
   }
 
-  /** The real transport, keeping every upload's body (what the server was sent). */
+  /** The real transport, keeping every upload's body (what the server was sent) and answer. */
   static final class RecordingTransport implements HttpTransport {
     final HttpTransport real = new HttpTransport.UrlConnection(30_000);
     final List<Safetensors.File> uploads = Collections.synchronizedList(new ArrayList<>());
+    final List<Response> uploadAnswers = Collections.synchronizedList(new ArrayList<>());
 
     @Override
     public Response send(String method, String url, Map<String, String> headers, byte[] body) throws java.io.IOException {
+      Response r = real.send(method, url, headers, body);
       if (method.equals("POST") && url.endsWith("/updates")) {
         uploads.add(Safetensors.read(body));
+        uploadAnswers.add(r);
       }
-      return real.send(method, url, headers, body);
+      return r;
     }
   }
 
-  /** One device on one store: its loop, what it uploaded and the trainers it was given. */
-  final class Device {
+  /** One device on one store: its loop, what it uploaded, its waits and the manifests it loaded. */
+  static final class Device {
     final DeviceStore store;
     final RecordingTransport http = new RecordingTransport();
     final List<Manifest> manifests = new ArrayList<>();
+    final List<Double> slept = Collections.synchronizedList(new ArrayList<>());
     final FakeTrainer trainer;
     final RoundLoop loop;
+    /** Thrown by the trainer factory instead of returning the trainer (a runtime that cannot load). */
+    RuntimeException loadFailure;
 
-    Device(DeviceStore store, float offset, LocalData data) {
+    Device(String url, DeviceStore store, float offset, LocalData data) {
+      this(url, store, new FakeTrainer(offset), data, 0.5);
+    }
+
+    Device(String url, DeviceStore store, FakeTrainer trainer, LocalData data, double maxIdleWait) {
       this.store = store;
-      this.trainer = new FakeTrainer(offset);
-      ProtocolClient client = new ProtocolClient(url, http, Backoff.standard(), new Random(0), Backoff.Sleeper.REAL);
+      this.trainer = trainer;
+      RoundBudget budget = RoundBudget.unlimited(seconds -> {
+        slept.add(seconds);
+        Backoff.Sleeper.REAL.sleep(seconds);
+      });
+      ProtocolClient client = new ProtocolClient(url, http, Backoff.standard(), new Random(0), budget);
       this.loop = new RoundLoop(client, store, m -> data, (dir, m) -> {
+        if (loadFailure != null) {
+          throw loadFailure;
+        }
         manifests.add(m);
         return trainer;
-      }, Backoff.Sleeper.REAL, 0.5, 0);
+      }, budget, maxIdleWait, 0);
     }
 
     List<RoundLoop.Report> runUntilFinished() throws Exception {
@@ -272,7 +262,7 @@ public class RoundLoopIntegrationTest {
   @Test
   public void aDeviceWithAnEmptyTestSplitCompletesItsRoundWithoutAnAccuracy() throws Exception {
     startServer("artifacts", 1, 1);
-    Device device = new Device(new DeviceStore(tmp.newFolder().toPath()), 1f, data(10, 0));
+    Device device = new Device(url, new DeviceStore(tmp.newFolder().toPath()), 1f, data(10, 0));
     List<RoundLoop.Report> reports = device.runUntilFinished(); // FakeTrainer fails on an empty evaluate
     assertEquals(1, reports.size());
     assertEquals(1, reports.get(0).received); // the server accepted the upload
@@ -290,7 +280,7 @@ public class RoundLoopIntegrationTest {
     startServer("artifacts-head", 1, 1);
     Manifest m = manifest("artifacts-head");
     assertEquals("head", m.trainable);
-    Device device = new Device(new DeviceStore(tmp.newFolder().toPath()), 2f, data(10));
+    Device device = new Device(url, new DeviceStore(tmp.newFolder().toPath()), 2f, data(10));
     assertEquals(1, device.runUntilFinished().size());
     assertEquals(1, device.http.uploads.size());
     Map<String, Tensor> uploaded = device.http.uploads.get(0).tensors;
@@ -306,7 +296,7 @@ public class RoundLoopIntegrationTest {
     String shaA = ProtocolClient.sha256Hex(Files.readAllBytes(HostFixtures.dir().resolve("artifacts/manifest.json")));
     String shaB = ProtocolClient.sha256Hex(Files.readAllBytes(HostFixtures.dir().resolve("artifacts-seed1/manifest.json")));
     startServer("artifacts", 1, 1);
-    Device first = new Device(store, 1f, data(10));
+    Device first = new Device(url, store, 1f, data(10));
     assertEquals(1, first.runUntilFinished().size());
     assertEquals(shaA, store.pinnedManifest());
     Map<String, Tensor> headA = store.heads.load(shaA);
@@ -316,7 +306,7 @@ public class RoundLoopIntegrationTest {
     // anew (the old server's token means nothing there) and keeps its pinned manifest and heads.
     startServer("artifacts-seed1", 1, 1);
     Files.delete(store.root().resolve("device.json"));
-    Device second = new Device(store, 1f, data(10));
+    Device second = new Device(url, store, 1f, data(10));
     assertEquals(1, second.runUntilFinished().size());
     assertEquals(1, second.manifests.size());
     assertEquals(manifest("artifacts-seed1").baseNames(), second.manifests.get(0).baseNames());
@@ -330,7 +320,7 @@ public class RoundLoopIntegrationTest {
     // before any training or upload, and the device stays pinned to the manifest it had.
     startServer("artifacts-kp1", 1, 1);
     Files.delete(store.root().resolve("device.json"));
-    Device third = new Device(store, 1f, data(10));
+    Device third = new Device(url, store, 1f, data(10));
     ProtocolException refused = assertThrows(ProtocolException.class, third::runUntilFinished);
     assertEquals("manifest_conflict", refused.code);
     assertTrue(refused.getMessage(), refused.getMessage().contains("blocks.12."));
