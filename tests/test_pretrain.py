@@ -79,3 +79,20 @@ def test_pretraining_teaches_the_base_what_photos_show(tmp_path, claim):
     default and AVX2 kernels at 1 thread (brightness varies more: 0.18-0.48); the bound is 0.2."""
     card = run_pretrain(_tiny(tmp_path / "p", images=1500, epochs=3, batch_size=64))
     claim.above("held-out R² of the contrast look", card["pretext"]["held_out_scores"]["look.contrast"], 0.2)
+
+
+def test_the_probe_scores_each_user_and_each_generator_feature(tmp_path):
+    from fedper.data.aesthetic_synth import FEATURES
+    from recipes.pretrain_probe import probe_seed, summary, user_probe
+
+    run_pretrain(_tiny(tmp_path / "p"))
+    result = probe_seed(tmp_path / "p" / BASE, 32, seed=1, users=3, images_per_user=(30, 30))
+    for key in ("majority", "random", "pretrained", "generator_features"):
+        assert len(result[key]) == 3 and all(0.0 <= a <= 1.0 for a in result[key])
+    assert set(result["pretrained_feature_r2"]) == set(FEATURES)
+    assert "| 1 |" in summary([result])
+    # Features that give the labels away are found whatever C the validation quarter picks.
+    rng = np.random.default_rng(0)
+    y = rng.integers(0, 3, 80)
+    x = np.eye(3)[y] + rng.normal(0, 0.01, (80, 3))
+    assert user_probe(x[:60], y[:60], x[60:], y[60:], seed=0) == 1.0
