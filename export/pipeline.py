@@ -17,6 +17,7 @@ from export.onnx_export import ONNX_OPSET, export_onnx
 from export.training_graph import VARIANTS, Variant, resolve_variant, training_step
 from fedper import __version__, weights
 from fedper.atomic_write import atomic_directory
+from fedper.checkpoints import init_base
 from fedper.config_cli import nested, option
 from fedper.data import dataset_info
 from fedper.data.dataset import DEFAULT_MEAN, DEFAULT_STD
@@ -86,6 +87,10 @@ class ExportConfig:
     max_batch: int = option(64, "largest batch the training program accepts")
     training: TrainConfig = nested(TrainConfig, "the default written to the manifest")
     seed: int = option(0, "seed for the initial weights (when --weights is not given)")
+    init: Path | None = option(
+        None, "start the base from this checkpoint (safetensors: fedper pretrain's base, timm's mobilenetv1_100 "
+        "or torchvision's resnet34 layout); the head starts fresh from --seed", metavar="PATH",
+    )  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -141,13 +146,7 @@ def run_export(
         raise ExportConfigError("--train head needs kp >= 1: with kp=0 the head is empty")
     if config.training.batch_size > config.max_batch:
         raise ExportConfigError(f"--batch-size must be in 2..{config.max_batch}")
-    full_layout = [(n, tuple(t.shape)) for n, t in exchanged_state(model).items()]
-    if config.weights:
-        loaded = weights.load_checked(list(config.weights), full_layout)
-        _load_into(model, loaded)
-    elif source is not None and config.from_dir is not None:
-        files = [config.from_dir / source.artifacts[r] for r in ("initial_base", "initial_head")]
-        _load_into(model, weights.load_checked(files, full_layout))
+    load_initial_weights(model, config, source, say)
     step = training_step(model, variant)
 
     with atomic_directory(config.out) as staging:
@@ -242,6 +241,25 @@ def current_runtime() -> RuntimeSpec:
 
 def _entry(name: str, tensor: torch.Tensor) -> TensorEntry:
     return TensorEntry(name=name, shape=list(tensor.shape))
+
+
+def load_initial_weights(
+    model: StagedModel, config: ExportConfig, source: Manifest | None, say: Progress = lambda _m: None
+) -> None:
+    """The exported initial weights, in place: the seed's, a checkpoint's base (``--init``),
+    given weight files (``--weights``) or the re-partitioned export's (``--from``)."""
+    full_layout = [(n, tuple(t.shape)) for n, t in exchanged_state(model).items()]
+    if config.init is not None and (config.weights or config.from_dir is not None):
+        raise ExportConfigError("--init starts a new model's base: it cannot be combined with --weights or --from")
+    if config.init is not None:
+        base_source = init_base(model, config.model, config.init, config.kp)
+        say(f"base from {config.init} ({base_source.layout} layout, {base_source.tensors} tensors, sha256 "
+            f"{base_source.sha256[:12]}); head fresh")  # fmt: skip
+    if config.weights:
+        _load_into(model, weights.load_checked(list(config.weights), full_layout))
+    elif source is not None and config.from_dir is not None:
+        files = [config.from_dir / source.artifacts[r] for r in ("initial_base", "initial_head")]
+        _load_into(model, weights.load_checked(files, full_layout))
 
 
 def _load_into(model: StagedModel, tensors: Mapping[str, np.ndarray]) -> None:

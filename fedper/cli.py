@@ -33,7 +33,7 @@ def build_parser(only_serve: bool = False) -> argparse.ArgumentParser:
     from device_runtime import commands as device_commands
     from device_runtime.training_program import check_exported
     from export import export_command
-    from recipes import demo_command, report_command, simulate_command
+    from recipes import demo_command, pretrain_command, report_command, simulate_command
 
     simulate_command.add_parser(sub)
     export_command.add_parser(sub)
@@ -42,6 +42,7 @@ def build_parser(only_serve: bool = False) -> argparse.ArgumentParser:
     serve_command.add_parser(sub)
     device_commands.add_parsers(sub)
     demo_command.add_parser(sub)
+    pretrain_command.add_parser(sub)
     report_command.add_parser(sub)
     return parser
 

@@ -54,6 +54,10 @@ class DemoConfig:
     workers: int = option(0, "worker processes for the fleet (0 = one per core)")
     engine: str = option("executorch", "device training engine", choices=("executorch", "eager"))
     seed: int = option(0, "seed for data, initial weights and training order")
+    init: Path | None = option(
+        None, "start the base (the server's version 0) from this checkpoint: fedper pretrain's base, or timm's "
+        "mobilenetv1_100 layout at width 0.25; the heads start fresh", metavar="PATH",
+    )  # fmt: skip
 
     def __post_init__(self) -> None:
         if self.devices < 1 or self.rounds < 1:
@@ -103,6 +107,7 @@ def run_demo(config: DemoConfig) -> dict[str, Any]:
             kp=DEMO_KP,
             out=out / "artifacts",
             seed=config.seed,
+            init=config.init,
         ),
         check=check_exported,
     )

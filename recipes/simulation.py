@@ -22,6 +22,7 @@ import torch
 from fedper import weights
 from fedper.aggregate import FedAvg
 from fedper.baselines import per_client_accuracy
+from fedper.checkpoints import init_base
 from fedper.config_cli import nested, option
 from fedper.data import DataConfig, FederatedData, labelled_tensors, load_federated
 from fedper.eager_trainer import EagerTrainer
@@ -63,6 +64,10 @@ class SimulationConfig:
                           choices=("serial", "ray"))  # fmt: skip
     ray: RayConfig = nested(RayConfig)
     fine_tune_steps: int = option(50, "SGD steps each held-out user (--holdout-clients) trains for, at every N")
+    init: Path | None = option(
+        None, "start every algorithm's base from this checkpoint (safetensors: fedper pretrain's base, timm's "
+        "mobilenetv1_100 or torchvision's resnet34 layout); the head starts fresh", metavar="PATH",
+    )  # fmt: skip
     out: Path = option(Path("runs/simulation"), "output directory")
 
     def __post_init__(self) -> None:
@@ -138,6 +143,8 @@ def _run(sim: SimulationConfig, data: DataConfig, progress: ProgressFn | None, o
         "partition": fed.partition,
         "clients_train_samples": [c.num_samples for c in clients],
     }
+    if sim.init is not None:  # checked before any training: a bad checkpoint fails at once
+        config["init"] = init_base(build_model(mcfg, seed=data.seed), mcfg.name, sim.init, sim.kp).to_dict()
     if on_start is not None:
         on_start(mcfg, config["clients_train_samples"])
     recorder = RunRecorder(config, numeric_environment())
@@ -177,6 +184,8 @@ def _run_algorithm(
     ray: Any = None,
 ) -> None:
     model = build_model(mcfg, seed=seed)
+    if sim.init is not None:  # FedAvg's classifier is in its base, and stays fresh too
+        init_base(model, mcfg.name, sim.init, 0 if algorithm == "fedavg" else sim.kp)
     initial = exchanged_state(model)
     shared = shared_names(sim, algorithm, model)
     personal_names = tuple(n for n in initial if n not in set(shared))

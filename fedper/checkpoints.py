@@ -1,0 +1,146 @@
+"""Start a model's base from a checkpoint (``--init PATH``) instead of random weights.
+
+Every real deployment starts from a pretrained base. Accepted, as safetensors files:
+
+- the toolkit's own tensor names (``fedper pretrain``'s base, or any base/weights file it wrote);
+- a MobileNet-V1 state dict in timm's ``mobilenetv1_100`` layout (``conv_stem``, ``bn1``,
+  ``blocks.<stage>.<i>.conv_dw/bn1/conv_pw/bn2``), whose 13 blocks map in order onto ours;
+- torchvision's ``resnet34`` state dict (the same names as ``--model resnet34``).
+
+Only the base comes from the checkpoint: the head (the top ``kp`` layer groups) stays fresh, and
+so does the classifier even at kp=0, since a checkpoint's classifier answers another question
+(ImageNet's 1000 classes). Every base tensor must be in the checkpoint with the model's shape;
+otherwise a :class:`CheckpointError` names the file, the first mismatches and what was expected.
+
+Pickled checkpoints (``.pth``, ``.pt``, ``.bin``) are refused, never unpickled: convert one once,
+on a machine you trust, with the command the error message gives.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from fedper import weights
+from fedper.errors import FedperError
+from fedper.models.mobilenet_v1 import BLOCKS
+from fedper.models.split import exchanged_state, split
+from fedper.models.staged import StagedModel
+
+# timm's mobilenetv1_100 groups the 13 blocks into stages of these lengths (arch_def in
+# timm/models/efficientnet.py: dsa_r1, dsa_r2, dsa_r2, dsa_r6, dsa_r2).
+TIMM_STAGE_REPEATS = (1, 2, 2, 6, 2)
+_TIMM_BLOCK = re.compile(r"blocks\.(\d+)\.(\d+)\.(conv_dw|bn1|conv_pw|bn2)\.(.+)")
+_TIMM_PART = {"conv_dw": "dw.conv", "bn1": "dw.bn", "conv_pw": "pw.conv", "bn2": "pw.bn"}
+PICKLE_SUFFIXES = (".pth", ".pt", ".bin", ".ckpt", ".pkl")
+SHOWN_MISMATCHES = 5
+
+assert sum(TIMM_STAGE_REPEATS) == len(BLOCKS)
+
+
+class CheckpointError(FedperError, ValueError):
+    """A checkpoint that cannot start this model's base."""
+
+
+@dataclass(frozen=True)
+class InitSource:
+    """Where a base came from: what reports and model cards say about it."""
+
+    path: str
+    sha256: str
+    layout: str  # "fedper", "timm-mobilenetv1" or "torchvision-resnet34"
+    tensors: int  # base tensors taken from it
+    fresh: tuple[str, ...]  # exchanged tensors left at their initial values (head, classifier)
+
+    def to_dict(self) -> dict[str, object]:
+        return {"path": self.path, "sha256": self.sha256, "layout": self.layout, "tensors": self.tensors,
+                "fresh": list(self.fresh)}  # fmt: skip
+
+
+def read_checkpoint(path: Path) -> dict[str, np.ndarray]:
+    """The tensors of a safetensors checkpoint; a pickle is refused with how to convert it."""
+    path = Path(path)
+    if path.suffix.lower() in PICKLE_SUFFIXES:
+        raise CheckpointError(
+            f"{path}: pickled checkpoints are not loaded (unpickling runs code from the file). Convert it "
+            'once, on a machine you trust: python -c "import sys, torch; from safetensors.torch import '
+            "save_file; sd = torch.load(sys.argv[1], map_location='cpu', weights_only=True); "
+            "save_file({k: v.contiguous() for k, v in sd.get('state_dict', sd).items()}, sys.argv[2])\" "
+            f"{path} {path.with_suffix('.safetensors')}"
+        )
+    try:
+        return weights.load(path)
+    except (OSError, weights.WeightsError) as exc:
+        raise CheckpointError(f"{path}: not a readable safetensors checkpoint: {exc}") from exc
+
+
+def layout_of(names: Mapping[str, object], model_name: str) -> str:
+    """Which naming a checkpoint uses, told by names only one layout has."""
+    if "conv_stem.weight" in names:
+        return "timm-mobilenetv1"
+    if model_name == "resnet34" and "layer1.0.conv1.weight" in names:
+        return "torchvision-resnet34"
+    return "fedper"
+
+
+def to_model_names(tensors: Mapping[str, np.ndarray], layout: str) -> dict[str, np.ndarray]:
+    """The checkpoint's tensors under this toolkit's names (unknown names are kept as they are,
+    so the mismatch report shows them; BatchNorm's integer counters are dropped)."""
+    if layout != "timm-mobilenetv1":
+        return {k: v for k, v in tensors.items() if not k.endswith("num_batches_tracked")}
+    starts = np.cumsum((0, *TIMM_STAGE_REPEATS))
+    out: dict[str, np.ndarray] = {}
+    for name, value in tensors.items():
+        if name.endswith("num_batches_tracked"):
+            continue
+        if name.startswith("conv_stem."):
+            out["stem.conv." + name.removeprefix("conv_stem.")] = value
+        elif name.startswith("bn1."):
+            out["stem.bn." + name.removeprefix("bn1.")] = value
+        elif m := _TIMM_BLOCK.fullmatch(name):
+            stage, index, part, rest = int(m[1]), int(m[2]), m[3], m[4]
+            flat = int(starts[stage]) + index if stage < len(TIMM_STAGE_REPEATS) else -1
+            out[f"blocks.{flat}.{_TIMM_PART[part]}.{rest}" if flat >= 0 else name] = value
+        else:
+            out[name] = value
+    return out
+
+
+def init_base(model: StagedModel, model_name: str, path: Path, kp: int) -> InitSource:
+    """Load ``path``'s tensors into the base of ``model`` (split at ``kp``), in place."""
+    path = Path(path)
+    raw = read_checkpoint(path)
+    layout = layout_of(raw, model_name)
+    named = to_model_names(raw, layout)
+    parts = split(model, kp)
+    state = exchanged_state(model)
+    classifier = {
+        n for n in parts.base if n == model.layer_groups()[-1][0] or n.startswith(model.layer_groups()[-1][0] + ".")
+    }
+    wanted = [n for n in parts.base if n not in classifier]
+    missing = [n for n in wanted if n not in named]
+    misshaped = [n for n in wanted if n in named and tuple(named[n].shape) != tuple(state[n].shape)]
+    if missing or misshaped:
+        lines = [f"{n}: expected shape {tuple(state[n].shape)}, the checkpoint has {tuple(named[n].shape)}"
+                 for n in misshaped[:SHOWN_MISMATCHES]]  # fmt: skip
+        lines += [f"{n}: missing (expected shape {tuple(state[n].shape)})" for n in missing[:SHOWN_MISMATCHES]]
+        hint = ""
+        if model_name == "resnet34" and "conv1.weight" in misshaped:
+            hint = " (below 128 px the ResNet stem is 3x3; ImageNet checkpoints need --input-size 128 or more)"
+        raise CheckpointError(
+            f"{path} ({layout} layout) does not fit this model's base at kp={kp}: {len(missing)} missing and "
+            f"{len(misshaped)} misshaped of {len(wanted)} base tensors{hint}; first: " + "; ".join(lines)
+        )
+    with torch.no_grad():
+        model_state = model.state_dict()
+        for n in wanted:
+            model_state[n].copy_(torch.from_numpy(np.ascontiguousarray(named[n], dtype=np.float32)))
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    fresh = tuple(n for n in state if n not in set(wanted))
+    return InitSource(str(path), digest, layout, len(wanted), fresh)
