@@ -9,6 +9,9 @@ the same probes on a random base (``build_model``'s initial weights for the data
   refit on all of them; scored on the user's test photos. Shown beside the majority of the user's
   training ratings and the same probe on the generator's own features (the ceiling: what the
   ratings are a function of).
+- **per user, ordinal**: the same features, a ridge regression of the rating cut into 5 classes
+  where the user's training ratings put them (what an ordinal head learns), the ridge penalty
+  chosen on the same validation quarter; beside the same probe on the generator's features.
 - **per generator feature**: a ridge regression of each feature the raters' scores are linear in
   (the looks, bad exposure, the content categories), fitted on every user's training photos and
   scored (R²) on their test photos: which cues the base carries and which it does not.
@@ -38,6 +41,7 @@ from fedper.models import ModelConfig, StagedModel, build_model
 
 USERS = 30
 C_GRID = (0.003, 0.01, 0.03, 0.1, 0.3, 1.0)
+RIDGE_GRID = (1.0, 10.0, 100.0, 1000.0)
 
 
 def frozen_features(model: StagedModel, part: ImageDataset, like: ImageDataset) -> np.ndarray:
@@ -77,6 +81,25 @@ def user_probe(train_x: np.ndarray, train_y: np.ndarray, test_x: np.ndarray, tes
     return float((clf.predict(scaler.transform(test_x)) == test_y).mean())
 
 
+def _ordinal(train_x: np.ndarray, train_y: np.ndarray, test_x: np.ndarray, penalty: float) -> np.ndarray:
+    scaler = StandardScaler().fit(train_x)
+    ridge = Ridge(alpha=penalty).fit(scaler.transform(train_x), train_y)
+    fitted = ridge.predict(scaler.transform(train_x))
+    counts = np.bincount(train_y, minlength=int(train_y.max()) + 1)
+    cuts = np.quantile(fitted, np.cumsum(counts)[:-1] / len(train_y))
+    return np.searchsorted(cuts, ridge.predict(scaler.transform(test_x)))
+
+
+def ordinal_probe(train_x: np.ndarray, train_y: np.ndarray, test_x: np.ndarray, test_y: np.ndarray, seed: int) -> float:
+    """Test accuracy of an ordinal ridge probe whose penalty is chosen on a validation quarter of train."""
+    order = np.random.default_rng(seed).permutation(len(train_y))
+    val, fit = order[: len(order) // 4], order[len(order) // 4 :]
+    best = max(
+        RIDGE_GRID, key=lambda a: float((_ordinal(train_x[fit], train_y[fit], train_x[val], a) == train_y[val]).mean())
+    )
+    return float((_ordinal(train_x, train_y, test_x, best) == test_y).mean())
+
+
 def probe_seed(
     base: Path | None, size: int, seed: int, users: int = USERS, images_per_user: tuple[int, int] = (100, 200)
 ) -> dict[str, Any]:
@@ -93,10 +116,19 @@ def probe_seed(
     baselines = per_client_accuracy(fed, seed)
     result["majority"] = list(map(float, baselines["majority"]))
     result["generator_features"] = list(map(float, baselines["per_client_features"]))
+    result["generator_features_ordinal"] = [
+        ordinal_probe(tr.features, tr.labels, te.features, te.labels, seed * 1000 + c)
+        for c, (tr, te) in enumerate(parts)
+        if tr.features is not None and te.features is not None
+    ]
     for name, model in models.items():
         feats = [(frozen_features(model, tr, ds), frozen_features(model, te, ds)) for tr, te in parts]
         result[name] = [
             user_probe(ftr, tr.labels, fte, te.labels, seed * 1000 + c)
+            for c, ((ftr, fte), (tr, te)) in enumerate(zip(feats, parts, strict=True))
+        ]
+        result[f"{name}_ordinal"] = [
+            ordinal_probe(ftr, tr.labels, fte, te.labels, seed * 1000 + c)
             for c, ((ftr, fte), (tr, te)) in enumerate(zip(feats, parts, strict=True))
         ]
         xtr = np.concatenate([f for f, _ in feats])
@@ -121,6 +153,19 @@ def summary(results: list[dict[str, Any]]) -> str:
             f"| {r['seed']} | {np.mean(r['majority']):.3f} | {np.mean(r['random']):.3f} | "
             f"{np.mean(r.get('pretrained', [np.nan])):.3f} | {d.mean():+.3f} ± {d.std(ddof=1) / np.sqrt(len(d)):.3f} | "
             f"{np.mean(r['generator_features']):.3f} |"
+        )
+    lines += [
+        "",
+        "| seed | ordinal: random base | pretrained base | pretrained − random (paired, ± SE) | generator features |",
+        "|---|---|---|---|---|",
+    ]
+    for r in results:
+        d = np.array(r.get("pretrained_ordinal", r["random_ordinal"])) - np.array(r["random_ordinal"])
+        pretrained = np.mean(r.get("pretrained_ordinal", [np.nan]))
+        se = d.std(ddof=1) / np.sqrt(len(d))
+        lines.append(
+            f"| {r['seed']} | {np.mean(r['random_ordinal']):.3f} | {pretrained:.3f} | {d.mean():+.3f} ± {se:.3f} | "
+            f"{np.mean(r['generator_features_ordinal']):.3f} |"
         )
     return "\n".join(lines)
 

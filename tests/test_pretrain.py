@@ -87,7 +87,7 @@ def test_the_probe_scores_each_user_and_each_generator_feature(tmp_path):
 
     run_pretrain(_tiny(tmp_path / "p"))
     result = probe_seed(tmp_path / "p" / BASE, 32, seed=1, users=3, images_per_user=(30, 30))
-    for key in ("majority", "random", "pretrained", "generator_features"):
+    for key in ("majority", "random", "pretrained", "generator_features", "random_ordinal", "pretrained_ordinal"):
         assert len(result[key]) == 3 and all(0.0 <= a <= 1.0 for a in result[key])
     assert set(result["pretrained_feature_r2"]) == set(FEATURES)
     assert "| 1 |" in summary([result])
