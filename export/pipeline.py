@@ -17,7 +17,7 @@ from export.onnx_export import ONNX_OPSET, export_onnx
 from export.training_graph import VARIANTS, Variant, resolve_variant, training_step
 from fedper import __version__, weights
 from fedper.atomic_write import atomic_directory
-from fedper.checkpoints import init_base
+from fedper.checkpoints import init_base, read_checkpoint
 from fedper.config_cli import nested, option
 from fedper.data import dataset_info
 from fedper.data.dataset import DEFAULT_MEAN, DEFAULT_STD
@@ -252,7 +252,7 @@ def load_initial_weights(
     if config.init is not None and (config.weights or config.from_dir is not None):
         raise ExportConfigError("--init starts a new model's base: it cannot be combined with --weights or --from")
     if config.init is not None:
-        base_source = init_base(model, config.model, config.init, config.kp)
+        base_source = init_base(model, read_checkpoint(config.init, config.model), config.kp)
         say(f"base from {config.init} ({base_source.layout} layout, {base_source.tensors} tensors, sha256 "
             f"{base_source.sha256[:12]}); head fresh")  # fmt: skip
     if config.weights:

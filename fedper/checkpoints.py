@@ -30,7 +30,7 @@ import torch
 from fedper import weights
 from fedper.errors import FedperError
 from fedper.models.mobilenet_v1 import BLOCKS
-from fedper.models.split import exchanged_state, split
+from fedper.models.split import exchanged_names, split
 from fedper.models.staged import StagedModel
 
 # timm's mobilenetv1_100 groups the 13 blocks into stages of these lengths (arch_def in
@@ -49,13 +49,24 @@ class CheckpointError(FedperError, ValueError):
 
 
 @dataclass(frozen=True)
+class Checkpoint:
+    """A checkpoint read once: its tensors under this toolkit's names, and where they came from."""
+
+    path: Path
+    sha256: str
+    layout: str  # "fedper", "timm-mobilenetv1" or "torchvision-resnet34"
+    model_name: str
+    tensors: dict[str, np.ndarray]
+
+
+@dataclass(frozen=True)
 class InitSource:
     """Where a base came from: what reports and model cards say about it."""
 
     path: str
     sha256: str
-    layout: str  # "fedper", "timm-mobilenetv1" or "torchvision-resnet34"
-    tensors: int  # base tensors taken from it
+    layout: str
+    tensors: int  # base tensors taken from the checkpoint
     fresh: tuple[str, ...]  # exchanged tensors left at their initial values (head, classifier)
 
     def to_dict(self) -> dict[str, object]:
@@ -63,8 +74,9 @@ class InitSource:
                 "fresh": list(self.fresh)}  # fmt: skip
 
 
-def read_checkpoint(path: Path) -> dict[str, np.ndarray]:
-    """The tensors of a safetensors checkpoint; a pickle is refused with how to convert it."""
+def read_checkpoint(path: Path, model_name: str) -> Checkpoint:
+    """Read a safetensors checkpoint for a ``model_name`` model; a pickle is refused with how to
+    convert it."""
     path = Path(path)
     if path.suffix.lower() in PICKLE_SUFFIXES:
         raise CheckpointError(
@@ -75,9 +87,12 @@ def read_checkpoint(path: Path) -> dict[str, np.ndarray]:
             f"{path} {path.with_suffix('.safetensors')}"
         )
     try:
-        return weights.load(path)
+        data = path.read_bytes()
+        raw = weights.decode(data, str(path))
     except (OSError, weights.WeightsError) as exc:
         raise CheckpointError(f"{path}: not a readable safetensors checkpoint: {exc}") from exc
+    layout = layout_of(raw, model_name)
+    return Checkpoint(path, hashlib.sha256(data).hexdigest(), layout, model_name, to_model_names(raw, layout))
 
 
 def layout_of(names: Mapping[str, object], model_name: str) -> str:
@@ -103,27 +118,19 @@ def to_model_names(tensors: Mapping[str, np.ndarray], layout: str) -> dict[str, 
             out["stem.conv." + name.removeprefix("conv_stem.")] = value
         elif name.startswith("bn1."):
             out["stem.bn." + name.removeprefix("bn1.")] = value
-        elif m := _TIMM_BLOCK.fullmatch(name):
-            stage, index, part, rest = int(m[1]), int(m[2]), m[3], m[4]
-            flat = int(starts[stage]) + index if stage < len(TIMM_STAGE_REPEATS) else -1
-            out[f"blocks.{flat}.{_TIMM_PART[part]}.{rest}" if flat >= 0 else name] = value
+        elif (m := _TIMM_BLOCK.fullmatch(name)) and int(m[1]) < len(TIMM_STAGE_REPEATS):
+            out[f"blocks.{int(starts[int(m[1])]) + int(m[2])}.{_TIMM_PART[m[3]]}.{m[4]}"] = value
         else:
             out[name] = value
     return out
 
 
-def init_base(model: StagedModel, model_name: str, path: Path, kp: int) -> InitSource:
-    """Load ``path``'s tensors into the base of ``model`` (split at ``kp``), in place."""
-    path = Path(path)
-    raw = read_checkpoint(path)
-    layout = layout_of(raw, model_name)
-    named = to_model_names(raw, layout)
-    parts = split(model, kp)
-    state = exchanged_state(model)
-    classifier = {
-        n for n in parts.base if n == model.layer_groups()[-1][0] or n.startswith(model.layer_groups()[-1][0] + ".")
-    }
-    wanted = [n for n in parts.base if n not in classifier]
+def init_base(model: StagedModel, checkpoint: Checkpoint, kp: int) -> InitSource:
+    """Load the checkpoint's tensors into the base of ``model`` (split at ``kp``), in place."""
+    top = model.layer_groups()[-1]  # the classifier: in the base only at kp=0, and fresh there too
+    state = model.state_dict()
+    wanted = [n for n in split(model, kp).base if not any(n == p or n.startswith(p + ".") for p in top)]
+    named = checkpoint.tensors
     missing = [n for n in wanted if n not in named]
     misshaped = [n for n in wanted if n in named and tuple(named[n].shape) != tuple(state[n].shape)]
     if missing or misshaped:
@@ -131,16 +138,15 @@ def init_base(model: StagedModel, model_name: str, path: Path, kp: int) -> InitS
                  for n in misshaped[:SHOWN_MISMATCHES]]  # fmt: skip
         lines += [f"{n}: missing (expected shape {tuple(state[n].shape)})" for n in missing[:SHOWN_MISMATCHES]]
         hint = ""
-        if model_name == "resnet34" and "conv1.weight" in misshaped:
+        if checkpoint.model_name == "resnet34" and "conv1.weight" in misshaped:
             hint = " (below 128 px the ResNet stem is 3x3; ImageNet checkpoints need --input-size 128 or more)"
         raise CheckpointError(
-            f"{path} ({layout} layout) does not fit this model's base at kp={kp}: {len(missing)} missing and "
-            f"{len(misshaped)} misshaped of {len(wanted)} base tensors{hint}; first: " + "; ".join(lines)
+            f"{checkpoint.path} ({checkpoint.layout} layout) does not fit this model's base at kp={kp}: "
+            f"{len(missing)} missing and {len(misshaped)} misshaped of {len(wanted)} base tensors{hint}; first: "
+            + "; ".join(lines)
         )
     with torch.no_grad():
-        model_state = model.state_dict()
         for n in wanted:
-            model_state[n].copy_(torch.from_numpy(np.ascontiguousarray(named[n], dtype=np.float32)))
-    digest = hashlib.sha256(path.read_bytes()).hexdigest()
-    fresh = tuple(n for n in state if n not in set(wanted))
-    return InitSource(str(path), digest, layout, len(wanted), fresh)
+            state[n].copy_(torch.from_numpy(np.ascontiguousarray(named[n], dtype=np.float32)))
+    fresh = tuple(n for n in exchanged_names(model) if n not in set(wanted))
+    return InitSource(str(checkpoint.path), checkpoint.sha256, checkpoint.layout, len(wanted), fresh)

@@ -171,10 +171,15 @@ def load(path: Path) -> dict[str, np.ndarray]:
         data = path.read_bytes()
     except OSError as exc:
         raise WeightsError(f"cannot read weights file {path}: {exc.strerror}") from exc
+    return decode(data, str(path))
+
+
+def decode(data: bytes, source: str) -> dict[str, np.ndarray]:
+    """Every tensor of safetensors bytes; ``source`` names them in any error."""
     try:
         return dict(st_load_bytes(data))
     except (SafetensorError, ValueError) as exc:
-        raise WeightsError(f"{path} is not a valid safetensors file: {exc}") from exc
+        raise WeightsError(f"{source} is not a valid safetensors file: {exc}") from exc
 
 
 def check_layout(

@@ -46,6 +46,7 @@ STATE = "pretrain-state"
 CARD = "model_card.json"
 BASE = "base.safetensors"
 CARD_FORMAT = "fedper-pretrain/1"
+RENDER_CHUNK = 500  # composites rendered between progress updates
 HELD_OUT = 0.1  # share of the examples kept out of training, to measure the pretext
 WARMUP = 0.1  # share of the steps the learning rate rises over, before its cosine decay
 # The loss: mean squared error of the standardized looks, half-weighted edits, cross-entropy of
@@ -138,11 +139,11 @@ def _load_state(
     if not (meta_path.exists() and tensors_path.exists()):
         return {"epochs_done": 0, "history": [], "seconds": 0.0}
     meta = json.loads(meta_path.read_text())
-    saved = meta.get("config", {})
-    wanted = config_json(config)
-    if {k: v for k, v in saved.items() if k not in ("out", "threads", "epochs")} != {
-        k: v for k, v in wanted.items() if k not in ("out", "threads", "epochs")
-    } or saved.get("epochs") != config.epochs:
+
+    def what_it_computes(settings: dict[str, Any]) -> dict[str, Any]:
+        return {k: v for k, v in settings.items() if k not in ("out", "threads")}
+
+    if what_it_computes(meta.get("config", {})) != what_it_computes(config_json(config)):
         raise ConfigError(
             f"{out} holds an unfinished pretraining with other settings ({meta_path}); use another --out, or "
             "delete its pretrain-state files to start over"
@@ -175,19 +176,13 @@ def run_pretrain(config: PretrainConfig, progress: ProgressFn | None = None) -> 
     config.out.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     info = dataset_info("aesthetic-synth")  # the normalization simulations and exports use
-    data = pretext.PretextBatch(
-        np.empty((0, config.input_size, config.input_size, 3), np.uint8), np.empty((0, 0), np.float32),
-        np.empty(0, np.int64),
-    )  # fmt: skip
     chunks = []
-    chunk = 500
-    for first in range(0, config.images, chunk):
-        chunks.append(pretext.render(config.seed, first, min(chunk, config.images - first), config.input_size))
+    for first in range(0, config.images, RENDER_CHUNK):
+        chunks.append(pretext.render(config.seed, first, min(RENDER_CHUNK, config.images - first), config.input_size))
         say(first + len(chunks[-1].categories), config.images, "rendering")
-    data = pretext.PretextBatch(*(np.concatenate(parts) for parts in zip(*(
-        (c.images, c.targets, c.categories) for c in chunks), strict=True)))  # fmt: skip
-    x = to_tensor(data.images, info.mean, info.std)
-    y, c = torch.from_numpy(data.targets), torch.from_numpy(data.categories)
+    x = to_tensor(np.concatenate([b.images for b in chunks]), info.mean, info.std)
+    y = torch.from_numpy(np.concatenate([b.targets for b in chunks]))
+    c = torch.from_numpy(np.concatenate([b.categories for b in chunks]))
     held = config.held_out
     mcfg = model_config(config)
     model = build_model(mcfg, seed=config.seed)
@@ -226,8 +221,9 @@ def _write_base_and_card(
 ) -> dict[str, Any]:
     state = exchanged_state(model)
     names = split(model, 1).base  # everything but the classifier, which answers the pretext only
-    weights.save(config.out / BASE, {n: state[n] for n in names})
-    digest = hashlib.sha256((config.out / BASE).read_bytes()).hexdigest()
+    encoded = weights.encode({n: state[n] for n in names})
+    atomic_write_bytes(config.out / BASE, encoded)
+    digest = hashlib.sha256(encoded).hexdigest()
     last = meta["history"][-1] if meta["history"] else {}
     card = {
         "format": CARD_FORMAT,

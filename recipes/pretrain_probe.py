@@ -34,7 +34,7 @@ from sklearn.metrics import r2_score
 from sklearn.preprocessing import StandardScaler
 
 from fedper.baselines import per_client_accuracy
-from fedper.checkpoints import init_base
+from fedper.checkpoints import init_base, read_checkpoint
 from fedper.data import DataConfig, ImageDataset, load_federated, to_tensor
 from fedper.data.aesthetic_synth import FEATURES
 from fedper.models import ModelConfig, StagedModel, build_model
@@ -110,7 +110,7 @@ def probe_seed(
     models = {"random": build_model(ModelConfig(num_classes=5, input_size=size), seed=seed)}
     if base is not None:
         models["pretrained"] = build_model(ModelConfig(num_classes=5, input_size=size), seed=seed)
-        init_base(models["pretrained"], "mobilenet_v1", base, kp=1)
+        init_base(models["pretrained"], read_checkpoint(base, "mobilenet_v1"), kp=1)
     parts = [(fed.client_train(c), fed.client_test(c)) for c in range(len(fed.clients))]
     result: dict[str, Any] = {"seed": seed, "size": size}
     baselines = per_client_accuracy(fed, seed)
@@ -177,7 +177,6 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
-    torch.set_num_threads(torch.get_num_threads())
     results = [probe_seed(args.base, args.size, s) for s in args.seeds]
     print(summary(results))
     for r in results:

@@ -22,7 +22,7 @@ import torch
 from fedper import weights
 from fedper.aggregate import FedAvg
 from fedper.baselines import per_client_accuracy
-from fedper.checkpoints import init_base
+from fedper.checkpoints import Checkpoint, init_base, read_checkpoint
 from fedper.config_cli import nested, option
 from fedper.data import DataConfig, FederatedData, labelled_tensors, load_federated
 from fedper.eager_trainer import EagerTrainer
@@ -143,15 +143,17 @@ def _run(sim: SimulationConfig, data: DataConfig, progress: ProgressFn | None, o
         "partition": fed.partition,
         "clients_train_samples": [c.num_samples for c in clients],
     }
-    if sim.init is not None:  # checked before any training: a bad checkpoint fails at once
-        config["init"] = init_base(build_model(mcfg, seed=data.seed), mcfg.name, sim.init, sim.kp).to_dict()
+    checkpoint = read_checkpoint(sim.init, mcfg.name) if sim.init is not None else None
+    if checkpoint is not None:  # checked before any training, at the kp that needs the most of it
+        needs = 0 if "fedavg" in sim.algorithms else sim.kp
+        config["init"] = init_base(build_model(mcfg, seed=data.seed), checkpoint, needs).to_dict()
     if on_start is not None:
         on_start(mcfg, config["clients_train_samples"])
     recorder = RunRecorder(config, numeric_environment())
     recorder.baselines = per_client_accuracy(fed, data.seed)
     sim.out.mkdir(parents=True, exist_ok=True)
     for algorithm in sim.algorithms:
-        _run_algorithm(sim, mcfg, algorithm, clients, recorder, progress, data.seed, ray)
+        _run_algorithm(sim, mcfg, algorithm, clients, recorder, progress, data.seed, checkpoint, ray)
         recorder.write(sim.out)  # keep what finished if a later algorithm crashes
     if fed.holdout:
         _new_users(sim, mcfg, fed, recorder, progress, data.seed)
@@ -181,11 +183,12 @@ def _run_algorithm(
     recorder: RunRecorder,
     progress: ProgressFn | None,
     seed: int,
+    checkpoint: Checkpoint | None,
     ray: Any = None,
 ) -> None:
     model = build_model(mcfg, seed=seed)
-    if sim.init is not None:  # FedAvg's classifier is in its base, and stays fresh too
-        init_base(model, mcfg.name, sim.init, 0 if algorithm == "fedavg" else sim.kp)
+    if checkpoint is not None:  # FedAvg's classifier is in its base, and stays fresh too
+        init_base(model, checkpoint, 0 if algorithm == "fedavg" else sim.kp)
     initial = exchanged_state(model)
     shared = shared_names(sim, algorithm, model)
     personal_names = tuple(n for n in initial if n not in set(shared))

@@ -21,7 +21,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 from fedper import weights
-from fedper.checkpoints import CheckpointError, init_base
+from fedper.checkpoints import CheckpointError, init_base, read_checkpoint
 from fedper.models import ModelConfig, build_model
 from fedper.models.split import exchanged_state, split
 
@@ -48,7 +48,7 @@ def test_a_timm_mobilenetv1_checkpoint_gives_the_same_network(timm_checkpoint):
     upstream, path = timm_checkpoint
     model = build_model(ModelConfig(num_classes=1000, alpha=1.0, input_size=224), seed=0).eval()
     fresh_classifier = model.classifier.weight.detach().clone()
-    source = init_base(model, "mobilenet_v1", path, kp=1)
+    source = init_base(model, read_checkpoint(path, "mobilenet_v1"), kp=1)
     assert source.layout == "timm-mobilenetv1"
     assert source.fresh == ("classifier.weight", "classifier.bias")  # the head stays fresh
     assert torch.equal(model.classifier.weight, fresh_classifier)
@@ -63,7 +63,7 @@ def test_a_timm_checkpoint_also_starts_a_small_model_of_the_same_width(timm_chec
     """The stride-1 stem of inputs under 128 px has the same shapes: the weights load at 32 px."""
     _, path = timm_checkpoint
     model = build_model(ModelConfig(num_classes=5, alpha=1.0, input_size=32), seed=0)
-    source = init_base(model, "mobilenet_v1", path, kp=2)
+    source = init_base(model, read_checkpoint(path, "mobilenet_v1"), kp=2)
     assert source.tensors == len(split(model, 2).base)
     assert "blocks.12.pw.conv.weight" in source.fresh
 
@@ -73,7 +73,7 @@ def test_a_torchvision_resnet34_checkpoint_gives_the_same_network(tmp_path):
     upstream = torchvision.models.resnet34(weights=None).eval()
     path = _save(upstream.state_dict(), tmp_path / "resnet34.safetensors")
     model = build_model(ModelConfig(name="resnet34", num_classes=1000, input_size=224), seed=0).eval()
-    source = init_base(model, "resnet34", path, kp=1)
+    source = init_base(model, read_checkpoint(path, "resnet34"), kp=1)
     assert source.layout == "torchvision-resnet34" and source.fresh == ("fc.weight", "fc.bias")
     with torch.no_grad():
         model.fc.load_state_dict(upstream.fc.state_dict())
@@ -81,7 +81,7 @@ def test_a_torchvision_resnet34_checkpoint_gives_the_same_network(tmp_path):
         torch.testing.assert_close(model(x), upstream(x), rtol=1e-4, atol=1e-4)
     small = build_model(ModelConfig(name="resnet34", num_classes=5, input_size=32), seed=0)
     with pytest.raises(CheckpointError, match=r"conv1\.weight: expected shape \(64, 3, 3, 3\).*\(64, 3, 7, 7\)"):
-        init_base(small, "resnet34", path, kp=1)
+        init_base(small, read_checkpoint(path, "resnet34"), kp=1)
 
 
 def test_the_toolkits_own_base_loads_and_the_head_stays_fresh(tmp_path):
@@ -93,7 +93,7 @@ def test_the_toolkits_own_base_loads_and_the_head_stays_fresh(tmp_path):
     weights.save(path, {n: state[n] for n in parts.base})
     model = build_model(config, seed=0)
     before = exchanged_state(model)
-    source = init_base(model, "mobilenet_v1", path, kp=2)
+    source = init_base(model, read_checkpoint(path, "mobilenet_v1"), kp=2)
     after = exchanged_state(model)
     assert source.layout == "fedper" and source.tensors == len(parts.base)
     assert all(torch.equal(after[n], state[n]) for n in parts.base)
@@ -103,16 +103,19 @@ def test_the_toolkits_own_base_loads_and_the_head_stays_fresh(tmp_path):
     body = tmp_path / "body.safetensors"
     weights.save(body, {n: state[n] for n in split(pretrained, 1).base})
     fedavg = build_model(config, seed=0)
-    assert init_base(fedavg, "mobilenet_v1", body, kp=0).fresh == ("classifier.weight", "classifier.bias")
+    assert init_base(fedavg, read_checkpoint(body, "mobilenet_v1"), kp=0).fresh == (
+        "classifier.weight",
+        "classifier.bias",
+    )
     with pytest.raises(CheckpointError, match="kp=1: 10 missing"):  # a kp=2 base lacks blocks.12
-        init_base(build_model(config, seed=0), "mobilenet_v1", path, kp=1)
+        init_base(build_model(config, seed=0), read_checkpoint(path, "mobilenet_v1"), kp=1)
 
 
 def test_a_mismatch_names_the_file_the_tensors_and_the_expected_shapes(tmp_path, timm_checkpoint):
     _, path = timm_checkpoint
     model = build_model(ModelConfig(num_classes=5, alpha=0.25, input_size=32), seed=0)
     with pytest.raises(CheckpointError) as err:
-        init_base(model, "mobilenet_v1", path, kp=1)
+        init_base(model, read_checkpoint(path, "mobilenet_v1"), kp=1)
     message = str(err.value)
     assert str(path) in message and "timm-mobilenetv1" in message
     assert "stem.conv.weight: expected shape (8, 3, 3, 3), the checkpoint has (32, 3, 3, 3)" in message
@@ -128,12 +131,12 @@ def test_a_pickled_checkpoint_is_refused_without_unpickling_it(tmp_path):
     path = tmp_path / "evil.pth"
     path.write_bytes(pickle.dumps(Payload()))
     with pytest.raises(CheckpointError, match=r"not loaded.*safetensors"):
-        init_base(build_model(ModelConfig(num_classes=5), seed=0), "mobilenet_v1", path, kp=1)
+        read_checkpoint(path, "mobilenet_v1")
     assert not marker.exists()
     garbage = tmp_path / "garbage.safetensors"
     garbage.write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json")
     with pytest.raises(CheckpointError, match="garbage.safetensors"):
-        init_base(build_model(ModelConfig(num_classes=5), seed=0), "mobilenet_v1", garbage, kp=1)
+        read_checkpoint(garbage, "mobilenet_v1")
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -158,11 +161,11 @@ def test_any_damaged_checkpoint_is_refused_cleanly_and_changes_nothing(tmp_path,
     base = set(split(model, 1).base) - {"classifier.weight", "classifier.bias"}
     if (dropped | reshaped) & base:
         with pytest.raises(CheckpointError):
-            init_base(model, "mobilenet_v1", path, kp=1)
+            init_base(model, read_checkpoint(path, "mobilenet_v1"), kp=1)
         after = exchanged_state(model)
         assert all(torch.equal(after[n], before[n]) for n in names)
     else:
-        init_base(model, "mobilenet_v1", path, kp=1)
+        init_base(model, read_checkpoint(path, "mobilenet_v1"), kp=1)
         assert all(np.array_equal(exchanged_state(model)[n].numpy(), state[n].numpy()) for n in base)
 
 
@@ -202,6 +205,14 @@ def test_simulate_with_a_checkpoint_of_another_model_fails_before_training(tmp_p
     assert code != 0
     err = capsys.readouterr().err
     assert "wide.safetensors" in err and "expected shape (8, 3, 3, 3)" in err
+    assert not (tmp_path / "r" / "results.json").exists()
+    # A kp=2 base has no last block, which FedAvg's base (kp=0) needs: refused before FedPer trains.
+    model = build_model(ModelConfig(num_classes=10, input_size=32), seed=0)
+    state = exchanged_state(model)
+    kp2 = tmp_path / "kp2.safetensors"
+    weights.save(kp2, {n: state[n] for n in split(model, 2).base})
+    assert main(["simulate", "--dataset", "digits", "--rounds", "1", "--init", str(kp2), "--out", str(tmp_path / "r")])
+    assert "kp=0: 10 missing" in capsys.readouterr().err
     assert not (tmp_path / "r" / "results.json").exists()
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fedper.checkpoints import init_base
+from fedper.checkpoints import init_base, read_checkpoint
 from fedper.data import aesthetic_synth, pretext
 from fedper.errors import ConfigError
 from fedper.models import ModelConfig, build_model
@@ -53,7 +53,7 @@ def test_pretrain_writes_a_base_init_accepts_and_a_model_card(tmp_path):
     assert set(card["pretext"]["held_out_scores"]) == {*pretext.REGRESSION_TARGETS, "category_accuracy"}
     for kp in (0, 1, 2):  # the base has everything but the classifier: any kp can start from it
         model = build_model(ModelConfig(num_classes=5, input_size=32), seed=0)
-        assert init_base(model, "mobilenet_v1", base, kp=kp).layout == "fedper"
+        assert init_base(model, read_checkpoint(base, "mobilenet_v1"), kp=kp).layout == "fedper"
 
 
 def test_an_interrupted_pretraining_resumes_to_the_same_base(tmp_path):

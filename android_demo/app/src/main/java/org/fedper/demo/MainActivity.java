@@ -21,7 +21,6 @@ import java.util.concurrent.ExecutorService;
 import java.util.concurrent.Executors;
 import org.fedper.core.DeviceStore;
 import org.fedper.core.Manifest;
-import org.fedper.core.Safetensors;
 import org.fedper.core.Tensor;
 
 /**
@@ -161,20 +160,17 @@ public final class MainActivity extends AppCompatActivity {
       String sha = store.pinnedManifest();
       Path dir = store.artifactDir(sha);
       Map<String, Tensor> weights = new LinkedHashMap<>();
-      // The newest base this phone downloaded for this export, and its own head (or the export's initial head).
-      // This manifest's newest base (a base of another export is never used: versions restart at
-      // 0 in every run), refused unless its names and shapes are the manifest's.
+      // This manifest's newest downloaded base (a base of another export is never used: versions
+      // restart at 0 in every run) and this phone's head, or the export's initial ones; each
+      // refused unless its names and shapes are the manifest's.
       long latest = store.latestBaseVersion(sha);
       if (latest >= 0) {
         weights.putAll(store.readBase(sha, latest, m));
       } else {
-        Path base = dir.resolve(m.artifacts.get("initial_base"));
-        Map<String, Tensor> initial = Safetensors.read(Files.readAllBytes(base)).tensors;
-        Manifest.checkLayout(initial, m.base, base.toString());
-        weights.putAll(initial);
+        weights.putAll(Manifest.readChecked(dir.resolve(m.artifacts.get("initial_base")), m.base));
       }
       Map<String, Tensor> head = store.heads.load(sha);
-      weights.putAll(head != null ? head : Safetensors.read(Files.readAllBytes(dir.resolve(m.artifacts.get("initial_head")))).tensors);
+      weights.putAll(head != null ? head : Manifest.readChecked(dir.resolve(m.artifacts.get("initial_head")), m.head));
       try (OnnxScorer scorer = new OnnxScorer(dir.resolve(m.artifacts.get("onnx_model")), m)) {
         float[] logits = scorer.logits(PhotoRatings.pixels(this, uri, m), weights);
         if (logits.length != PhotoRatings.RATING_LEVELS) {

@@ -116,9 +116,6 @@ public final class DeviceStore {
    * its tensor names and shapes are exactly the manifest's base.
    */
   public Map<String, Tensor> readBase(String manifestSha256, long version, Manifest manifest) throws IOException {
-    Path p = basePath(manifestSha256, version);
-    Map<String, Tensor> base = Safetensors.read(Files.readAllBytes(p)).tensors;
-    Manifest.checkLayout(base, manifest.base, p.toString());
-    return base;
+    return Manifest.readChecked(basePath(manifestSha256, version), manifest.base);
   }
 }

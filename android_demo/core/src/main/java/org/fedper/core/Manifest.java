@@ -133,6 +133,14 @@ public final class Manifest {
     return Collections.unmodifiableMap(out);
   }
 
+  /** A weights file whose tensors are exactly expected (checkLayout), naming the file in any error. */
+  public static Map<String, Tensor> readChecked(java.nio.file.Path file, Map<String, long[]> expected)
+      throws java.io.IOException {
+    Map<String, Tensor> tensors = Safetensors.read(java.nio.file.Files.readAllBytes(file)).tensors;
+    checkLayout(tensors, expected, file.toString());
+    return tensors;
+  }
+
   /**
    * Refuses tensors whose names or shapes are not exactly expected (a missing, extra or
    * misshaped tensor), naming what was read and the first difference.

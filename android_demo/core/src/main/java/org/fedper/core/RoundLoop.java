@@ -284,10 +284,7 @@ public final class RoundLoop {
   }
 
   private Map<String, Tensor> initialHead(String sha) throws IOException {
-    Path p = store.artifactDir(sha).resolve(manifest.artifacts.get("initial_head"));
-    Map<String, Tensor> head = Safetensors.read(Files.readAllBytes(p)).tensors;
-    Manifest.checkLayout(head, manifest.head, "the exported initial head " + p);
-    return head;
+    return Manifest.readChecked(store.artifactDir(sha).resolve(manifest.artifacts.get("initial_head")), manifest.head);
   }
 
   private static Map<String, Tensor> only(Map<String, Tensor> tensors, List<String> names) {
