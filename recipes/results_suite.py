@@ -166,25 +166,40 @@ def tables(runs_by_name: dict[str, list[Path]]) -> str:
 
 
 def new_users_table(runs: list[Path]) -> str:
-    """New users' accuracy against N per variant, users of every seed pooled: mean ± SE (users)."""
+    """New users' accuracy against N per variant, users of every seed pooled: mean ± SE (users);
+    and FedPer's base with a fresh head against the majority of the user's N ratings, paired."""
     found = [_load(d)["new_users"] for d in runs if "new_users" in _load(d)]
     if not found:
         return ""
     variants = list(found[0]["curves"])
+    paired = ("fedper: head", "majority of N")
     lines = [
         f"**new users** (`--holdout-clients`, {len(found[0]['users'])} per seed, seeds pooled; "
         f"{found[0]['steps']} SGD steps at every N)",
         "",
-        "| N photos | users | " + " | ".join(variants) + " |",
-        "|---|---|" + "---|" * len(variants),
+        "| N photos | users | " + " | ".join(variants) + " | fedper: head − majority of N (paired) |",
+        "|---|---|" + "---|" * (len(variants) + 1),
     ]
+
+    def per_user(variant: str, n: int) -> list[tuple[int, str, float]]:
+        return [(k, u, v) for k, nu in enumerate(found)
+                for u, v in nu["curves"][variant].get(str(n), {}).get("per_user", {}).items()]  # fmt: skip
+
     for n in found[0]["sizes"]:
         cells, users = [], 0
         for variant in variants:
-            values = [v for nu in found for v in nu["curves"][variant].get(str(n), {}).get("per_user", {}).values()]
+            values = [v for _, _, v in per_user(variant, n)]
             users = max(users, len(values))
             se = float(np.std(values, ddof=1)) / math.sqrt(len(values)) if len(values) > 1 else float("nan")
             cells.append(f"{np.mean(values):.3f} ± {se:.3f}" if values else "-")
+        if all(p in variants for p in paired):
+            other = {(k, u): v for k, u, v in per_user(paired[1], n)}
+            diffs = np.array([v - other[(k, u)] for k, u, v in per_user(paired[0], n) if (k, u) in other])
+            se = float(np.std(diffs, ddof=1)) / math.sqrt(len(diffs)) if len(diffs) > 1 else float("nan")
+            won, lost = int((diffs > 0).sum()), int((diffs < 0).sum())
+            cells.append(f"{diffs.mean():+.3f} ± {se:.3f} ({won} won / {lost} lost)" if len(diffs) else "-")
+        else:
+            cells.append("-")
         lines.append(f"| {n} | {users} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 

@@ -68,13 +68,17 @@ def test_new_users_table_pools_users_over_seeds(tmp_path: Path) -> None:
         run = _fake_run(tmp_path / f"synth-{seed}", {"fedper": [0.5]})
         results = json.loads((run / "results.json").read_text())
         per_user = {str(u): v for u, v in enumerate(values)}
+        majority = {"0": 0.3, "1": 0.5}  # the same users' majority of N: paired user by user, seed by seed
         results["new_users"] = {"users": [0, 1], "steps": 50, "sizes": [0, 100],
-                                "curves": {"fedper: head": {"0": {"per_user": per_user}, "100": {"users": 0}}}}  # fmt: skip
+                                "curves": {"fedper: head": {"0": {"per_user": per_user}, "100": {"users": 0}},
+                                           "majority of N": {"0": {"per_user": majority}, "100": {"users": 0}}}}  # fmt: skip
         (run / "results.json").write_text(json.dumps(results))
         runs.append(run)
     text = results_suite.new_users_table(runs)
     # 4 users: mean 0.5, sample std 0.258, SE 0.129; nobody has 100 photos.
-    assert "| 0 | 4 | 0.500 ± 0.129 |" in text and "| 100 | 0 | - |" in text
+    assert "| 0 | 4 | 0.500 ± 0.129 |" in text and "| 100 | 0 | - | - | - |" in text
+    # Differences -0.1, -0.1, 0.3, 0.3: mean 0.1, SE 0.1155.
+    assert "| 0.400 ± 0.058 | +0.100 ± 0.115 (2 won / 2 lost) |" in text
 
 
 def test_probe_tables_pair_each_user_and_pool_the_seeds() -> None:
