@@ -88,6 +88,25 @@ def test_the_head_is_the_classifier_everywhere_the_split_looks():
         classifier("probit", 4, 5)
 
 
+def test_ordinal_head_gives_log_probabilities_with_finite_gradients_at_extreme_scores():
+    torch.manual_seed(0)
+    head = OrdinalHead(4, 5)
+    x = torch.randn(6, 4) * torch.tensor([[1.0], [10.0], [100.0], [1e4], [-1e4], [0.0]])
+    logp = head(x)
+    assert logp.shape == (6, 5)
+    assert torch.allclose(logp.exp().sum(1), torch.ones(6), atol=1e-5)
+    torch.autograd.backward(torch.nn.functional.nll_loss(logp, torch.tensor([0, 1, 2, 3, 4, 2])))
+    grads = [p.grad for p in head.parameters()]
+    assert all(g is not None and torch.isfinite(g).all() for g in grads)
+
+
+def test_ordinal_head_starts_with_equal_class_probabilities_at_score_zero():
+    head = OrdinalHead(3, 5)
+    with torch.no_grad():
+        head.score.weight.zero_()
+    assert torch.allclose(head(torch.ones(2, 3)).exp(), torch.full((2, 5), 0.2), atol=1e-5)
+
+
 @pytest.mark.numeric
 def test_the_fast_training_graph_equals_the_plain_one_with_the_ordinal_head(claim):
     model = build_model(ModelConfig(num_classes=5, head="ordinal"), seed=1).double()
