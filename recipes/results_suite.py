@@ -204,15 +204,33 @@ def new_users_table(runs: list[Path]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def probes(root: Path, seeds: Sequence[int]) -> list[dict[str, Any]]:
-    """The frozen-base probe of the packaged pretrained base (recipes.pretrain_probe) per seed,
-    reused from ``root/probe-seed<S>.json`` when there."""
+# The pretext whose base is not packaged, for the comparison of targets (fedper pretrain's options).
+EDITS_PRETRAIN = ("pretrain", "--targets", "edits", "--threads", "1")
+
+
+def edits_base(fedper: str, root: Path) -> Path:
+    """``fedper pretrain --targets edits`` with the packaged base's other settings (reused)."""
+    out = root / "pretrain-edits"
+    if not (out / "base.safetensors").exists():
+        start = time.perf_counter()
+        with (root / "pretrain-edits.log").open("w") as log:
+            done = subprocess.run([fedper, *EDITS_PRETRAIN, "--out", str(out)], stdout=log, stderr=subprocess.STDOUT,
+                                  check=False)  # fmt: skip
+        if done.returncode != 0:
+            raise FedperError(f"fedper {' '.join(EDITS_PRETRAIN)} failed; see {root / 'pretrain-edits.log'}")
+        print(f"  pretrain-edits: {time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
+    return out / "base.safetensors"
+
+
+def probes(root: Path, seeds: Sequence[int], base: Path = PACKAGED_BASE, name: str = "probe") -> list[dict[str, Any]]:
+    """The frozen-base probe of ``base`` (recipes.pretrain_probe) per seed, reused from
+    ``root/<name>-seed<S>.json`` when there."""
     out = []
     for seed in seeds:
-        path = root / f"probe-seed{seed}.json"
+        path = root / f"{name}-seed{seed}.json"
         if not path.exists():
             start = time.perf_counter()
-            atomic_write_text(path, json.dumps(pretrain_probe.probe_seed(PACKAGED_BASE, 32, seed)) + "\n")
+            atomic_write_text(path, json.dumps(pretrain_probe.probe_seed(base, 32, seed)) + "\n")
             print(f"  {path.stem}: {time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
         out.append(json.loads(path.read_text()))
     return out
@@ -223,6 +241,23 @@ def _pooled(results: list[dict[str, Any]], a: str, b: str) -> str:
     se = float(np.std(diffs, ddof=1)) / math.sqrt(len(diffs))
     won, lost = int((diffs > 0).sum()), int((diffs < 0).sum())
     return f"{np.mean(diffs):+.3f} ± {se:.3f} ({won} won / {lost} lost of {len(diffs)})"
+
+
+def targets_table(looks: list[dict[str, Any]], edits: list[dict[str, Any]]) -> str:
+    """The two pretexts' bases under the same per-user probes, paired user by user."""
+    lines = [
+        "**which targets** (frozen-base probes as above; `all`: the packaged base, `edits`: `fedper "
+        f"{' '.join(EDITS_PRETRAIN)}`)",
+        "",
+        "| per-user probe | targets: edits + category | targets: all (looks + edits + category) | "
+        "all − edits (paired) |",
+        "|---|---|---|---|",
+    ]
+    for label, key in (("logistic", "pretrained"), ("ordinal", "pretrained_ordinal")):
+        joined = [{"a": a[key], "e": e[key]} for a, e in zip(looks, edits, strict=True)]
+        a, e = np.mean([np.mean(r[key]) for r in looks]), np.mean([np.mean(r[key]) for r in edits])
+        lines.append(f"| {label} | {e:.3f} | {a:.3f} | {_pooled(joined, 'a', 'e')} |")
+    return "\n".join(lines) + "\n"
 
 
 def probe_tables(results: list[dict[str, Any]]) -> str:
@@ -287,7 +322,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     text = tables(runs) + "\n" + new_users_table(runs["synth"])
     text += "\n**BatchNorm statistics at evaluation** (synth, final models, mean ± std over seeds)\n\n"
     text += bn_modes.table(runs["synth"]) + "\n\n"
-    text += probe_tables(probes(args.out, SEEDS))
+    looks = probes(args.out, SEEDS)
+    edits = probes(args.out, SEEDS, edits_base(args.fedper, args.out), "probe-edits")
+    text += probe_tables(looks) + "\n" + targets_table(looks, edits)
     atomic_write_text(args.out / "tables.md", text + "\n")
     print(text)
     if args.write is not None:
