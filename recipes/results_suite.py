@@ -60,7 +60,8 @@ EXPERIMENTS: tuple[Experiment, ...] = (
     Experiment("synth-kp2", SWEEP, (*SYNTH, *FEDPER, "--kp", "2"), reference="synth"),
     Experiment("synth-kp3", SWEEP, (*SYNTH, *FEDPER, "--kp", "3"), reference="synth"),
     Experiment("synth-kp4", SWEEP, (*SYNTH, *FEDPER, "--kp", "4"), reference="synth"),
-    Experiment("synth-linear", SWEEP, (*SYNTH, *FEDPER, "--base", "linear"), reference="synth"),
+    # A linear base has no layer a checkpoint could start: it starts from random weights.
+    Experiment("synth-linear", SWEEP, (*SYNTH, *FEDPER, "--base", "linear", "--init", "scratch"), reference="synth"),
     Experiment("synth-val-ordinal", CHOICE, (*VALIDATE, "--head", "ordinal")),
     Experiment("synth-val-softmax", CHOICE, (*VALIDATE, "--head", "softmax"), reference="synth-val-ordinal"),
     Experiment("digits-k4", "digits", (*DIGITS, "--classes-per-client", "4", *FEDPER_FEDAVG, "--kp", "2")),

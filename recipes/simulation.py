@@ -83,6 +83,11 @@ class SimulationConfig:
             raise ConfigError(f"fraction must be in (0, 1], got {self.fraction}")
         if self.fine_tune_steps < 1:
             raise ConfigError(f"--fine-tune-steps must be >= 1, got {self.fine_tune_steps}")
+        if self.base == "linear" and checkpoint_path(self.init) is not None:
+            raise ConfigError(
+                "--base linear replaces every layer a checkpoint could start with one linear layer: "
+                f"--init {self.init} has nothing to load; give --init scratch"
+            )
 
 
 ProgressFn = Callable[[str, int, int], None]

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 
 from fedper import cli
 from fedper.data import DataConfig
+from fedper.errors import ConfigError
 from fedper.train_config import TrainConfig
 from recipes.presets import PRESETS, setting
 from recipes.simulation import SimulationConfig
@@ -55,3 +57,12 @@ def test_help_says_flickr_aes_has_its_own_defaults(capsys):
         cli.main(["simulate", "--help"])
     out = " ".join(capsys.readouterr().out.split())
     assert "--dataset flickr-aes has its own defaults" in out and "--image-size 224" in out
+
+
+def test_aesthetic_synth_starts_from_the_pretrained_base_with_the_ordinal_head_and_a_linear_base_cannot():
+    chosen = _setting("--dataset", "aesthetic-synth")
+    assert (str(chosen.simulation.init), chosen.simulation.head, chosen.simulation.kp) == ("pretrained", "ordinal", 1)
+    assert _setting("--dataset", "aesthetic-synth", "--init", "scratch").simulation.init == Path("scratch")
+    with pytest.raises(ConfigError, match="give --init scratch"):
+        _setting("--dataset", "aesthetic-synth", "--base", "linear")
+    assert _setting("--dataset", "aesthetic-synth", "--base", "linear", "--init", "scratch").simulation.base == "linear"
