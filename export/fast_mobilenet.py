@@ -13,7 +13,6 @@ from typing import cast
 
 import torch
 from torch import nn
-from torch.nn import functional as F
 
 from export.fast_ops import batch_norm_relu, depthwise3x3, depthwise3x3_s2, stem_conv
 from fedper.models.mobilenet_v1 import ConvBN, DepthwiseSeparable, MobileNetV1
@@ -37,7 +36,7 @@ class FastMobileNetStep(nn.Module):
             self.add_module(name, child)
         self.stem: ConvBN
         self.blocks: nn.ModuleList
-        self.classifier: nn.Linear
+        self.classifier: nn.Module
         self.bn_paths = ["stem.bn"] + [
             f"blocks.{i}.{part}.bn" for i in range(len(self.blocks)) for part in ("dw", "pw")
         ]
@@ -84,5 +83,5 @@ class FastMobileNetStep(nn.Module):
             h = batch_norm(h, block.pw.bn)
         channels = h.shape[0]
         pooled = h.view(channels, batch, height * width).mean(dim=2)
-        logits = F.linear(pooled.t(), self.classifier.weight, self.classifier.bias)
+        logits = self.classifier(pooled.t())
         return (self._loss(logits, y), *updated)

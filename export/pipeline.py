@@ -41,6 +41,8 @@ from fedper.manifest import (
     write_manifest,
 )
 from fedper.models import MODEL_NAMES, ModelConfig, StagedModel, build_model, exchanged_state, split
+from fedper.models.heads import HEADS
+from fedper.pretrained import INIT_HELP, checkpoint_path
 from fedper.train_config import TrainConfig
 
 PROGRAM_ROLES = (
@@ -65,6 +67,10 @@ class ExportConfig:
     input_size: int = option(32, "input image side in pixels (32: CIFAR-style stem, 224: ImageNet)")
     num_classes: int = option(10, "number of output classes (taken from --dataset when given)")
     kp: int = option(2, "personal layers from the top (0 = FedAvg, 1 = classifier, ...)")
+    head: str = option(
+        "softmax", "the classifier: softmax (a linear layer) or ordinal (one score and ordered cut points, for "
+        "ratings); both output one log-score per class", choices=HEADS,
+    )  # fmt: skip
     out: Path = option(Path("artifacts"), "output directory (replaced atomically)")
     weights: tuple[Path, ...] = option(
         (), "initial weights: safetensors file(s), e.g. a simulation's final base, or a server "
@@ -87,10 +93,7 @@ class ExportConfig:
     max_batch: int = option(64, "largest batch the training program accepts")
     training: TrainConfig = nested(TrainConfig, "the default written to the manifest")
     seed: int = option(0, "seed for the initial weights (when --weights is not given)")
-    init: Path | None = option(
-        None, "start the base from this checkpoint (safetensors: fedper pretrain's base, timm's mobilenetv1_100 "
-        "or torchvision's resnet34 layout); the head starts fresh from --seed", metavar="PATH",
-    )  # fmt: skip
+    init: Path | None = option(None, f"the base's initial weights: {INIT_HELP} (from --seed)", metavar="PATH")
 
 
 @dataclass(frozen=True)
@@ -132,6 +135,7 @@ def run_export(
             num_classes=info.num_classes if info else config.num_classes,
             alpha=config.alpha,
             input_size=config.input_size,
+            head=config.head,
         )
         labels = list(info.labels) if info and info.labels else None
         norm = Normalization(
@@ -249,10 +253,11 @@ def load_initial_weights(
     """The exported initial weights, in place: the seed's, a checkpoint's base (``--init``),
     given weight files (``--weights``) or the re-partitioned export's (``--from``)."""
     full_layout = [(n, tuple(t.shape)) for n, t in exchanged_state(model).items()]
-    if config.init is not None and (config.weights or config.from_dir is not None):
+    init = checkpoint_path(config.init)
+    if init is not None and (config.weights or config.from_dir is not None):
         raise ExportConfigError("--init starts a new model's base: it cannot be combined with --weights or --from")
-    if config.init is not None:
-        base_source = init_base(model, read_checkpoint(config.init, config.model), config.kp)
+    if init is not None:
+        base_source = init_base(model, read_checkpoint(init, config.model), config.kp)
         say(f"base from {config.init} ({base_source.layout} layout, {base_source.tensors} tensors, sha256 "
             f"{base_source.sha256[:12]}); head fresh")  # fmt: skip
     if config.weights:

@@ -70,6 +70,7 @@ class ModelSpec(_Strict):
     input_size: int
     base: str = "model"
     linear_base_kp: int = 0
+    head: Literal["softmax", "ordinal"] = "softmax"
 
 
 class Normalization(_Strict):

@@ -38,28 +38,9 @@ from fedper.baselines import per_client_accuracy
 from fedper.data import DataConfig, ImageDataset, load_federated, to_tensor
 from fedper.local_training import accuracy
 from fedper.models import ModelConfig, build_model
+from fedper.models.heads import OrdinalHead
 
 HEADS = ("softmax", "ordinal")
-
-
-class OrdinalHead(nn.Module):
-    """Log-probabilities of ordered classes under a cumulative logit model (stable in float32)."""
-
-    def __init__(self, features: int, num_classes: int):
-        super().__init__()
-        self.score = nn.Linear(features, 1, bias=False)
-        # Cut points start at the logistic quantiles of equal class frequencies.
-        cuts = torch.logit(torch.arange(1, num_classes, dtype=torch.float32) / num_classes)
-        self.first = nn.Parameter(cuts[:1].clone())
-        self.gaps = nn.Parameter(torch.log(torch.expm1(cuts[1:] - cuts[:-1])))  # softplus^-1
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        cuts = torch.cat([self.first, self.first + torch.cumsum(F.softplus(self.gaps), 0)])
-        a = cuts[None, :] - self.score(x)  # logit of P(y <= k)
-        gap = (cuts[1:] - cuts[:-1])[None, :]
-        # log(sigmoid(a_k) - sigmoid(a_{k-1})) = logsig(a_k) + logsig(-a_{k-1}) + log(1 - e^-gap)
-        middle = F.logsigmoid(a[:, 1:]) + F.logsigmoid(-a[:, :-1]) + torch.log(-torch.expm1(-gap))
-        return torch.cat([F.logsigmoid(a[:, :1]), middle, F.logsigmoid(-a[:, -1:])], 1)
 
 
 def train_pooled(config: DataConfig, head: str, epochs: int, lr: float, batch_size: int = 32) -> dict[str, list[float]]:

@@ -1,7 +1,8 @@
 """``fedper demo`` / ``make demo``: the whole system on one machine, and a report.
 
-Export once (the training program serves every kp), re-partition for FedAvg, then for
-FedPer (kp=2) and FedAvg (kp=0): start ``fedper serve`` in a subprocess on a free port and
+Export once (the base from the packaged pretrained checkpoint by default, the ordinal head;
+the training program serves every kp), re-partition for FedAvg, then for FedPer (kp=1) and
+FedAvg (kp=0): start ``fedper serve`` in a subprocess on a free port and
 run a fleet of devices against it over HTTP. Writes OUT/report.html (self-contained),
 OUT/results.json, metrics.csv and plots.
 """
@@ -23,20 +24,23 @@ from device_runtime.fleet import FleetConfig, run_fleet
 from device_runtime.training_program import check_exported, median_step_ms
 from export.pipeline import ExportConfig, run_export
 from fedper.atomic_write import atomic_write_text
+from fedper.checkpoints import read_checkpoint
 from fedper.config_cli import nested, option
 from fedper.data import DataConfig, load_federated
 from fedper.errors import ConfigError
 from fedper.models import ModelConfig
+from fedper.models.heads import HEADS
+from fedper.pretrained import INIT_HELP, PACKAGED_BASE, PACKAGED_CARD, checkpoint_path
 from fedper.protocol import Env
 from fedper.results import RunRecorder, config_json
 from fedper.train_config import TrainConfig
 from recipes.demo_report import compare, render_report
 from recipes.new_users import FINAL_BASE, new_user_curves
-from recipes.presets import SYNTH_LOCAL_EPOCHS, SYNTH_ROUNDS
+from recipes.presets import SYNTH_HEAD, SYNTH_INIT, SYNTH_KP, SYNTH_LOCAL_EPOCHS, SYNTH_ROUNDS
 from server.process import ServerProcess
 
 console = Console(stderr=True)
-DEMO_ALPHA, DEMO_INPUT_SIZE, DEMO_KP = 0.25, 32, 2  # the exported model: MobileNet-V1 width, pixels, kp
+DEMO_ALPHA, DEMO_INPUT_SIZE = 0.25, 32  # the exported model: MobileNet-V1 width, pixels
 
 
 @dataclass(frozen=True)
@@ -54,10 +58,9 @@ class DemoConfig:
     workers: int = option(0, "worker processes for the fleet (0 = one per core)")
     engine: str = option("executorch", "device training engine", choices=("executorch", "eager"))
     seed: int = option(0, "seed for data, initial weights and training order")
-    init: Path | None = option(
-        None, "start the base (the server's version 0) from this checkpoint: fedper pretrain's base, or timm's "
-        "mobilenetv1_100 layout at width 0.25; the heads start fresh", metavar="PATH",
-    )  # fmt: skip
+    init: Path = option(SYNTH_INIT, f"the base's version 0: {INIT_HELP}", metavar="PATH")
+    head: str = option(SYNTH_HEAD, "the personal classifier: softmax or ordinal (for ratings)", choices=HEADS)
+    kp: int = option(SYNTH_KP, "FedPer's personal layers from the top (FedAvg's fleet has none)")
 
     def __post_init__(self) -> None:
         if self.devices < 1 or self.rounds < 1:
@@ -86,11 +89,25 @@ def _new_user_curves(config: DemoConfig, data: DataConfig, out: Path) -> dict[st
     for label in ("fedper", "fedavg"):
         versions = sorted((out / f"server-{label}" / "models").glob("v*.safetensors"), key=lambda p: int(p.stem[1:]))
         shutil.copyfile(versions[-1], out / label / FINAL_BASE)
-    mcfg = ModelConfig(name="mobilenet_v1", num_classes=5, alpha=DEMO_ALPHA, input_size=DEMO_INPUT_SIZE)
+    mcfg = ModelConfig(num_classes=5, alpha=DEMO_ALPHA, input_size=DEMO_INPUT_SIZE, head=config.head)
     return new_user_curves(
-        load_federated(data), mcfg, DEMO_KP, ("fedper", "fedavg"), out, config.training, config.fine_tune_steps,
+        load_federated(data), mcfg, config.kp, ("fedper", "fedavg"), out, config.training, config.fine_tune_steps,
         config.seed, skip=("fedper: head+base",),  # the costliest variant; fedper simulate has it
     )  # fmt: skip
+
+
+def base_source(init: Path) -> dict[str, Any]:
+    """Where the base's version 0 came from, for the report: the packaged base's model card, a
+    checkpoint's file and hash, or random weights."""
+    path = checkpoint_path(init)
+    if path is None:
+        return {"kind": "scratch"}
+    checkpoint = read_checkpoint(path, "mobilenet_v1")
+    found: dict[str, Any] = {"kind": "checkpoint", "path": str(path), "sha256": checkpoint.sha256}
+    if path == PACKAGED_BASE:
+        card = json.loads(PACKAGED_CARD.read_text())
+        found.update(kind="pretrained", card=card)
+    return found
 
 
 def run_demo(config: DemoConfig) -> dict[str, Any]:
@@ -104,7 +121,8 @@ def run_demo(config: DemoConfig) -> dict[str, Any]:
             alpha=DEMO_ALPHA,
             input_size=DEMO_INPUT_SIZE,
             dataset="aesthetic-synth",
-            kp=DEMO_KP,
+            kp=config.kp,
+            head=config.head,
             out=out / "artifacts",
             seed=config.seed,
             init=config.init,
@@ -172,6 +190,7 @@ def run_demo(config: DemoConfig) -> dict[str, Any]:
     recorder.write(out)
     timings["total"] = time.perf_counter() - start
     summary = {
+        "base": base_source(config.init),
         "step_ms": step_ms,
         "timings": timings,
         "traffic": traffic,
@@ -179,6 +198,9 @@ def run_demo(config: DemoConfig) -> dict[str, Any]:
     }
     results = json.loads((out / "results.json").read_text())
     summary["comparison"] = compare(results)
+    majority = float(results["baselines"]["majority"]["mean_accuracy"])
+    summary["majority_baseline"] = majority
+    summary["fedper_minus_majority"] = float(results["algorithms"]["fedper"]["final_mean_accuracy"]) - majority
     results["demo"] = summary
     atomic_write_text(out / "results.json", json.dumps(results, indent=2) + "\n")
     atomic_write_text(out / "report.html", render_report(config, results, out))

@@ -95,8 +95,9 @@ def render_report(config: DemoConfig, results: dict[str, Any], out: Path) -> str
         f"{c['last_rounds']:.0f} evaluation points, averaged over devices: FedPer {c['fedper_last_rounds']:.3f}, "
         f"FedAvg {c['fedavg_last_rounds']:.3f}."
     )
+    start = "from the pretrained base" if demo["base"]["kind"] == "pretrained" else "from " + demo["base"]["kind"]
     budget = (
-        f"with {config.rounds} rounds of {config.training.local_epochs} local epochs from scratch on "
+        f"with {config.rounds} rounds of {config.training.local_epochs} local epochs {start} on "
         f"{config.images_per_user[0]}-{config.images_per_user[1]} photos per user, personal heads have had little "
         "data and time to learn each taste, and each device's test split is a few dozen photos (one photo moves "
         "its accuracy by several points). "
@@ -150,6 +151,9 @@ def render_report(config: DemoConfig, results: dict[str, Any], out: Path) -> str
         accuracy_plot=img("accuracy_per_round.png"),
         client_plot=img("final_accuracy_per_client.png"),
         new_users=new_users,
+        base=_base_section(demo["base"]),
+        kp=config.kp,
+        head=html.escape(config.head),
         devices=config.devices,
         images_per_user=f"{config.images_per_user[0]}-{config.images_per_user[1]}",
         engine=html.escape(config.engine),
@@ -165,6 +169,31 @@ def render_report(config: DemoConfig, results: dict[str, Any], out: Path) -> str
         timings=timings,
         sizes=sizes,
         traffic=traffic,
+    )
+
+
+def _base_section(base: dict[str, Any]) -> str:
+    """Where the server's version 0 came from, and what the pretrained base was taught."""
+    compare_runs = (
+        "<p>Pretrained against from scratch, FedPer against FedAvg over 3 seeds, and which cues the base carries: "
+        "<code>make results</code> (its tables are in the project's docs). The same fleets from random weights: "
+        "<code>fedper demo --init scratch</code>.</p>"
+    )
+    if base["kind"] == "scratch":
+        return "<p>Random initial weights (<code>--init scratch</code>).</p>" + compare_runs
+    text = f"<p>Checkpoint <code>{html.escape(base['path'])}</code>, sha256 <code>{base['sha256']}</code>; "
+    if base["kind"] != "pretrained":
+        return text + "the heads start fresh.</p>" + compare_runs
+    card = base["card"]
+    scores = card["pretext"]["held_out_scores"]
+    looks = ", ".join(f"{k.removeprefix('look.')} {v:.2f}" for k, v in scores.items() if k.startswith("look."))
+    data = card["data"]
+    return (
+        text + f"the base the toolkit ships, made by <code>fedper pretrain</code> at commit {card['commit'][:7]} "
+        f"({card['training']['epochs']} epochs on {data['images']:,} unrated composites at {data['image_size']} px, "
+        f"seed {card['training']['seed']}). Raters: {html.escape(data['raters'])}. It learned to tell what a photo "
+        f"shows: held-out R² of the photographic properties: {html.escape(looks)}; content category accuracy "
+        f"{scores['category_accuracy']:.2f} (chance 0.125). The heads start fresh.</p>" + compare_runs
     )
 
 

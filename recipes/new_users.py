@@ -8,7 +8,8 @@ them a starting model and fine-tunes part of it on their first N photos
   paper's new clients, Figs 15-18);
 - ``fedper: head+base``: the same start, every tensor trained;
 - ``fedavg: head``: FedAvg's final model; the same head layers are trained;
-- ``scratch``: the run's initial weights, every tensor trained;
+- ``scratch``: the run's initial weights (with ``--init``, the checkpoint's base and a fresh head), every
+  tensor trained;
 - ``majority of N``: no model, the rating the user gave most often among its first N photos.
 """
 

@@ -52,6 +52,9 @@ WARMUP = 0.1  # share of the steps the learning rate rises over, before its cosi
 # The loss: mean squared error of the standardized looks, half-weighted edits, cross-entropy of
 # the category. Looks carry what raters respond to; edits only how the photo was made.
 EDIT_WEIGHT = 0.5
+# --targets: "all" as above; "edits" drops the looks (the edit-identification pretext of Sheng
+# et al., AAAI 2020, plus the category), to measure what the looks add.
+TARGETS = ("all", "edits")
 
 # (done, total, what): called as the run goes.
 ProgressFn = Callable[[int, int, str], None]
@@ -69,6 +72,10 @@ class PretrainConfig:
     batch_size: int = option(128, "examples per step")
     learning_rate: float = option(4e-3, "peak AdamW learning rate (warm-up, then cosine decay)", flags=("--lr",))
     seed: int = option(0, "seed of the composites, the initial weights and the example order")
+    targets: str = option(
+        "all", "what the base learns to tell: all (the photographic properties, the edits, the category) or "
+        "edits (the edits and the category only, for comparison)", choices=TARGETS,
+    )  # fmt: skip
     threads: int = option(0, "torch threads (0 = all cores)")
 
     def __post_init__(self) -> None:
@@ -97,11 +104,11 @@ def _lr(config: PretrainConfig, step: int, total: int) -> float:
     return config.learning_rate * 0.5 * (1 + math.cos(math.pi * (step - warm) / max(1, total - warm)))
 
 
-def _loss(out: torch.Tensor, targets: torch.Tensor, categories: torch.Tensor) -> torch.Tensor:
+def _loss(out: torch.Tensor, targets: torch.Tensor, categories: torch.Tensor, with_looks: bool) -> torch.Tensor:
     looks = pretext.LOOK_COUNT
     regressions = len(pretext.REGRESSION_TARGETS)
     return (
-        F.mse_loss(out[:, :looks], targets[:, :looks])
+        (F.mse_loss(out[:, :looks], targets[:, :looks]) if with_looks else 0.0)
         + EDIT_WEIGHT * F.mse_loss(out[:, looks:regressions], targets[:, looks:regressions])
         + F.cross_entropy(out[:, regressions:], categories)
     )
@@ -199,7 +206,7 @@ def run_pretrain(config: PretrainConfig, progress: ProgressFn | None = None) -> 
             for group in opt.param_groups:
                 group["lr"] = _lr(config, epoch * steps_per_epoch + s, total)
             idx = order[s * config.batch_size : (s + 1) * config.batch_size] + held
-            loss = _loss(model(x[idx]), y[idx], c[idx])
+            loss = _loss(model(x[idx]), y[idx], c[idx], config.targets == "all")
             opt.zero_grad(set_to_none=True)
             loss.backward()  # type: ignore[no-untyped-call]
             opt.step()
@@ -242,9 +249,11 @@ def _write_base_and_card(
             "raters": "none: no rating, taste vector, user content mix or per-user feature enters pretraining",
         },
         "pretext": {
+            "targets": config.targets,
             "regression_targets": list(pretext.REGRESSION_TARGETS),
             "category_targets": list(pretext.CATEGORIES),
-            "loss": f"MSE(looks) + {EDIT_WEIGHT} MSE(edits) + cross-entropy(category)",
+            "loss": ("MSE(looks) + " if config.targets == "all" else "")
+            + f"{EDIT_WEIGHT} MSE(edits) + cross-entropy(category)",
             "held_out_scores": {k: v for k, v in last.items() if k not in ("epoch", "loss")},
         },
         "training": {

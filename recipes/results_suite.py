@@ -28,7 +28,8 @@ import numpy as np
 
 from fedper.atomic_write import atomic_write_text
 from fedper.errors import FedperError
-from recipes import bn_modes
+from fedper.pretrained import PACKAGED_BASE
+from recipes import bn_modes, pretrain_probe
 
 SEEDS = (0, 1, 2)
 BEGIN, END = "<!-- results:begin (make results) -->", "<!-- results:end -->"
@@ -46,13 +47,23 @@ class Experiment:
     reference: str = ""  # an experiment on the same splits whose FedPer this one is paired with
 
 
-SWEEP = "aesthetic-synth: kp sweep and linear base"
+SWEEP = "aesthetic-synth: kp sweep, linear base and the base's start"
+CHOICE = "aesthetic-synth: choosing the head on a validation split of the training photos"
 ALL3 = ("--algorithms", "fedper,fedavg,local")
+FEDPER = ("--algorithms", "fedper")
 FEDPER_FEDAVG = ("--algorithms", "fedper,fedavg")  # digits: local dropped to keep make results near an hour
+VALIDATE = (*SYNTH, *FEDPER, "--validate")
 EXPERIMENTS: tuple[Experiment, ...] = (
+    # aesthetic-synth's preset: the packaged pretrained base, the ordinal head, kp=1.
     Experiment("synth", "aesthetic-synth", (*SYNTH, *ALL3, "--holdout-clients", "5")),
-    Experiment("synth-kp1", SWEEP, (*SYNTH, "--algorithms", "fedper", "--kp", "1"), reference="synth"),
-    Experiment("synth-linear", SWEEP, (*SYNTH, "--algorithms", "fedper", "--base", "linear"), reference="synth"),
+    Experiment("synth-scratch", SWEEP, (*SYNTH, *FEDPER, "--init", "scratch"), reference="synth"),
+    Experiment("synth-kp2", SWEEP, (*SYNTH, *FEDPER, "--kp", "2"), reference="synth"),
+    Experiment("synth-kp3", SWEEP, (*SYNTH, *FEDPER, "--kp", "3"), reference="synth"),
+    Experiment("synth-kp4", SWEEP, (*SYNTH, *FEDPER, "--kp", "4"), reference="synth"),
+    # A linear base has no layer a checkpoint could start: it starts from random weights.
+    Experiment("synth-linear", SWEEP, (*SYNTH, *FEDPER, "--base", "linear", "--init", "scratch"), reference="synth"),
+    Experiment("synth-val-ordinal", CHOICE, (*VALIDATE, "--head", "ordinal")),
+    Experiment("synth-val-softmax", CHOICE, (*VALIDATE, "--head", "softmax"), reference="synth-val-ordinal"),
     Experiment("digits-k4", "digits", (*DIGITS, "--classes-per-client", "4", *FEDPER_FEDAVG, "--kp", "2")),
     Experiment("digits-k10", "digits", (*DIGITS, "--classes-per-client", "10", *FEDPER_FEDAVG, "--kp", "2")),
 )
@@ -121,9 +132,9 @@ def tables(runs_by_name: dict[str, list[Path]]) -> str:
     for table in dict.fromkeys(e.table for e in EXPERIMENTS):
         lines += [f"**{table}** (seeds {', '.join(map(str, SEEDS))})", ""]
         lines += [
-            "| run | algorithm | kp | base | final mean acc (mean ± std over seeds) | last-5 mean | "
-            "client std | paired difference per client (mean ± SE) |",
-            "|---|---|---|---|---|---|---|---|",
+            "| run | algorithm | kp | base | head | initial base | final mean acc (mean ± std over seeds) | "
+            "last-5 mean | client std | paired difference per client (mean ± SE) |",
+            "|---|---|---|---|---|---|---|---|---|---|",
         ]
         baselines: dict[str, list[float]] = {}
         for experiment in (e for e in EXPERIMENTS if e.table == table):
@@ -140,7 +151,8 @@ def tables(runs_by_name: dict[str, list[Path]]) -> str:
                     paired = f"vs {experiment.reference}'s fedper: {_paired(runs, algorithm, algorithm, reference)}"
                 paired = paired or "-"
                 lines.append(
-                    f"| {experiment.name} | {algorithm} | {kp} | {sim['base']} | "
+                    f"| {experiment.name} | {algorithm} | {kp} | {sim['base']} | {sim.get('head', 'softmax')} | "
+                    f"{sim.get('init') or 'scratch'} | "
                     f"{_mean_std([f['final_mean_accuracy'] for f in finals])} | "
                     f"{_mean_std([f['last5_mean_accuracy'] for f in finals])} | "
                     f"{np.mean([f['final_std'] for f in finals]):.3f} | {paired} |"
@@ -149,32 +161,133 @@ def tables(runs_by_name: dict[str, list[Path]]) -> str:
                 for name in runs[0].get("baselines", {}):
                     baselines[name] = [r["baselines"][name]["mean_accuracy"] for r in runs]
         for name, values in baselines.items():
-            lines.append(f"| same splits | baseline: {name} | - | - | {_mean_std(values)} | - | - | - |")
+            lines.append(f"| same splits | baseline: {name} | - | - | - | - | {_mean_std(values)} | - | - | - |")
         lines.append("")
     return "\n".join(lines)
 
 
 def new_users_table(runs: list[Path]) -> str:
-    """New users' accuracy against N per variant, users of every seed pooled: mean ± SE (users)."""
+    """New users' accuracy against N per variant, users of every seed pooled: mean ± SE (users);
+    and FedPer's base with a fresh head against the majority of the user's N ratings, paired."""
     found = [_load(d)["new_users"] for d in runs if "new_users" in _load(d)]
     if not found:
         return ""
     variants = list(found[0]["curves"])
+    paired = ("fedper: head", "majority of N")
     lines = [
         f"**new users** (`--holdout-clients`, {len(found[0]['users'])} per seed, seeds pooled; "
         f"{found[0]['steps']} SGD steps at every N)",
         "",
-        "| N photos | users | " + " | ".join(variants) + " |",
-        "|---|---|" + "---|" * len(variants),
+        "| N photos | users | " + " | ".join(variants) + " | fedper: head − majority of N (paired) |",
+        "|---|---|" + "---|" * (len(variants) + 1),
     ]
+
+    def per_user(variant: str, n: int) -> list[tuple[int, str, float]]:
+        return [(k, u, v) for k, nu in enumerate(found)
+                for u, v in nu["curves"][variant].get(str(n), {}).get("per_user", {}).items()]  # fmt: skip
+
     for n in found[0]["sizes"]:
         cells, users = [], 0
         for variant in variants:
-            values = [v for nu in found for v in nu["curves"][variant].get(str(n), {}).get("per_user", {}).values()]
+            values = [v for _, _, v in per_user(variant, n)]
             users = max(users, len(values))
             se = float(np.std(values, ddof=1)) / math.sqrt(len(values)) if len(values) > 1 else float("nan")
             cells.append(f"{np.mean(values):.3f} ± {se:.3f}" if values else "-")
+        if all(p in variants for p in paired):
+            other = {(k, u): v for k, u, v in per_user(paired[1], n)}
+            diffs = np.array([v - other[(k, u)] for k, u, v in per_user(paired[0], n) if (k, u) in other])
+            se = float(np.std(diffs, ddof=1)) / math.sqrt(len(diffs)) if len(diffs) > 1 else float("nan")
+            won, lost = int((diffs > 0).sum()), int((diffs < 0).sum())
+            cells.append(f"{diffs.mean():+.3f} ± {se:.3f} ({won} won / {lost} lost)" if len(diffs) else "-")
+        else:
+            cells.append("-")
         lines.append(f"| {n} | {users} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+# The pretext whose base is not packaged, for the comparison of targets (fedper pretrain's options).
+EDITS_PRETRAIN = ("pretrain", "--targets", "edits", "--threads", "1")
+
+
+def edits_base(fedper: str, root: Path) -> Path:
+    """``fedper pretrain --targets edits`` with the packaged base's other settings (reused)."""
+    out = root / "pretrain-edits"
+    if not (out / "base.safetensors").exists():
+        start = time.perf_counter()
+        with (root / "pretrain-edits.log").open("w") as log:
+            done = subprocess.run([fedper, *EDITS_PRETRAIN, "--out", str(out)], stdout=log, stderr=subprocess.STDOUT,
+                                  check=False)  # fmt: skip
+        if done.returncode != 0:
+            raise FedperError(f"fedper {' '.join(EDITS_PRETRAIN)} failed; see {root / 'pretrain-edits.log'}")
+        print(f"  pretrain-edits: {time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
+    return out / "base.safetensors"
+
+
+def probes(root: Path, seeds: Sequence[int], base: Path = PACKAGED_BASE, name: str = "probe") -> list[dict[str, Any]]:
+    """The frozen-base probe of ``base`` (recipes.pretrain_probe) per seed, reused from
+    ``root/<name>-seed<S>.json`` when there."""
+    out = []
+    for seed in seeds:
+        path = root / f"{name}-seed{seed}.json"
+        if not path.exists():
+            start = time.perf_counter()
+            atomic_write_text(path, json.dumps(pretrain_probe.probe_seed(base, 32, seed)) + "\n")
+            print(f"  {path.stem}: {time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
+        out.append(json.loads(path.read_text()))
+    return out
+
+
+def _pooled(results: list[dict[str, Any]], a: str, b: str) -> str:
+    diffs = np.concatenate([np.array(r[a]) - np.array(r[b]) for r in results])
+    se = float(np.std(diffs, ddof=1)) / math.sqrt(len(diffs))
+    won, lost = int((diffs > 0).sum()), int((diffs < 0).sum())
+    return f"{np.mean(diffs):+.3f} ± {se:.3f} ({won} won / {lost} lost of {len(diffs)})"
+
+
+def targets_table(looks: list[dict[str, Any]], edits: list[dict[str, Any]]) -> str:
+    """The two pretexts' bases under the same per-user probes, paired user by user."""
+    lines = [
+        "**which targets** (frozen-base probes as above; `all`: the packaged base, `edits`: `fedper "
+        f"{' '.join(EDITS_PRETRAIN)}`)",
+        "",
+        "| per-user probe | targets: edits + category | targets: all (looks + edits + category) | "
+        "all − edits (paired) |",
+        "|---|---|---|---|",
+    ]
+    for label, key in (("logistic", "pretrained"), ("ordinal", "pretrained_ordinal")):
+        joined = [{"a": a[key], "e": e[key]} for a, e in zip(looks, edits, strict=True)]
+        a, e = np.mean([np.mean(r[key]) for r in looks]), np.mean([np.mean(r[key]) for r in edits])
+        lines.append(f"| {label} | {e:.3f} | {a:.3f} | {_pooled(joined, 'a', 'e')} |")
+    return "\n".join(lines) + "\n"
+
+
+def probe_tables(results: list[dict[str, Any]]) -> str:
+    """Per-user probes (pooled over seeds' users, paired) and what each generator feature's R² is."""
+    seeds = ", ".join(str(r["seed"]) for r in results)
+
+    def mean(key: str) -> str:
+        return f"{np.mean([np.mean(r[key]) for r in results]):.3f}"
+
+    lines = [
+        f"**frozen-base probe, 32 px** (the packaged base; {len(results[0]['random'])} users per seed, seeds {seeds})",
+        "",
+        "| per-user probe | majority | random base | pretrained base | pretrained − random (paired) | "
+        "pretrained − majority (paired) | generator features (ceiling) |",
+        "|---|---|---|---|---|---|---|",
+        f"| logistic | {mean('majority')} | {mean('random')} | {mean('pretrained')} | "
+        f"{_pooled(results, 'pretrained', 'random')} | {_pooled(results, 'pretrained', 'majority')} | "
+        f"{mean('generator_features')} |",
+        f"| ordinal | {mean('majority')} | {mean('random_ordinal')} | {mean('pretrained_ordinal')} | "
+        f"{_pooled(results, 'pretrained_ordinal', 'random_ordinal')} | "
+        f"{_pooled(results, 'pretrained_ordinal', 'majority')} | {mean('generator_features_ordinal')} |",
+        "",
+        "| generator feature | R², pretrained base | R², random base |",
+        "|---|---|---|",
+    ]
+    for feature in results[0]["random_feature_r2"]:
+        pre = np.mean([r["pretrained_feature_r2"][feature] for r in results])
+        rnd = np.mean([r["random_feature_r2"][feature] for r in results])
+        lines.append(f"| {feature} | {pre:.2f} | {rnd:.2f} |")
     return "\n".join(lines) + "\n"
 
 
@@ -209,7 +322,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     runs = run_all(args.fedper, args.out, SEEDS, args.jobs)
     text = tables(runs) + "\n" + new_users_table(runs["synth"])
     text += "\n**BatchNorm statistics at evaluation** (synth, final models, mean ± std over seeds)\n\n"
-    text += bn_modes.table(runs["synth"]) + "\n"
+    text += bn_modes.table(runs["synth"]) + "\n\n"
+    looks = probes(args.out, SEEDS)
+    edits = probes(args.out, SEEDS, edits_base(args.fedper, args.out), "probe-edits")
+    text += probe_tables(looks) + "\n" + targets_table(looks, edits)
     atomic_write_text(args.out / "tables.md", text + "\n")
     print(text)
     if args.write is not None:

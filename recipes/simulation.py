@@ -29,7 +29,9 @@ from fedper.eager_trainer import EagerTrainer
 from fedper.environment import numeric_environment
 from fedper.errors import ConfigError
 from fedper.models import ModelConfig, build_model, exchanged_state, split
+from fedper.models.heads import HEADS
 from fedper.models.split import batchnorm_stat_names
+from fedper.pretrained import INIT_HELP, checkpoint_path
 from fedper.ray_cluster import RayConfig, ray_session
 from fedper.results import ClientRecord, RunRecorder, config_json
 from fedper.train_config import TrainConfig
@@ -58,16 +60,17 @@ class SimulationConfig:
     )  # fmt: skip
     model: str = option("mobilenet_v1", "model", choices=("mobilenet_v1", "resnet34"))
     alpha: float = option(0.25, "MobileNet-V1 width multiplier")
+    head: str = option(
+        "softmax", "the classifier: softmax (a linear layer) or ordinal (one score and ordered cut points per "
+        "client, for ratings)", choices=HEADS,
+    )  # fmt: skip
     threads: int = option(0, "torch threads (0 = all cores)")
     backend: str = option("serial", "where the clients of a round train: one after the other in this process, "
                           "or as Ray tasks (a local Ray or --ray-address; equal to serial with --threads 1)",
                           choices=("serial", "ray"))  # fmt: skip
     ray: RayConfig = nested(RayConfig)
     fine_tune_steps: int = option(50, "SGD steps each held-out user (--holdout-clients) trains for, at every N")
-    init: Path | None = option(
-        None, "start every algorithm's base from this checkpoint (safetensors: fedper pretrain's base, timm's "
-        "mobilenetv1_100 or torchvision's resnet34 layout); the head starts fresh", metavar="PATH",
-    )  # fmt: skip
+    init: Path | None = option(None, f"every algorithm's initial base: {INIT_HELP}", metavar="PATH")
     out: Path = option(Path("runs/simulation"), "output directory")
 
     def __post_init__(self) -> None:
@@ -80,6 +83,11 @@ class SimulationConfig:
             raise ConfigError(f"fraction must be in (0, 1], got {self.fraction}")
         if self.fine_tune_steps < 1:
             raise ConfigError(f"--fine-tune-steps must be >= 1, got {self.fine_tune_steps}")
+        if self.base == "linear" and checkpoint_path(self.init) is not None:
+            raise ConfigError(
+                "--base linear replaces every layer a checkpoint could start with one linear layer: "
+                f"--init {self.init} has nothing to load; give --init scratch"
+            )
 
 
 ProgressFn = Callable[[str, int, int], None]
@@ -96,6 +104,7 @@ def model_config(sim: SimulationConfig, num_classes: int, input_size: int) -> Mo
         input_size=input_size,
         base=sim.base,
         linear_base_kp=sim.kp if sim.base == "linear" else 0,
+        head=sim.head,
     )
 
 
@@ -143,7 +152,8 @@ def _run(sim: SimulationConfig, data: DataConfig, progress: ProgressFn | None, o
         "partition": fed.partition,
         "clients_train_samples": [c.num_samples for c in clients],
     }
-    checkpoint = read_checkpoint(sim.init, mcfg.name) if sim.init is not None else None
+    init = checkpoint_path(sim.init)
+    checkpoint = read_checkpoint(init, mcfg.name) if init is not None else None
     if checkpoint is not None:  # checked before any training, at the kp that needs the most of it
         needs = 0 if "fedavg" in sim.algorithms else sim.kp
         config["init"] = init_base(build_model(mcfg, seed=data.seed), checkpoint, needs).to_dict()

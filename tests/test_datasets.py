@@ -1,3 +1,4 @@
+import dataclasses
 import json
 import pickle
 import re
@@ -16,6 +17,7 @@ from fedper.data import (
     load_dataset,
     load_federated,
 )
+from fedper.errors import ConfigError
 
 
 def test_digits_are_the_real_bundled_scans():
@@ -224,3 +226,14 @@ def test_simulate_on_flickr_aes_files_takes_the_paper_setting_but_for_what_is_gi
     assert re.search(
         r"estimate: about \d+ s on this machine \(\d+ ms per step x 104 steps per round x 1 round x 1 algorithm;", err
     )
+
+
+def test_validate_scores_on_part_of_the_training_photos_and_never_on_the_test_photos():
+    config = DataConfig(dataset="aesthetic-synth", partition="user", users=12, num_clients=4, seed=3)
+    plain, validating = load_federated(config), load_federated(dataclasses.replace(config, validate=True))
+    for ours, theirs in zip(validating.clients, plain.clients, strict=True):
+        assert np.array_equal(np.sort(np.concatenate([ours.train, ours.test])), theirs.train)
+        assert not set(ours.test) & set(theirs.test) and not set(ours.train) & set(theirs.test)
+        assert len(ours.test) == round(len(theirs.train) * config.test_fraction)
+    with pytest.raises(ConfigError, match="drop --holdout-clients"):
+        dataclasses.replace(config, validate=True, holdout_clients=2)

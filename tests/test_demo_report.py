@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from fedper.errors import FedperError
+from fedper.pretrained import PACKAGED_CARD
 from fedper.results import ClientRecord, RunRecorder
-from recipes.demo import DemoConfig
+from recipes.demo import DemoConfig, base_source
 from recipes.demo_report import compare, render_report
 
 
@@ -27,7 +29,7 @@ def test_demo_report_is_self_contained_and_says_what_the_numbers_mean(tmp_path):
     recorder.write(tmp_path)
     results = json.loads((tmp_path / "results.json").read_text())
     results["demo"] = {"step_ms": 87.0, "timings": {"total": 500.0}, "traffic": {"fedper": {"up": 100, "down": 600}},
-                       "export": {"sizes": {"train.pte": 123}}}  # fmt: skip
+                       "export": {"sizes": {"train.pte": 123}}, "base": base_source(Path("pretrained"))}  # fmt: skip
     results["demo"]["comparison"] = c = compare(results)
     assert c["difference"] == pytest.approx(0.10, abs=0.05) and c["devices_won"] >= 9
     # The paired comparison is of the final point (after round 5), not of round 5's start.
@@ -44,6 +46,9 @@ def test_demo_report_is_self_contained_and_says_what_the_numbers_mean(tmp_path):
     assert "baseline: majority" in page and "0.366" in page
     assert "most common rating scores 0.366: FedPer is above it" in page and "Seed 0" in page
     assert "RESULTS.md" not in page  # the report's claims come from its own numbers
+    card = json.loads(PACKAGED_CARD.read_text())
+    assert card["base"]["sha256"] in page and "no rating, taste vector" in page and "fedper pretrain" in page
+    assert "kp=1 (the top 1 layer(s), the ordinal classifier first" in page
     assert "beat one global model" in page and "FedPer wins on" in page
     assert page.count("data:image/png;base64,") == 2 and 'src="http' not in page
     assert "<td>after round 5</td>" in page and "last 5 evaluation points" in page
@@ -79,10 +84,12 @@ def test_demo_report_shows_the_new_users_curve(tmp_path):
     }  # fmt: skip
     recorder.write(tmp_path)
     results = json.loads((tmp_path / "results.json").read_text())
-    results["demo"] = {"step_ms": 87.0, "timings": {"total": 500.0}, "traffic": {}, "export": {"sizes": {}}}
+    results["demo"] = {"step_ms": 87.0, "timings": {"total": 500.0}, "traffic": {}, "export": {"sizes": {}},
+                       "base": base_source(Path("scratch"))}  # fmt: skip
     results["demo"]["comparison"] = compare(results)
     page = render_report(DemoConfig(), results, tmp_path)
     assert "how many ratings until the phone knows my taste" in page
+    assert "Random initial weights" in page
     assert page.count("data:image/png;base64,") == 3  # the new-users plot is embedded too
     assert "<tr><td>5</td><td>2</td><td>0.432 ± 0.071</td><td>0.432 ± 0.071</td></tr>" in page
     assert "<tr><td>50</td><td>0</td><td>-</td><td>-</td></tr>" in page

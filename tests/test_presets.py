@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 
 from fedper import cli
 from fedper.data import DataConfig
+from fedper.errors import ConfigError
 from fedper.train_config import TrainConfig
 from recipes.presets import PRESETS, setting
 from recipes.simulation import SimulationConfig
@@ -45,7 +47,8 @@ def test_every_preset_names_options_of_simulate_with_their_types_and_new_values(
     defaults = {f.name: getattr(c, f.name) for c in (DataConfig(), SimulationConfig(), SimulationConfig().training)
                 for f in dataclasses.fields(c)}  # fmt: skip
     for option_name, value in PRESETS[name].values.items():
-        assert type(value) is type(defaults[option_name]), option_name
+        if defaults[option_name] is not None:  # an optional option (--init) takes its value's type
+            assert type(value) is type(defaults[option_name]), option_name
         assert value != defaults[option_name], f"{option_name}: same as the option's default, declare it once"
 
 
@@ -54,3 +57,12 @@ def test_help_says_flickr_aes_has_its_own_defaults(capsys):
         cli.main(["simulate", "--help"])
     out = " ".join(capsys.readouterr().out.split())
     assert "--dataset flickr-aes has its own defaults" in out and "--image-size 224" in out
+
+
+def test_aesthetic_synth_starts_from_the_pretrained_base_with_the_ordinal_head_and_a_linear_base_cannot():
+    chosen = _setting("--dataset", "aesthetic-synth")
+    assert (str(chosen.simulation.init), chosen.simulation.head, chosen.simulation.kp) == ("pretrained", "ordinal", 1)
+    assert _setting("--dataset", "aesthetic-synth", "--init", "scratch").simulation.init == Path("scratch")
+    with pytest.raises(ConfigError, match="give --init scratch"):
+        _setting("--dataset", "aesthetic-synth", "--base", "linear")
+    assert _setting("--dataset", "aesthetic-synth", "--base", "linear", "--init", "scratch").simulation.base == "linear"

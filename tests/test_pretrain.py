@@ -13,6 +13,7 @@ from fedper.checkpoints import init_base, read_checkpoint
 from fedper.data import aesthetic_synth, pretext
 from fedper.errors import ConfigError
 from fedper.models import ModelConfig, build_model
+from fedper.pretrained import PACKAGED_BASE, PACKAGED_CARD, PRETRAINED, SCRATCH, checkpoint_path
 from recipes.pretrain import BASE, CARD, PretrainConfig, run_pretrain
 
 
@@ -96,3 +97,23 @@ def test_the_probe_scores_each_user_and_each_generator_feature(tmp_path):
     y = rng.integers(0, 3, 80)
     x = np.eye(3)[y] + rng.normal(0, 0.01, (80, 3))
     assert user_probe(x[:60], y[:60], x[60:], y[60:], seed=0) == 1.0
+
+
+def test_the_packaged_base_is_what_its_card_says_and_starts_the_flagship_model():
+    """The committed base: its bytes are the card's sha256, the card's settings are ``fedper
+    pretrain``'s defaults (what README's command reproduces), no rater entered it, and
+    ``--init pretrained`` starts aesthetic-synth's default model at any kp with it."""
+    card = json.loads(PACKAGED_CARD.read_text())
+    assert hashlib.sha256(PACKAGED_BASE.read_bytes()).hexdigest() == card["base"]["sha256"]
+    made_with = {k: v for k, v in card["config"].items() if k not in ("out", "threads")}
+    defaults = {k: v for k, v in vars(PretrainConfig()).items() if k not in ("out", "threads")}
+    # --targets came later; "all" is what every run before it trained on.
+    assert {"targets": "all", **made_with} == defaults
+    assert card["data"]["raters"].startswith("none")
+    assert checkpoint_path(Path(PRETRAINED)) == PACKAGED_BASE and checkpoint_path(Path(SCRATCH)) is None
+    assert checkpoint_path(None) is None and checkpoint_path(Path("my.safetensors")) == Path("my.safetensors")
+    model = build_model(ModelConfig(num_classes=5, head="ordinal"), seed=0)
+    source = init_base(model, read_checkpoint(PACKAGED_BASE, "mobilenet_v1"), kp=0)
+    assert source.tensors == card["base"]["tensors"] and source.fresh[0].startswith("classifier.")
+    stem = np.asarray(read_checkpoint(PACKAGED_BASE, "mobilenet_v1").tensors["stem.conv.weight"])
+    assert np.array_equal(model.state_dict()["stem.conv.weight"].numpy(), stem)

@@ -23,7 +23,7 @@ def _fake_run(path: Path, per_client: dict[str, list[float]], kp: int = 2) -> Pa
         for a, v in per_client.items()
     }
     results = {
-        "config": {"simulation": {"kp": kp, "base": "model"}},
+        "config": {"simulation": {"kp": kp, "base": "model", "head": "ordinal", "init": "pretrained"}},
         "algorithms": algorithms,
         "baselines": {"majority": {"mean_accuracy": 0.3, "std": 0.05, "per_client": {}}},
     }
@@ -43,11 +43,12 @@ def test_tables_pool_paired_differences_over_seeds(tmp_path: Path) -> None:
     # fedper - fedavg per client: seed s gives 0.2 and s/10 -> diffs 0.2, 0, 0.2, 0.1, 0.2, 0.2.
     assert "vs fedavg: +0.150 ± 0.034 (5 won / 0 lost of 6)" in text
     # Means over seeds of the clients' mean: 0.55, 0.6, 0.65.
-    assert "| synth | fedper | 2 | model | 0.600 ± 0.041 |" in text
-    assert "baseline: majority | - | - | 0.300 ± 0.000" in text
+    assert "| synth | fedper | 2 | model | ordinal | pretrained | 0.600 ± 0.041 |" in text
+    assert "baseline: majority | - | - | - | - | 0.300 ± 0.000" in text
     # A sweep row is paired with the reference experiment's FedPer on the same clients and seeds.
     assert (
-        "| synth-kp1 | fedper | 2 | model | 0.600 ± 0.041 | 0.590 ± 0.041 | 0.100 | vs synth's fedper: +0.000" in text
+        "| synth-kp2 | fedper | 2 | model | ordinal | pretrained | 0.600 ± 0.041 | 0.590 ± 0.041 | 0.100 | "
+        "vs synth's fedper: +0.000" in text
     )
 
 
@@ -67,10 +68,30 @@ def test_new_users_table_pools_users_over_seeds(tmp_path: Path) -> None:
         run = _fake_run(tmp_path / f"synth-{seed}", {"fedper": [0.5]})
         results = json.loads((run / "results.json").read_text())
         per_user = {str(u): v for u, v in enumerate(values)}
+        majority = {"0": 0.3, "1": 0.5}  # the same users' majority of N: paired user by user, seed by seed
         results["new_users"] = {"users": [0, 1], "steps": 50, "sizes": [0, 100],
-                                "curves": {"fedper: head": {"0": {"per_user": per_user}, "100": {"users": 0}}}}  # fmt: skip
+                                "curves": {"fedper: head": {"0": {"per_user": per_user}, "100": {"users": 0}},
+                                           "majority of N": {"0": {"per_user": majority}, "100": {"users": 0}}}}  # fmt: skip
         (run / "results.json").write_text(json.dumps(results))
         runs.append(run)
     text = results_suite.new_users_table(runs)
     # 4 users: mean 0.5, sample std 0.258, SE 0.129; nobody has 100 photos.
-    assert "| 0 | 4 | 0.500 ± 0.129 |" in text and "| 100 | 0 | - |" in text
+    assert "| 0 | 4 | 0.500 ± 0.129 |" in text and "| 100 | 0 | - | - | - |" in text
+    # Differences -0.1, -0.1, 0.3, 0.3: mean 0.1, SE 0.1155.
+    assert "| 0.400 ± 0.058 | +0.100 ± 0.115 (2 won / 2 lost) |" in text
+
+
+def test_probe_tables_pair_each_user_and_pool_the_seeds() -> None:
+    features = {"look.brightness": 0.9}
+    results = [
+        {"seed": s, "majority": [0.3, 0.3], "random": [0.3, 0.4], "pretrained": [0.5, 0.4 + s / 10],
+         "random_ordinal": [0.3, 0.3], "pretrained_ordinal": [0.4, 0.5], "generator_features": [0.6, 0.6],
+         "generator_features_ordinal": [0.7, 0.7], "random_feature_r2": {"look.brightness": 0.1},
+         "pretrained_feature_r2": features}
+        for s in range(3)
+    ]  # fmt: skip
+    text = results_suite.probe_tables(results)
+    # pretrained - random per user: 0.2 and s/10 -> 0.2, 0, 0.2, 0.1, 0.2, 0.2.
+    assert "| logistic | 0.300 | 0.350 | 0.500 | +0.150 ± 0.034 (5 won / 0 lost of 6) |" in text
+    assert "| ordinal | 0.300 | 0.300 | 0.450 | +0.150 ± 0.022 (6 won / 0 lost of 6) |" in text
+    assert "| look.brightness | 0.90 | 0.10 |" in text

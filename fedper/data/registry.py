@@ -49,10 +49,16 @@ class DataConfig:
         0, "new users who never train with the federation, drawn from the users no client has "
         "(user partition only); each gets a fine-tuning pool and a test split",
     )  # fmt: skip
+    validate: bool = option(
+        False, "score every client on a validation split of its training photos (the --test-fraction share of "
+        "them) instead of its test photos, which are then not used at all: for choosing settings",
+    )  # fmt: skip
 
     def __post_init__(self) -> None:
         if self.holdout_clients < 0:
             raise ConfigError(f"--holdout-clients must be >= 0, got {self.holdout_clients}")
+        if self.validate and self.holdout_clients:
+            raise ConfigError("--validate chooses settings on the clients' training photos; drop --holdout-clients")
 
 
 @dataclass(frozen=True)
@@ -152,7 +158,10 @@ def partition(dataset: ImageDataset, config: DataConfig) -> FederatedData:
     clients = []
     for i, share in enumerate(shares):
         try:
-            clients.append(train_test(share, config.test_fraction, np.random.default_rng([config.seed, 11, i])))
+            split = train_test(share, config.test_fraction, np.random.default_rng([config.seed, 11, i]))
+            if config.validate:  # the test photos are set aside; the training photos split again
+                split = train_test(split.train, config.test_fraction, np.random.default_rng([config.seed, 12, i]))
+            clients.append(split)
         except DatasetError as exc:
             raise DatasetError(f"client {i}: {exc} (too many clients for this dataset?)") from exc
     holdout = _holdout(dataset, config, kind, shares) if config.holdout_clients else ()

@@ -8,6 +8,7 @@ from typing import Any, Literal
 import torch
 
 from fedper.errors import ConfigError
+from fedper.models.heads import HEADS
 from fedper.models.mobilenet_v1 import MobileNetV1
 from fedper.models.resnet import ResNet34
 from fedper.models.staged import StagedModel
@@ -29,6 +30,8 @@ class ModelConfig:
     # linear layer. It changes the architecture, so it is part of the model config.
     base: str = "model"
     linear_base_kp: int = 0
+    # "ordinal": a cumulative-link head for ordered ratings (fedper.models.heads).
+    head: str = "softmax"
 
     def __post_init__(self) -> None:
         if self.name not in MODEL_NAMES:
@@ -39,6 +42,8 @@ class ModelConfig:
             raise ConfigError(f"input_size must be at least 32, got {self.input_size}")
         if self.base not in ("model", "linear"):
             raise ConfigError(f"base must be 'model' or 'linear', got {self.base!r}")
+        if self.head not in HEADS:
+            raise ConfigError(f"unknown head {self.head!r}; choose one of: {', '.join(HEADS)}")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -50,9 +55,9 @@ def build_model(config: ModelConfig, seed: int | None = None) -> StagedModel:
         torch.manual_seed(seed)
     model: StagedModel
     if config.name == "mobilenet_v1":
-        model = MobileNetV1(config.num_classes, config.alpha, config.input_size)
+        model = MobileNetV1(config.num_classes, config.alpha, config.input_size, config.head)
     else:
-        model = ResNet34(config.num_classes, config.input_size)
+        model = ResNet34(config.num_classes, config.input_size, config.head)
     if config.base == "linear":
         model.use_linear_base(config.linear_base_kp, config.input_size)
     return model

@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from fedper.errors import ConfigError
+from fedper.models.heads import classifier
 from fedper.models.staged import Stage, StagedModel
 
 # (output channels, stride) of the 13 depthwise-separable blocks, at width 1.0.
@@ -62,7 +63,7 @@ class DepthwiseSeparable(nn.Module):
 class MobileNetV1(StagedModel):
     """MobileNet-V1; ``input_size`` 32 uses a stride-1 stem (CIFAR-style), 224 the ImageNet stem."""
 
-    def __init__(self, num_classes: int = 10, alpha: float = 1.0, input_size: int = 224):
+    def __init__(self, num_classes: int = 10, alpha: float = 1.0, input_size: int = 224, head: str = "softmax"):
         super().__init__()
         if alpha <= 0:
             raise ConfigError(f"width multiplier alpha must be positive, got {alpha}")
@@ -78,7 +79,7 @@ class MobileNetV1(StagedModel):
             ch = out_ch
         self.blocks = nn.ModuleList(blocks)
         self.pool = nn.AdaptiveAvgPool2d(1)
-        self.classifier = nn.Linear(ch, num_classes)
+        self.classifier = classifier(head, ch, num_classes)
         self.feature_channels = ch
 
     def _top(self, x: torch.Tensor) -> torch.Tensor:

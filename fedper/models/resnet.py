@@ -8,6 +8,7 @@ import torch
 from torch import nn
 from torchvision.models.resnet import BasicBlock, ResNet
 
+from fedper.models.heads import classifier
 from fedper.models.staged import Stage, StagedModel
 
 
@@ -23,10 +24,12 @@ class ResNet34(StagedModel, ResNet):
     layer3: nn.Sequential
     layer4: nn.Sequential
     avgpool: nn.Module
-    fc: nn.Linear
+    fc: nn.Module
 
-    def __init__(self, num_classes: int = 10, input_size: int = 224):
+    def __init__(self, num_classes: int = 10, input_size: int = 224, head: str = "softmax"):
         super().__init__(BasicBlock, [3, 4, 6, 3], num_classes=num_classes)
+        if head != "softmax":
+            self.fc = classifier(head, 512, num_classes)
         if input_size < 128:
             # Same state-key names as the ImageNet stem, so the split does not change.
             self.conv1 = nn.Conv2d(3, 64, kernel_size=3, stride=1, padding=1, bias=False)

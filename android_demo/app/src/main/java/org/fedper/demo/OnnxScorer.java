@@ -73,7 +73,10 @@ final class OnnxScorer implements AutoCloseable {
     }
   }
 
-  /** The expected rating 1-5 under the model's softmax (classes are the ratings 1..5). */
+  /**
+   * The expected rating 1-5 under the model's softmax (classes are the ratings 1..5); for the ordinal
+   * head, whose outputs are log-probabilities, the softmax is those probabilities.
+   */
   static double expectedRating(float[] logits) {
     double max = Double.NEGATIVE_INFINITY;
     for (float v : logits) {
