@@ -103,9 +103,7 @@ def new_user_curves(
             progress(TASK, done, total)
 
     curves = {
-        name: curve_summary(
-            fine_tuning_curve(mcfg, start, trainable, users, sizes, training, steps, seed, tick, fresh)
-        )
+        name: curve_summary(fine_tuning_curve(mcfg, start, trainable, users, sizes, training, steps, seed, tick, fresh))
         for name, (start, trainable, fresh) in found.items()
     }
     curves[MAJORITY] = curve_summary(majority_curve(users, sizes))
