@@ -1,7 +1,8 @@
 """In-process simulation of FedPer, FedAvg and local training (eager PyTorch, one process).
 
 Every client trains from the received base plus its own personal tensors; the
-base is aggregated by the toolkit's one FedAvg (:class:`fedper.aggregate.FedAvg`).
+base is aggregated as the server aggregates it (:func:`fedper.robust_aggregate.robust_aggregate`:
+the toolkit's one FedAvg behind the same clipping and weight cap, or a robust mean).
 Accuracy is measured on each client's own test split with the model it holds at
 the start of the round, before local training, as Flower's reproduction does, and
 once more after the last round's aggregation: the final point, the headline
@@ -13,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -20,7 +22,6 @@ import numpy as np
 import torch
 
 from fedper import weights
-from fedper.aggregate import FedAvg
 from fedper.baselines import per_client_accuracy
 from fedper.checkpoints import Checkpoint, init_base, read_checkpoint
 from fedper.config_cli import nested, option
@@ -34,6 +35,7 @@ from fedper.models.split import batchnorm_stat_names
 from fedper.pretrained import INIT_HELP, checkpoint_path
 from fedper.ray_cluster import RayConfig, ray_session
 from fedper.results import ClientRecord, RunRecorder, config_json
+from fedper.robust_aggregate import AggregationConfig, robust_aggregate
 from fedper.train_config import TrainConfig
 from recipes.client_round import Client, ClientOutcome, ClientRound, client_round
 from recipes.new_users import new_user_curves
@@ -69,6 +71,7 @@ class SimulationConfig:
                           "or as Ray tasks (a local Ray or --ray-address; equal to serial with --threads 1)",
                           choices=("serial", "ray"))  # fmt: skip
     ray: RayConfig = nested(RayConfig)
+    aggregation: AggregationConfig = nested(AggregationConfig, "as fedper serve aggregates")
     fine_tune_steps: int = option(50, "SGD steps each held-out user (--holdout-clients) trains for, at every N")
     init: Path | None = option(None, f"every algorithm's initial base: {INIT_HELP}", metavar="PATH")
     out: Path = option(Path("runs/simulation"), "output directory")
@@ -218,16 +221,19 @@ def _run_algorithm(
         selected = set(rng.choice(len(clients), size=n_train, replace=False).tolist())
         tasks = [ClientRound(cid, rnd, seed, cid in selected, sim.training, shared, personal_names)
                  for cid in range(len(clients))]  # fmt: skip
-        fedavg = FedAvg(layout) if shared else None
+        updates: list[tuple[dict[str, np.ndarray], int]] = []
         for task, client, outcome in zip(tasks, clients, rounds.run(tasks, global_shared, personal), strict=True):
             if outcome.personal is not None:
                 personal[task.client_id] = outcome.personal
-            if fedavg is not None and outcome.update is not None:  # added in client order, as ever
-                fedavg.add(weights.to_numpy(outcome.update), client.num_samples)
+            if shared and outcome.update is not None:  # in client order, as ever
+                updates.append((weights.to_numpy(outcome.update), client.num_samples))
             recorder.add(ClientRecord(algorithm, rnd, task.client_id, client.num_samples, outcome.accuracy,
                                       outcome.accuracy_after, outcome.loss))  # fmt: skip
-        if fedavg is not None:
-            global_shared = weights.to_torch(fedavg.result())
+        if shared:
+            aggregate, report = robust_aggregate(layout, weights.to_numpy(global_shared), partial(iter, updates),
+                                                 sim.aggregation)  # fmt: skip
+            global_shared = weights.to_torch(aggregate)
+            recorder.aggregation[algorithm].append({"round": rnd, **report.to_dict()})
         if progress is not None:
             progress(algorithm, rnd, sim.rounds)
     # The final point: final base + own final head, evaluated only.
