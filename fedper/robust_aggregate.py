@@ -7,7 +7,10 @@ honest hundreds). Here, before the round's updates are combined, relative to its
 
 - each update's delta (update minus base) is scaled down to at most ``clip_factor`` times the
   round's median delta norm: norm bounding (Sun et al., "Can You Really Backdoor Federated
-  Learning?", 2019) with a bound that follows the cohort instead of a constant to guess;
+  Learning?", 2019) with a bound that follows the cohort instead of a constant to guess. The
+  weights and the BatchNorm running statistics are two groups, each with its own norm and
+  bound: the statistics are not gradient steps, and their deltas (a variance going from 1 to
+  what the data has) are 5-30x the weights' and vary far more between honest devices;
 - each device's weight is at most ``weight_cap`` times the round's median sample count;
 - the updates are combined by the weighted mean (``mean``: FedAvg), or coordinate by coordinate
   by the median or the trimmed mean (Yin et al., ICML 2018; Flower's FedMedian and
@@ -32,6 +35,9 @@ from fedper.config_cli import option
 from fedper.errors import ConfigError
 
 AGGREGATES: tuple[str, ...] = ("mean", "median", "trimmed-mean")
+BATCHNORM_VARIANCE = ".running_var"  # torch's name for a BatchNorm layer's running variance
+BATCHNORM_STATISTICS = (".running_mean", BATCHNORM_VARIANCE)
+PARAMETERS, STATISTICS = "parameters", "batchnorm_statistics"  # the groups clipped apart
 Tensors = Mapping[str, np.ndarray]
 Update = tuple[Tensors, int]  # tensors, claimed number of examples
 
@@ -74,16 +80,27 @@ class AggregationReport:
 
     aggregate: str
     updates: int
-    median_norm: float  # of the deltas, before clipping
-    largest_norm: float
-    norm_bound: float | None  # None: clipping off
-    clipped: int
+    median_norm: dict[str, float]  # per group (parameters, BatchNorm statistics), before clipping
+    largest_norm: dict[str, float]
+    norm_bound: dict[str, float] | None  # None: clipping off
+    clipped: int  # updates scaled down in at least one group
     weight_limit: int | None  # None: no cap
     capped: int
     largest_weight_share: float  # of the weights used (mean); 1/updates for median, trimmed-mean
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
+
+
+def negative_variance(name: str, values: np.ndarray) -> float | None:
+    """The smallest value of a BatchNorm running variance if it is below zero, else None: once
+    averaged in, a negative variance makes every device's evaluation NaN, however small the
+    update's distance from the base (so it is refused, not clipped)."""
+    if name.endswith(BATCHNORM_VARIANCE) and values.size:
+        smallest = float(np.min(values))
+        if smallest < 0:
+            return smallest
+    return None
 
 
 def lower_median(values: Sequence[float]) -> float:
@@ -93,16 +110,26 @@ def lower_median(values: Sequence[float]) -> float:
     return float(sorted(values)[(len(values) - 1) // 2])
 
 
-def delta_norm(tensors: Tensors, base: Tensors) -> float:
-    """L2 norm of ``tensors - base`` over every tensor of ``base``, in float64, the same bits
-    whatever the order of the mappings (the clipping bound depends on it, and the aggregate must
-    depend on the set of updates only): numpy's pairwise sum within a tensor (not BLAS's dot,
-    whose rounding may follow the memory alignment), an exact sum across tensors."""
-    squared = []
+def norm_group(name: str) -> str:
+    """Which clipping group a base tensor is in: BatchNorm running statistics, or parameters."""
+    return STATISTICS if name.endswith(BATCHNORM_STATISTICS) else PARAMETERS
+
+
+def group_norms(tensors: Tensors, base: Tensors) -> dict[str, float]:
+    """L2 norm of ``tensors - base`` per group, over the tensors of ``base``, in float64, the same
+    bits whatever the order of the mappings (the clipping bound depends on it, and the aggregate
+    must depend on the set of updates only): numpy's pairwise sum within a tensor (not BLAS's
+    dot, whose rounding may follow the memory alignment), an exact sum across tensors."""
+    squared: dict[str, list[float]] = {}
     for name, b in base.items():
         d = np.asarray(tensors[name], dtype=np.float64).ravel() - np.asarray(b, dtype=np.float64).ravel()
-        squared.append(float(np.sum(np.square(d))))
-    return math.sqrt(math.fsum(squared))
+        squared.setdefault(norm_group(name), []).append(float(np.sum(np.square(d))))
+    return {g: math.sqrt(math.fsum(v)) for g, v in sorted(squared.items())}
+
+
+def delta_norm(tensors: Tensors, base: Tensors) -> float:
+    """L2 norm of ``tensors - base`` over every tensor of ``base`` (both groups)."""
+    return math.sqrt(math.fsum(n * n for n in group_norms(tensors, base).values()))
 
 
 def robust_aggregate(
@@ -119,18 +146,22 @@ def robust_aggregate(
     the float64 sum's rounding). ``group`` is FedAvg's (1: one update in memory at a time).
     """
     fedavg = FedAvg(layout, group=group)  # also checks every update's layout
-    norms, counts = [], []
+    norms: list[dict[str, float]] = []
+    counts: list[int] = []
     for tensors, num_samples in updates():
         fedavg.check(tensors)
         if num_samples < 1:
             raise AggregationError(f"num_samples must be positive, got {num_samples}")
-        norms.append(delta_norm(tensors, base))
+        norms.append(group_norms(tensors, base))
         counts.append(int(num_samples))
-    median = lower_median(norms)
-    bound = config.clip_factor * median if config.clip_factor else None
+    if not norms:
+        raise AggregationError("no updates to aggregate")
+    groups = list(norms[0])
+    median = {g: lower_median([n[g] for n in norms]) for g in groups}
+    bound = {g: config.clip_factor * median[g] for g in groups} if config.clip_factor else None
     limit = max(1, math.floor(config.weight_cap * lower_median(counts))) if config.weight_cap else None
     weights = [min(n, limit) if limit is not None else n for n in counts]
-    scales = [bound / norm if bound is not None and norm > bound else 1.0 for norm in norms]
+    scales = [{g: bound[g] / n[g] if bound is not None and n[g] > bound[g] else 1.0 for g in groups} for n in norms]
     if config.aggregate == "mean":
         for i, (tensors, _) in enumerate(_same(updates(), len(norms))):
             fedavg.add(_scaled(tensors, base, scales[i]), weights[i])
@@ -144,8 +175,9 @@ def robust_aggregate(
         if not np.isfinite(arr).all():
             raise AggregationError(f"the aggregate of tensor {name!r} is not finite; the round is not published")
     report = AggregationReport(
-        aggregate=config.aggregate, updates=len(norms), median_norm=median, largest_norm=max(norms),
-        norm_bound=bound, clipped=sum(s < 1.0 for s in scales), weight_limit=limit,
+        aggregate=config.aggregate, updates=len(norms), median_norm=median,
+        largest_norm={g: max(n[g] for n in norms) for g in groups}, norm_bound=bound,
+        clipped=sum(min(s.values()) < 1.0 for s in scales), weight_limit=limit,
         capped=sum(w < n for w, n in zip(weights, counts, strict=True)), largest_weight_share=share,
     )  # fmt: skip
     return result, report
@@ -163,12 +195,17 @@ def _same(updates: Iterable[Update], expected: int) -> Iterable[Update]:
         raise AggregationError(f"the updates changed between passes ({expected}, then {count})")
 
 
-def _scaled(tensors: Tensors, base: Tensors, scale: float) -> Tensors:
-    """``base + scale * (tensors - base)`` in float64; the tensors themselves when scale is 1."""
-    if scale >= 1.0:
+def _scaled(tensors: Tensors, base: Tensors, scales: Mapping[str, float]) -> Tensors:
+    """``base + scale * (tensors - base)`` in float64, with each tensor's group's scale; the
+    tensors themselves when no group is scaled."""
+    if min(scales.values()) >= 1.0:
         return tensors
     out = {}
     for name, b in base.items():  # every tensor computed alone: the mapping's order does not matter
+        scale = scales[norm_group(name)]
+        if scale >= 1.0:
+            out[name] = tensors[name]
+            continue
         b64 = np.asarray(b, dtype=np.float64)
         out[name] = b64 + scale * (np.asarray(tensors[name], dtype=np.float64) - b64)
     return out

@@ -35,7 +35,7 @@ from fedper.models.split import batchnorm_stat_names
 from fedper.pretrained import INIT_HELP, checkpoint_path
 from fedper.ray_cluster import RayConfig, ray_session
 from fedper.results import ClientRecord, RunRecorder, config_json
-from fedper.robust_aggregate import AggregationConfig, robust_aggregate
+from fedper.robust_aggregate import AggregationConfig, negative_variance, robust_aggregate
 from fedper.train_config import TrainConfig
 from recipes.client_round import Client, ClientOutcome, ClientRound, client_round
 from recipes.new_users import new_user_curves
@@ -97,6 +97,10 @@ ProgressFn = Callable[[str, int, int], None]
 
 
 StartFn = Callable[[ModelConfig, list[int]], None]
+Arrays = dict[str, np.ndarray]
+# What a client sends instead of its honest update (recipes/poisoning.py): (client, update,
+# num_samples, the round's base) -> (tensors, num_samples) sent, or None for nothing.
+TamperFn = Callable[[int, Arrays, int, Arrays], tuple[Arrays, int] | None]
 
 
 def model_config(sim: SimulationConfig, num_classes: int, input_size: int) -> ModelConfig:
@@ -128,19 +132,25 @@ def shared_names(sim: SimulationConfig, algorithm: str, model: torch.nn.Module) 
 
 
 def run(
-    sim: SimulationConfig, data: DataConfig, progress: ProgressFn | None = None, on_start: StartFn | None = None
+    sim: SimulationConfig,
+    data: DataConfig,
+    progress: ProgressFn | None = None,
+    on_start: StartFn | None = None,
+    tamper: TamperFn | None = None,
 ) -> RunRecorder:
     """Run every algorithm on the same clients and initial weights; write the run's files.
     ``on_start`` gets the model config and each client's number of training samples once the
-    data is loaded, before any training (the command estimates the run's time with them)."""
+    data is loaded, before any training (the command estimates the run's time with them).
+    ``tamper`` replaces what clients send (an attack, for research); what the server would
+    refuse (a negative BatchNorm variance) is then left out of the round, as the server does."""
     if sim.threads:
         torch.set_num_threads(sim.threads)
     with ray_session(sim.ray) if sim.backend == "ray" else nullcontext() as ray:
-        return _run(sim, data, progress, on_start, ray)
+        return _run(sim, data, progress, on_start, ray, tamper)
 
 
 def _run(sim: SimulationConfig, data: DataConfig, progress: ProgressFn | None, on_start: StartFn | None,
-         ray: Any) -> RunRecorder:  # fmt: skip
+         ray: Any, tamper: TamperFn | None) -> RunRecorder:  # fmt: skip
     fed = load_federated(data)
     ds = fed.dataset
     mcfg = model_config(sim, ds.num_classes, ds.image_size)
@@ -166,7 +176,7 @@ def _run(sim: SimulationConfig, data: DataConfig, progress: ProgressFn | None, o
     recorder.baselines = per_client_accuracy(fed, data.seed)
     sim.out.mkdir(parents=True, exist_ok=True)
     for algorithm in sim.algorithms:
-        _run_algorithm(sim, mcfg, algorithm, clients, recorder, progress, data.seed, checkpoint, ray)
+        _run_algorithm(sim, mcfg, algorithm, clients, recorder, progress, data.seed, checkpoint, ray, tamper)
         recorder.write(sim.out)  # keep what finished if a later algorithm crashes
     if fed.holdout:
         _new_users(sim, mcfg, fed, recorder, progress, data.seed)
@@ -198,6 +208,7 @@ def _run_algorithm(
     seed: int,
     checkpoint: Checkpoint | None,
     ray: Any = None,
+    tamper: TamperFn | None = None,
 ) -> None:
     model = build_model(mcfg, seed=seed)
     if checkpoint is not None:  # FedAvg's classifier is in its base, and stays fresh too
@@ -226,10 +237,14 @@ def _run_algorithm(
             if outcome.personal is not None:
                 personal[task.client_id] = outcome.personal
             if shared and outcome.update is not None:  # in client order, as ever
-                updates.append((weights.to_numpy(outcome.update), client.num_samples))
+                sent: tuple[Arrays, int] | None = (weights.to_numpy(outcome.update), client.num_samples)
+                if tamper is not None and sent is not None:
+                    sent = tamper(task.client_id, *sent, weights.to_numpy(global_shared))
+                if sent is not None and not any(negative_variance(n, v) is not None for n, v in sent[0].items()):
+                    updates.append(sent)
             recorder.add(ClientRecord(algorithm, rnd, task.client_id, client.num_samples, outcome.accuracy,
                                       outcome.accuracy_after, outcome.loss))  # fmt: skip
-        if shared:
+        if shared and updates:  # none (every one refused): the base stays, as an abandoned round's
             aggregate, report = robust_aggregate(layout, weights.to_numpy(global_shared), partial(iter, updates),
                                                  sim.aggregation)  # fmt: skip
             global_shared = weights.to_torch(aggregate)

@@ -9,7 +9,15 @@ from hypothesis import strategies as st
 
 from fedper.aggregate import AggregationError, FedAvg
 from fedper.errors import ConfigError
-from fedper.robust_aggregate import AggregationConfig, delta_norm, lower_median, robust_aggregate
+from fedper.robust_aggregate import (
+    AggregationConfig,
+    delta_norm,
+    group_norms,
+    lower_median,
+    negative_variance,
+    norm_group,
+    robust_aggregate,
+)
 
 LAYOUT = [("w", (3, 4)), ("bn.running_var", (4,))]
 OFF = AggregationConfig(clip_factor=0, weight_cap=0)
@@ -53,12 +61,27 @@ def test_a_huge_update_with_a_huge_count_is_clipped_and_capped():
     plain, _ = _run([*honest, attack], OFF)
     assert max(abs(float(v.max())) for v in plain.values()) > 1e29  # what FedAvg alone does
     result, report = _run([*honest, attack], AggregationConfig())
-    honest_norms = [delta_norm(t, _base()) for t, _ in honest]
-    assert report.clipped == 1 and report.capped == 1
-    assert report.norm_bound is not None and report.norm_bound <= 3 * max(honest_norms)
-    assert delta_norm(result, _base()) <= report.norm_bound * (1 + 1e-6)
+    assert report.clipped == 1 and report.capped == 1 and report.norm_bound is not None
+    for group, bound in report.norm_bound.items():  # each group within 3x its largest honest norm
+        assert bound <= 3 * max(group_norms(t, _base())[group] for t, _ in honest)
+        assert group_norms(result, _base())[group] <= bound * (1 + 1e-6)
     assert report.weight_limit == 3 * sorted(n for _, n in [*honest, attack])[2]
     assert report.largest_weight_share < 0.5
+
+
+def test_weights_and_batchnorm_statistics_are_clipped_apart():
+    """Honest statistics deltas dwarf the weights' (a variance from 1 to the data's): one device
+    whose variances moved far more than the others' is clipped there, its weights are not."""
+    updates = _honest(np.random.default_rng(2), 5)
+    far = dict(updates[0][0])
+    far["bn.running_var"] = far["bn.running_var"] * 50
+    updates[0] = (far, updates[0][1])
+    result, report = _run(updates, AggregationConfig())
+    assert norm_group("bn.running_var") == "batchnorm_statistics" and norm_group("w") == "parameters"
+    assert report.clipped == 1 and report.norm_bound is not None
+    assert group_norms(result, _base())["batchnorm_statistics"] <= report.norm_bound["batchnorm_statistics"]
+    plain, _ = _run(updates, AggregationConfig(clip_factor=0))
+    assert result["w"].tobytes() == plain["w"].tobytes()  # the weights aggregated as they came
 
 
 @settings(max_examples=60, deadline=None)
@@ -82,20 +105,24 @@ def test_fewer_than_half_hostile_cannot_move_the_base_beyond_the_honest_bound(se
     result, report = _run([updates[i] for i in order], config)
     assert all(np.isfinite(v).all() for v in result.values())
     assert report.norm_bound is not None and report.weight_limit is not None
-    assert report.norm_bound <= 3 * max(delta_norm(t, _base()) for t, _ in updates[:honest])
+    honest_norms = [group_norms(t, _base()) for t, _ in updates[:honest]]
+    for group, bound in report.norm_bound.items():
+        assert bound <= 3 * max(n[group] for n in honest_norms)
     assert report.weight_limit <= 3 * max(n for _, n in updates[:honest])
     cut = math.floor(0.1 * len(updates))
     if aggregate == "mean" or (aggregate == "trimmed-mean" and cut == 0):
-        # A (weighted) mean of updates each within the bound is within it.
-        assert delta_norm(result, _base()) <= report.norm_bound * (1 + 1e-5) + 1e-6
+        # A (weighted) mean of updates each within the bound is within it, group by group.
+        for group, norm in group_norms(result, _base()).items():
+            assert norm <= report.norm_bound[group] * (1 + 1e-5) + 1e-6
     if aggregate == "median" or (aggregate == "trimmed-mean" and cut >= m):
         # Each coordinate stays within the honest (clipped) updates' range at that coordinate.
         for name, b in _base().items():
+            group = norm_group(name)
             clipped = []
             for t, _ in updates[:honest]:
-                d = t[name].astype(np.float64) - b
-                norm = delta_norm(t, _base())
-                clipped.append(b + d * min(1.0, report.norm_bound / norm if norm else 1.0))
+                norm = group_norms(t, _base())[group]
+                scale = min(1.0, report.norm_bound[group] / norm) if norm else 1.0
+                clipped.append(b + (t[name].astype(np.float64) - b) * scale)
             lo, hi = np.min(clipped, axis=0), np.max(clipped, axis=0)
             assert np.all(result[name] >= lo - 1e-6) and np.all(result[name] <= hi + 1e-6)
 
@@ -148,3 +175,10 @@ def test_the_norm_has_the_same_bits_whatever_the_order_of_the_tensors():
     norms = {delta_norm({n: update[n] for n in rng.permutation(names)}, {n: base[n] for n in rng.permutation(names)})
              for _ in range(20)}  # fmt: skip
     assert len(norms) == 1
+
+
+def test_a_negative_batchnorm_variance_is_found_by_name_and_value():
+    assert negative_variance("blocks.0.dw.bn.running_var", np.array([1.0, -40.0, 2.0], np.float32)) == -40.0
+    assert negative_variance("blocks.0.dw.bn.running_var", np.array([0.0, 2.0], np.float32)) is None
+    assert negative_variance("blocks.0.dw.bn.running_mean", np.array([-1.0], np.float32)) is None
+    assert negative_variance("x.running_var", np.zeros(0, np.float32)) is None
