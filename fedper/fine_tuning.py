@@ -9,6 +9,10 @@ test split; N=0 scores the starting model as received.
 Every N gets the same budget, ``steps`` SGD steps on batches of min(batch size, N) (epoch after
 epoch of the N photos): a budget counted in epochs would give N=5 one or two steps, so small N
 would look bad for lack of training rather than lack of data.
+
+A start whose head is fresh (not trained by anyone) has its classifier set, for each user and
+N, to the frequencies of the user's first N ratings (:func:`fedper.models.heads.rating_prior`)
+before it trains: what a phone can do with nothing but its owner's ratings.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from fedper.errors import ConfigError
 from fedper.local_training import MIN_BATCH, batches, evaluate
 from fedper.metrics import summarize
 from fedper.models import ModelConfig, build_model, exchanged_names
+from fedper.models.heads import rating_prior
 from fedper.models.split import ModelSplit
 from fedper.train_config import TrainConfig
 from fedper.weights import WeightsError
@@ -78,12 +83,14 @@ def fine_tuning_curve(
     steps: int,
     seed: int,
     progress: Callable[[], None] | None = None,
+    fresh_head: bool = False,
 ) -> Curve:
     """Each user's test accuracy after fine-tuning ``trainable`` (None: every tensor) of ``start``
     on its first N pool photos, for every N in ``sizes`` that its pool covers. ``training``
     gives the batch size, learning rate and momentum; ``steps`` replaces its epochs. The batch
     order follows from (seed, user, N) alone, so every starting model sees the same batches.
-    ``progress`` is called after each (user, N)."""
+    ``fresh_head``: the start's classifier is untrained, so each user starts it at the
+    frequencies of its first N ratings. ``progress`` is called after each (user, N)."""
     bad = [n for n in sizes if n < 0 or 0 < n < MIN_BATCH]
     if bad:
         raise ConfigError(f"fine-tuning sizes must be 0 or at least {MIN_BATCH} photos, got {bad}")
@@ -94,12 +101,17 @@ def fine_tuning_curve(
     if missing:
         raise WeightsError(f"the starting tensors lack {len(missing)} of the model's, e.g. {missing[:3]}")
     trainer = EagerTrainer(model, trainable)
+    head_name = model.classifier_name()
+    head = model.get_submodule(head_name)
     curve: Curve = {n: {} for n in sizes}
     for u, user in enumerate(users):
         for n in sizes:
             if n > len(user.y_pool):
                 continue
             trainer.set_tensors(start)
+            if n and fresh_head:
+                prior = rating_prior(head, user.y_pool[:n], model_config.num_classes)
+                trainer.set_tensors({f"{head_name}.{k}": v for k, v in prior.items()})
             if n:
                 rng = np.random.default_rng([seed, 22, u, n])
                 fine_tune(trainer, user.x_pool[:n], user.y_pool[:n], training, steps, rng)

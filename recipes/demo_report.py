@@ -78,7 +78,8 @@ def _new_users_section(new_users: dict[str, Any] | None, img: Callable[[str], st
         f"<h2>New users: how many ratings until the phone knows my taste?</h2><p>{len(new_users['users'])} users "
         "who never joined a fleet get each final model and train on their first N rated photos "
         f"({new_users['steps']} SGD steps whatever N); accuracy on their own test photos, mean ± standard error "
-        f'over users ("head": only the personal layers train).</p>{img(NEW_USERS_PLOT)}'
+        f'over users ("head": only the personal layers train; a fresh head first predicts the user\'s '
+        f"own most frequent rating, set from those N ratings).</p>{img(NEW_USERS_PLOT)}"
         f"<table><tr><th>N photos</th><th>users</th>{head}</tr>{rows}</table>"
     )
 

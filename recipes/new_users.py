@@ -11,6 +11,9 @@ them a starting model and fine-tunes part of it on their first N photos
 - ``scratch``: the run's initial weights (with ``--init``, the checkpoint's base and a fresh head), every
   tensor trained;
 - ``majority of N``: no model, the rating the user gave most often among its first N photos.
+
+Every variant but FedAvg's starts with a fresh classifier, which each user first sets to the
+frequencies of its own first N ratings (:func:`fedper.models.heads.rating_prior`).
 """
 
 from __future__ import annotations
@@ -40,7 +43,8 @@ ProgressFn = Callable[[str, int, int], None]
 TASK = "new users"
 MAJORITY = "majority of N"
 
-Variant = tuple[dict[str, torch.Tensor], tuple[str, ...] | None]  # start, trainable (None: all)
+# start, trainable (None: all), whether the start's classifier is fresh
+Variant = tuple[dict[str, torch.Tensor], tuple[str, ...] | None, bool]
 
 
 def holdout_users(fed: FederatedData) -> list[NewUser]:
@@ -63,12 +67,12 @@ def variants(mcfg: ModelConfig, kp: int, algorithms: Sequence[str], out: Path, s
     if "fedper" in algorithms:
         base = weights.load(out / "fedper" / FINAL_BASE)
         start = with_base(initial, base)
-        found["fedper: head"] = (start, personal_names(model_split, base))
-        found["fedper: head+base"] = (start, None)
+        found["fedper: head"] = (start, personal_names(model_split, base), True)
+        found["fedper: head+base"] = (start, None, True)
     if "fedavg" in algorithms:
         base = weights.load(out / "fedavg" / FINAL_BASE)
-        found["fedavg: head"] = (with_base(initial, base), personal_names(model_split, base))
-    found["scratch"] = (initial, None)
+        found["fedavg: head"] = (with_base(initial, base), personal_names(model_split, base), False)
+    found["scratch"] = (initial, None, True)
     return found
 
 
@@ -99,8 +103,8 @@ def new_user_curves(
             progress(TASK, done, total)
 
     curves = {
-        name: curve_summary(fine_tuning_curve(mcfg, start, trainable, users, sizes, training, steps, seed, tick))
-        for name, (start, trainable) in found.items()
+        name: curve_summary(fine_tuning_curve(mcfg, start, trainable, users, sizes, training, steps, seed, tick, fresh))
+        for name, (start, trainable, fresh) in found.items()
     }
     curves[MAJORITY] = curve_summary(majority_curve(users, sizes))
     groups = fed.dataset.groups

@@ -205,33 +205,37 @@ def new_users_table(runs: list[Path]) -> str:
     return "\n".join(lines) + "\n"
 
 
-# The pretext whose base is not packaged, for the comparison of targets (fedper pretrain's options).
+# Bases that are not packaged, each made by its fedper pretrain command (its other options the
+# packaged base's): the naive pretext for the comparison of targets, and the 64 px base.
 EDITS_PRETRAIN = ("pretrain", "--targets", "edits", "--threads", "1")
+PRETRAIN_64 = ("pretrain", "--input-size", "64", "--threads", "1")
 
 
-def edits_base(fedper: str, root: Path) -> Path:
-    """``fedper pretrain --targets edits`` with the packaged base's other settings (reused)."""
-    out = root / "pretrain-edits"
+def pretrained_base(fedper: str, root: Path, name: str, command: Sequence[str]) -> Path:
+    """``root/<name>/base.safetensors``, made by ``fedper <command>`` unless it is there."""
+    out = root / name
     if not (out / "base.safetensors").exists():
         start = time.perf_counter()
-        with (root / "pretrain-edits.log").open("w") as log:
-            done = subprocess.run([fedper, *EDITS_PRETRAIN, "--out", str(out)], stdout=log, stderr=subprocess.STDOUT,
+        with (root / f"{name}.log").open("w") as log:
+            done = subprocess.run([fedper, *command, "--out", str(out)], stdout=log, stderr=subprocess.STDOUT,
                                   check=False)  # fmt: skip
         if done.returncode != 0:
-            raise FedperError(f"fedper {' '.join(EDITS_PRETRAIN)} failed; see {root / 'pretrain-edits.log'}")
-        print(f"  pretrain-edits: {time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
+            raise FedperError(f"fedper {' '.join(command)} failed; see {root / f'{name}.log'}")
+        print(f"  {name}: {time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
     return out / "base.safetensors"
 
 
-def probes(root: Path, seeds: Sequence[int], base: Path = PACKAGED_BASE, name: str = "probe") -> list[dict[str, Any]]:
-    """The frozen-base probe of ``base`` (recipes.pretrain_probe) per seed, reused from
-    ``root/<name>-seed<S>.json`` when there."""
+def probes(
+    root: Path, seeds: Sequence[int], base: Path = PACKAGED_BASE, name: str = "probe", size: int = 32
+) -> list[dict[str, Any]]:
+    """The frozen-base probe of ``base`` at ``size`` px (recipes.pretrain_probe) per seed, reused
+    from ``root/<name>-seed<S>.json`` when there."""
     out = []
     for seed in seeds:
         path = root / f"{name}-seed{seed}.json"
         if not path.exists():
             start = time.perf_counter()
-            atomic_write_text(path, json.dumps(pretrain_probe.probe_seed(base, 32, seed)) + "\n")
+            atomic_write_text(path, json.dumps(pretrain_probe.probe_seed(base, size, seed)) + "\n")
             print(f"  {path.stem}: {time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
         out.append(json.loads(path.read_text()))
     return out
@@ -261,7 +265,7 @@ def targets_table(looks: list[dict[str, Any]], edits: list[dict[str, Any]]) -> s
     return "\n".join(lines) + "\n"
 
 
-def probe_tables(results: list[dict[str, Any]]) -> str:
+def probe_tables(results: list[dict[str, Any]], which: str = "the packaged base") -> str:
     """Per-user probes (pooled over seeds' users, paired) and what each generator feature's R² is."""
     seeds = ", ".join(str(r["seed"]) for r in results)
 
@@ -269,7 +273,8 @@ def probe_tables(results: list[dict[str, Any]]) -> str:
         return f"{np.mean([np.mean(r[key]) for r in results]):.3f}"
 
     lines = [
-        f"**frozen-base probe, 32 px** (the packaged base; {len(results[0]['random'])} users per seed, seeds {seeds})",
+        f"**frozen-base probe, {results[0]['size']} px** ({which}; {len(results[0]['random'])} users per seed, "
+        f"seeds {seeds})",
         "",
         "| per-user probe | majority | random base | pretrained base | pretrained − random (paired) | "
         "pretrained − majority (paired) | generator features (ceiling) |",
@@ -288,6 +293,26 @@ def probe_tables(results: list[dict[str, Any]]) -> str:
         pre = np.mean([r["pretrained_feature_r2"][feature] for r in results])
         rnd = np.mean([r["random_feature_r2"][feature] for r in results])
         lines.append(f"| {feature} | {pre:.2f} | {rnd:.2f} |")
+    return "\n".join(lines) + "\n"
+
+
+def sizes_table(at32: list[dict[str, Any]], at64: list[dict[str, Any]]) -> str:
+    """The 64 px base against the packaged 32 px one, each probed at its own size, user by user
+    (the same users and splits: only the rendering size differs)."""
+    lines = [
+        f"**32 against 64 px** (frozen-base probes as above; 64 px: `fedper {' '.join(PRETRAIN_64)}`, probed on the "
+        "same users' photos rendered at 64 px)",
+        "",
+        "| per-user probe | majority | pretrained, 32 px | pretrained, 64 px | 64 − 32 px (paired) | "
+        "64 px − majority (paired) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for label, key in (("logistic", "pretrained"), ("ordinal", "pretrained_ordinal")):
+        joined = [{"b": b[key], "a": a[key], "m": b["majority"]} for a, b in zip(at32, at64, strict=True)]
+        a, b = np.mean([np.mean(r[key]) for r in at32]), np.mean([np.mean(r[key]) for r in at64])
+        m = np.mean([np.mean(r["majority"]) for r in at64])
+        lines.append(f"| {label} | {m:.3f} | {a:.3f} | {b:.3f} | {_pooled(joined, 'b', 'a')} | "
+                     f"{_pooled(joined, 'b', 'm')} |")  # fmt: skip
     return "\n".join(lines) + "\n"
 
 
@@ -324,8 +349,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     text += "\n**BatchNorm statistics at evaluation** (synth, final models, mean ± std over seeds)\n\n"
     text += bn_modes.table(runs["synth"]) + "\n\n"
     looks = probes(args.out, SEEDS)
-    edits = probes(args.out, SEEDS, edits_base(args.fedper, args.out), "probe-edits")
-    text += probe_tables(looks) + "\n" + targets_table(looks, edits)
+    edits = probes(args.out, SEEDS, pretrained_base(args.fedper, args.out, "pretrain-edits", EDITS_PRETRAIN),
+                   "probe-edits")  # fmt: skip
+    at64 = probes(args.out, SEEDS, pretrained_base(args.fedper, args.out, "pretrain-64", PRETRAIN_64), "probe-64", 64)
+    text += probe_tables(looks) + "\n" + targets_table(looks, edits) + "\n"
+    text += probe_tables(at64, f"`fedper {' '.join(PRETRAIN_64)}`") + "\n" + sizes_table(looks, at64)
     atomic_write_text(args.out / "tables.md", text + "\n")
     print(text)
     if args.write is not None:

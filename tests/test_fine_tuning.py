@@ -1,12 +1,15 @@
 """New users (held out of training) and their fine-tuning curve: fedper/fine_tuning.py, the held-out
 split in fedper/data, recipes/new_users.py and ``fedper simulate --holdout-clients``."""
 
+import dataclasses
 import hashlib
 import json
 
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from fedper import fine_tuning
 from fedper.cli import main
@@ -24,6 +27,7 @@ from fedper.fine_tuning import (
 )
 from fedper.local_training import evaluate
 from fedper.models import ModelConfig, build_model, exchanged_state, split
+from fedper.models.heads import HEADS, classifier, rating_prior
 from fedper.train_config import TrainConfig
 from fedper.weights import WeightsError
 from recipes.new_users import holdout_users
@@ -193,3 +197,46 @@ def test_simulate_with_held_out_users_records_and_plots_their_curve(tmp_path, ca
     assert len(new["curves"]["fedper: head"]["0"]["per_user"]) == 2
     assert (out / "new_users.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "new users" in capsys.readouterr().out
+
+
+@settings(max_examples=60, deadline=None)
+@given(labels=st.lists(st.integers(0, 4), max_size=60), kind=st.sampled_from(HEADS))
+def test_a_head_at_its_rating_prior_predicts_the_user_frequencies_whatever_the_features(labels, kind):
+    head = classifier(kind, 16, 5)
+    y = torch.tensor(labels, dtype=torch.long)
+    head.load_state_dict(rating_prior(head, y, 5))
+    counts = np.bincount(labels, minlength=5)
+    expected = (counts + 1) / (counts.sum() + 5)  # add-one: every rating stays possible
+    with torch.no_grad():
+        out = torch.log_softmax(head(torch.randn(7, 16) * 10), 1).double().exp()
+    assert torch.allclose(out, torch.from_numpy(expected)[None].expand(7, 5), atol=1e-5)
+    if labels and (counts == counts.max()).sum() == 1:  # a unique majority is the prediction
+        assert out.argmax(1).eq(int(counts.argmax())).all()
+
+
+def test_rating_prior_refuses_ratings_outside_the_classes():
+    head = classifier("ordinal", 4, 5)
+    with pytest.raises(ConfigError, match="classes 0..4"):
+        rating_prior(head, torch.tensor([0, 5]), 5)
+    with pytest.raises(ConfigError, match="classes 0..4"):
+        rating_prior(head, torch.tensor([[1]]), 5)
+    with pytest.raises(ConfigError, match="no rating prior"):
+        rating_prior(torch.nn.Linear(4, 5, bias=False), torch.tensor([1]), 5)
+
+
+@pytest.mark.parametrize("head", HEADS)
+def test_a_fresh_head_starts_each_new_user_at_its_own_majority(users, head, monkeypatch):
+    """Untrained (fine-tuning skipped), a fresh head set from the first N ratings scores exactly
+    what the majority of those N ratings scores; without the prior, it does not."""
+    model = dataclasses.replace(MODEL, head=head)
+    start = exchanged_state(build_model(model, seed=3))
+    monkeypatch.setattr(fine_tuning, "fine_tune", lambda *args: 0.0)
+    sizes = (5, 10, 20)
+    primed = fine_tuning_curve(model, start, None, users, sizes, TRAINING, 1, seed=0, fresh_head=True)
+    plain = fine_tuning_curve(model, start, None, users, sizes, TRAINING, 1, seed=0)
+    majority = majority_curve(users, sizes)
+    unique = [(n, u) for n in sizes for u, user in enumerate(users)
+              if n <= len(user.y_pool) and (c := torch.bincount(user.y_pool[:n])).eq(c.max()).sum() == 1]  # fmt: skip
+    assert len(unique) >= 5
+    assert all(primed[n][u] == majority[n][u] for n, u in unique)
+    assert any(plain[n][u] != majority[n][u] for n, u in unique)

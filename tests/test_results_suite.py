@@ -84,14 +84,25 @@ def test_new_users_table_pools_users_over_seeds(tmp_path: Path) -> None:
 def test_probe_tables_pair_each_user_and_pool_the_seeds() -> None:
     features = {"look.brightness": 0.9}
     results = [
-        {"seed": s, "majority": [0.3, 0.3], "random": [0.3, 0.4], "pretrained": [0.5, 0.4 + s / 10],
+        {"seed": s, "size": 32, "majority": [0.3, 0.3], "random": [0.3, 0.4], "pretrained": [0.5, 0.4 + s / 10],
          "random_ordinal": [0.3, 0.3], "pretrained_ordinal": [0.4, 0.5], "generator_features": [0.6, 0.6],
          "generator_features_ordinal": [0.7, 0.7], "random_feature_r2": {"look.brightness": 0.1},
          "pretrained_feature_r2": features}
         for s in range(3)
     ]  # fmt: skip
     text = results_suite.probe_tables(results)
+    assert "**frozen-base probe, 32 px** (the packaged base; 2 users per seed, seeds 0, 1, 2)" in text
     # pretrained - random per user: 0.2 and s/10 -> 0.2, 0, 0.2, 0.1, 0.2, 0.2.
     assert "| logistic | 0.300 | 0.350 | 0.500 | +0.150 ± 0.034 (5 won / 0 lost of 6) |" in text
     assert "| ordinal | 0.300 | 0.300 | 0.450 | +0.150 ± 0.022 (6 won / 0 lost of 6) |" in text
     assert "| look.brightness | 0.90 | 0.10 |" in text
+
+
+def test_the_sizes_table_pairs_each_user_at_64_px_with_the_same_user_at_32_px() -> None:
+    at32 = [{"majority": [0.3, 0.3], "pretrained": [0.4, 0.4], "pretrained_ordinal": [0.4, 0.5]} for _ in range(2)]
+    at64 = [{"majority": [0.3, 0.3], "pretrained": [0.5, 0.4 + s / 10], "pretrained_ordinal": [0.4, 0.5]}
+            for s in range(2)]  # fmt: skip
+    text = results_suite.sizes_table(at32, at64)
+    # 64 - 32 per user: 0.1, 0, 0.1, 0.1 -> mean 0.075, SE 0.025; against the majority 0.2, 0.1, 0.2, 0.2.
+    assert "| logistic | 0.300 | 0.400 | 0.475 | +0.075 ± 0.025 (3 won / 0 lost of 4) | +0.175 ± 0.025" in text
+    assert "| ordinal | 0.300 | 0.450 | 0.450 | +0.000 ± 0.000 (0 won / 0 lost of 4) |" in text

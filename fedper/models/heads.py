@@ -50,6 +50,31 @@ class OrdinalHead(nn.Module):
         return torch.cat([F.logsigmoid(a[:, :1]), middle, F.logsigmoid(-a[:, -1:])], 1)
 
 
+def rating_prior(head: nn.Module, labels: torch.Tensor, num_classes: int) -> dict[str, torch.Tensor]:
+    """The tensors (named within ``head``) that make a fresh head predict its user's rating
+    frequencies whatever the features, with every class possible (add-one counts).
+
+    A fresh head with random weights predicts noise (below chance) and a few dozen SGD steps do
+    not undo it; started here, it predicts the user's most frequent rating and training moves
+    it from there. The usual start of a cumulative-link model's cut points; it uses only the
+    user's own ratings, on the user's device.
+    """
+    if labels.ndim != 1 or (len(labels) and not 0 <= int(labels.min()) <= int(labels.max()) < num_classes):
+        raise ConfigError(f"ratings must be a 1-d tensor of classes 0..{num_classes - 1}")
+    counts = torch.bincount(labels.long(), minlength=num_classes).double()
+    p = (counts + 1) / (counts.sum() + num_classes)
+    if isinstance(head, OrdinalHead):
+        cuts = torch.logit(torch.cumsum(p, 0)[:-1])
+        return {
+            "score.weight": torch.zeros_like(head.score.weight),
+            "first": cuts[:1].float(),
+            "gaps": torch.log(torch.expm1(cuts[1:] - cuts[:-1])).float(),  # softplus^-1
+        }
+    if isinstance(head, nn.Linear) and head.bias is not None:
+        return {"weight": torch.zeros_like(head.weight), "bias": torch.log(p).float()}
+    raise ConfigError(f"no rating prior for a head of type {type(head).__name__}")
+
+
 def classifier(kind: str, features: int, num_classes: int) -> nn.Module:
     """The head named ``kind`` from ``features`` pooled features to ``num_classes`` outputs."""
     if kind == "softmax":

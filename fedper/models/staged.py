@@ -29,6 +29,10 @@ class StagedModel(nn.Module):
     def stage_groups(self) -> list[list[str]]:
         raise NotImplementedError
 
+    def classifier_name(self) -> str:
+        """The top stage's module: the classifier every model ends with."""
+        return self.stage_groups()[-1][-1]
+
     def layer_groups(self) -> list[list[str]]:
         """State-key prefixes of each layer, bottom to top (kp counts from the end)."""
         groups = self.stage_groups()
