@@ -71,7 +71,7 @@ class SimulationConfig:
                           "or as Ray tasks (a local Ray or --ray-address; equal to serial with --threads 1)",
                           choices=("serial", "ray"))  # fmt: skip
     ray: RayConfig = nested(RayConfig)
-    aggregation: AggregationConfig = nested(AggregationConfig, "as fedper serve aggregates")
+    aggregation: AggregationConfig = nested(AggregationConfig, "as fedper serve does")
     fine_tune_steps: int = option(50, "SGD steps each held-out user (--holdout-clients) trains for, at every N")
     init: Path | None = option(None, f"every algorithm's initial base: {INIT_HELP}", metavar="PATH")
     out: Path = option(Path("runs/simulation"), "output directory")

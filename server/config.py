@@ -47,7 +47,7 @@ class ServerConfig:
     max_update_norm: float = option(
         0.0, "largest L2 distance of an update from the round's base, over all base tensors (0: no bound)"
     )
-    aggregation: AggregationConfig = nested(AggregationConfig, "how a round's updates become the next base")
+    aggregation: AggregationConfig = nested(AggregationConfig, "when a round closes")
 
     def __post_init__(self) -> None:
         if self.rounds < 1:
