@@ -83,11 +83,11 @@ def one_run(attack: str, aggregation: str, seed: int, out: Path) -> float:
     data = DataConfig(dataset="digits", num_clients=10, classes_per_client=4, seed=seed)
     recorder = run(sim, data, tamper=tamper)
     final = recorder.final("fedper")["final_per_client"]
-    honest = [float(a) for c, a in final.items() if int(c) != HOSTILE]
-    result = {"attack": attack, "aggregation": aggregation, "seed": seed, "honest_mean": float(np.mean(honest)),
+    honest_mean = float(np.mean([float(a) for c, a in final.items() if int(c) != HOSTILE]))
+    result = {"attack": attack, "aggregation": aggregation, "seed": seed, "honest_mean": honest_mean,
               "aggregation_reports": recorder.aggregation["fedper"]}  # fmt: skip
     atomic_write_text(path, json.dumps(result) + "\n")
-    return result["honest_mean"]
+    return honest_mean
 
 
 def table(results: dict[tuple[str, str], list[float]]) -> str:

@@ -35,7 +35,7 @@ from fedper.models.split import batchnorm_stat_names
 from fedper.pretrained import INIT_HELP, checkpoint_path
 from fedper.ray_cluster import RayConfig, ray_session
 from fedper.results import ClientRecord, RunRecorder, config_json
-from fedper.robust_aggregate import AggregationConfig, negative_variance, robust_aggregate
+from fedper.robust_aggregate import AggregationConfig, refusal, robust_aggregate
 from fedper.train_config import TrainConfig
 from recipes.client_round import Client, ClientOutcome, ClientRound, client_round
 from recipes.new_users import new_user_curves
@@ -141,8 +141,9 @@ def run(
     """Run every algorithm on the same clients and initial weights; write the run's files.
     ``on_start`` gets the model config and each client's number of training samples once the
     data is loaded, before any training (the command estimates the run's time with them).
-    ``tamper`` replaces what clients send (an attack, for research); what the server would
-    refuse (a negative BatchNorm variance) is then left out of the round, as the server does."""
+    ``tamper`` replaces what clients send (an attack, for research). What the server would
+    refuse (a non-finite value, a negative BatchNorm variance) is left out of the round, as the
+    server leaves it out; a round with nothing left keeps its base, as an abandoned round does."""
     if sim.threads:
         torch.set_num_threads(sim.threads)
     with ray_session(sim.ray) if sim.backend == "ray" else nullcontext() as ray:
@@ -240,7 +241,7 @@ def _run_algorithm(
                 sent: tuple[Arrays, int] | None = (weights.to_numpy(outcome.update), client.num_samples)
                 if tamper is not None and sent is not None:
                     sent = tamper(task.client_id, *sent, weights.to_numpy(global_shared))
-                if sent is not None and not any(negative_variance(n, v) is not None for n, v in sent[0].items()):
+                if sent is not None and refusal(sent[0]) is None:  # what the server would accept
                     updates.append(sent)
             recorder.add(ClientRecord(algorithm, rnd, task.client_id, client.num_samples, outcome.accuracy,
                                       outcome.accuracy_after, outcome.loss))  # fmt: skip
