@@ -21,9 +21,9 @@ import numpy as np
 
 from fedper.atomic_write import atomic_write_text
 from fedper.data import DataConfig
-from fedper.errors import FedperError
 from fedper.robust_aggregate import BATCHNORM_VARIANCE, AggregationConfig
 from fedper.train_config import TrainConfig
+from recipes.doc_block import write_block
 from recipes.simulation import Arrays, SimulationConfig, run
 
 HOSTILE = 0  # the attacker's client index
@@ -105,12 +105,8 @@ def table(results: dict[tuple[str, str], list[float]]) -> str:
 
 
 def write_into(doc: Path, text: str) -> None:
-    content = doc.read_text()
-    if BEGIN not in content or END not in content:
-        raise FedperError(f"{doc} has no '{BEGIN}' ... '{END}' block to replace")
-    head, rest = content.split(BEGIN, 1)
-    _, tail = rest.split(END, 1)
-    atomic_write_text(doc, f"{head}{BEGIN}\n{text}\n{END}{tail}")
+    """Replace the block between BEGIN and END in ``doc`` with ``text``."""
+    write_block(doc, BEGIN, END, text)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
