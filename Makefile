@@ -8,7 +8,7 @@ INSTALLED := $(VENV)/.installed-test
 BENCH_INSTALLED := $(VENV)/.installed-bench
 DEMO_OUT ?= demo-out
 
-.PHONY: install demo test test-portable lint typecheck pytest android-test bench results clean
+.PHONY: install demo test test-portable lint typecheck pytest android-test bench results poisoning clean
 
 install: $(INSTALLED)
 
@@ -57,6 +57,10 @@ test-portable: $(INSTALLED)
 results: $(INSTALLED)
 	$(BIN)/python docs/scripts/data_figure.py docs/img/synth_users.png
 	$(BIN)/python -m recipes.results_suite --out runs/results --write docs/RESULTS.md
+
+# The poisoning table of docs/SERVER.md: one hostile device against each aggregation option.
+poisoning: $(INSTALLED)
+	$(BIN)/python -m recipes.poisoning --out runs/poisoning --write docs/SERVER.md
 
 bench: $(BENCH_INSTALLED)
 	$(BIN)/python -m bench

@@ -18,7 +18,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 VERSION = 1
-REVISION = "1.2"
+REVISION = "1.3"
 PREFIX = "/v1"
 
 

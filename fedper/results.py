@@ -74,6 +74,8 @@ class RunRecorder:
         self.baselines: dict[str, list[float]] = {}
         # new users' accuracy against their number of photos (recipes/new_users.py), if measured
         self.new_users: dict[str, Any] = {}
+        # algorithm -> per round, what robust aggregation did (fedper.robust_aggregate.AggregationReport)
+        self.aggregation: dict[str, list[dict[str, Any]]] = defaultdict(list)
         self._records: dict[str, list[ClientRecord]] = defaultdict(list)
 
     def add(self, record: ClientRecord) -> None:
@@ -183,6 +185,8 @@ class RunRecorder:
         }
         if self.new_users:
             out["new_users"] = self.new_users
+        if self.aggregation:
+            out["aggregation"] = dict(self.aggregation)
         return out
 
     def write(self, out: Path, plots: bool = True) -> None:

@@ -30,6 +30,7 @@ from fedper.atomic_write import atomic_write_text
 from fedper.errors import FedperError
 from fedper.pretrained import PACKAGED_BASE
 from recipes import bn_modes, pretrain_probe
+from recipes.doc_block import write_block
 
 SEEDS = (0, 1, 2)
 BEGIN, END = "<!-- results:begin (make results) -->", "<!-- results:end -->"
@@ -328,12 +329,7 @@ def copy_plots(runs_by_name: dict[str, list[Path]], img: Path) -> None:
 
 def write_into(doc: Path, text: str) -> None:
     """Replace the block between BEGIN and END in ``doc`` with ``text``."""
-    content = doc.read_text()
-    if BEGIN not in content or END not in content:
-        raise FedperError(f"{doc} has no '{BEGIN}' ... '{END}' block to replace")
-    head, rest = content.split(BEGIN, 1)
-    _, tail = rest.split(END, 1)
-    atomic_write_text(doc, f"{head}{BEGIN}\n{text}\n{END}{tail}")
+    write_block(doc, BEGIN, END, text)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

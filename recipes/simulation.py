@@ -1,7 +1,8 @@
 """In-process simulation of FedPer, FedAvg and local training (eager PyTorch, one process).
 
 Every client trains from the received base plus its own personal tensors; the
-base is aggregated by the toolkit's one FedAvg (:class:`fedper.aggregate.FedAvg`).
+base is aggregated as the server aggregates it (:func:`fedper.robust_aggregate.robust_aggregate`:
+the toolkit's one FedAvg behind the same clipping and weight cap, or a robust mean).
 Accuracy is measured on each client's own test split with the model it holds at
 the start of the round, before local training, as Flower's reproduction does, and
 once more after the last round's aggregation: the final point, the headline
@@ -13,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -20,7 +22,6 @@ import numpy as np
 import torch
 
 from fedper import weights
-from fedper.aggregate import FedAvg
 from fedper.baselines import per_client_accuracy
 from fedper.checkpoints import Checkpoint, init_base, read_checkpoint
 from fedper.config_cli import nested, option
@@ -34,6 +35,7 @@ from fedper.models.split import batchnorm_stat_names
 from fedper.pretrained import INIT_HELP, checkpoint_path
 from fedper.ray_cluster import RayConfig, ray_session
 from fedper.results import ClientRecord, RunRecorder, config_json
+from fedper.robust_aggregate import AggregationConfig, refusal, robust_aggregate
 from fedper.train_config import TrainConfig
 from recipes.client_round import Client, ClientOutcome, ClientRound, client_round
 from recipes.new_users import new_user_curves
@@ -69,6 +71,7 @@ class SimulationConfig:
                           "or as Ray tasks (a local Ray or --ray-address; equal to serial with --threads 1)",
                           choices=("serial", "ray"))  # fmt: skip
     ray: RayConfig = nested(RayConfig)
+    aggregation: AggregationConfig = nested(AggregationConfig, "as fedper serve does")
     fine_tune_steps: int = option(50, "SGD steps each held-out user (--holdout-clients) trains for, at every N")
     init: Path | None = option(None, f"every algorithm's initial base: {INIT_HELP}", metavar="PATH")
     out: Path = option(Path("runs/simulation"), "output directory")
@@ -94,6 +97,10 @@ ProgressFn = Callable[[str, int, int], None]
 
 
 StartFn = Callable[[ModelConfig, list[int]], None]
+Arrays = dict[str, np.ndarray]
+# What a client sends instead of its honest update (recipes/poisoning.py): (client, update,
+# num_samples, the round's base) -> (tensors, num_samples) sent, or None for nothing.
+TamperFn = Callable[[int, Arrays, int, Arrays], tuple[Arrays, int] | None]
 
 
 def model_config(sim: SimulationConfig, num_classes: int, input_size: int) -> ModelConfig:
@@ -125,19 +132,26 @@ def shared_names(sim: SimulationConfig, algorithm: str, model: torch.nn.Module) 
 
 
 def run(
-    sim: SimulationConfig, data: DataConfig, progress: ProgressFn | None = None, on_start: StartFn | None = None
+    sim: SimulationConfig,
+    data: DataConfig,
+    progress: ProgressFn | None = None,
+    on_start: StartFn | None = None,
+    tamper: TamperFn | None = None,
 ) -> RunRecorder:
     """Run every algorithm on the same clients and initial weights; write the run's files.
     ``on_start`` gets the model config and each client's number of training samples once the
-    data is loaded, before any training (the command estimates the run's time with them)."""
+    data is loaded, before any training (the command estimates the run's time with them).
+    ``tamper`` replaces what clients send (an attack, for research). What the server would
+    refuse (a non-finite value, a negative BatchNorm variance) is left out of the round, as the
+    server leaves it out; a round with nothing left keeps its base, as an abandoned round does."""
     if sim.threads:
         torch.set_num_threads(sim.threads)
     with ray_session(sim.ray) if sim.backend == "ray" else nullcontext() as ray:
-        return _run(sim, data, progress, on_start, ray)
+        return _run(sim, data, progress, on_start, ray, tamper)
 
 
 def _run(sim: SimulationConfig, data: DataConfig, progress: ProgressFn | None, on_start: StartFn | None,
-         ray: Any) -> RunRecorder:  # fmt: skip
+         ray: Any, tamper: TamperFn | None) -> RunRecorder:  # fmt: skip
     fed = load_federated(data)
     ds = fed.dataset
     mcfg = model_config(sim, ds.num_classes, ds.image_size)
@@ -163,7 +177,7 @@ def _run(sim: SimulationConfig, data: DataConfig, progress: ProgressFn | None, o
     recorder.baselines = per_client_accuracy(fed, data.seed)
     sim.out.mkdir(parents=True, exist_ok=True)
     for algorithm in sim.algorithms:
-        _run_algorithm(sim, mcfg, algorithm, clients, recorder, progress, data.seed, checkpoint, ray)
+        _run_algorithm(sim, mcfg, algorithm, clients, recorder, progress, data.seed, checkpoint, ray, tamper)
         recorder.write(sim.out)  # keep what finished if a later algorithm crashes
     if fed.holdout:
         _new_users(sim, mcfg, fed, recorder, progress, data.seed)
@@ -195,6 +209,7 @@ def _run_algorithm(
     seed: int,
     checkpoint: Checkpoint | None,
     ray: Any = None,
+    tamper: TamperFn | None = None,
 ) -> None:
     model = build_model(mcfg, seed=seed)
     if checkpoint is not None:  # FedAvg's classifier is in its base, and stays fresh too
@@ -218,16 +233,23 @@ def _run_algorithm(
         selected = set(rng.choice(len(clients), size=n_train, replace=False).tolist())
         tasks = [ClientRound(cid, rnd, seed, cid in selected, sim.training, shared, personal_names)
                  for cid in range(len(clients))]  # fmt: skip
-        fedavg = FedAvg(layout) if shared else None
+        updates: list[tuple[dict[str, np.ndarray], int]] = []
         for task, client, outcome in zip(tasks, clients, rounds.run(tasks, global_shared, personal), strict=True):
             if outcome.personal is not None:
                 personal[task.client_id] = outcome.personal
-            if fedavg is not None and outcome.update is not None:  # added in client order, as ever
-                fedavg.add(weights.to_numpy(outcome.update), client.num_samples)
+            if shared and outcome.update is not None:  # in client order, as ever
+                sent: tuple[Arrays, int] | None = (weights.to_numpy(outcome.update), client.num_samples)
+                if tamper is not None and sent is not None:
+                    sent = tamper(task.client_id, *sent, weights.to_numpy(global_shared))
+                if sent is not None and refusal(sent[0]) is None:  # what the server would accept
+                    updates.append(sent)
             recorder.add(ClientRecord(algorithm, rnd, task.client_id, client.num_samples, outcome.accuracy,
                                       outcome.accuracy_after, outcome.loss))  # fmt: skip
-        if fedavg is not None:
-            global_shared = weights.to_torch(fedavg.result())
+        if shared and updates:  # none (every one refused): the base stays, as an abandoned round's
+            aggregate, report = robust_aggregate(layout, weights.to_numpy(global_shared), partial(iter, updates),
+                                                 sim.aggregation)  # fmt: skip
+            global_shared = weights.to_torch(aggregate)
+            recorder.aggregation[algorithm].append({"round": rnd, **report.to_dict()})
         if progress is not None:
             progress(algorithm, rnd, sim.rounds)
     # The final point: final base + own final head, evaluated only.

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from fedper.config_cli import nested, option
 from fedper.errors import ConfigError
+from fedper.robust_aggregate import AggregationConfig
 from fedper.train_config import TrainConfig
 
 
@@ -46,6 +47,7 @@ class ServerConfig:
     max_update_norm: float = option(
         0.0, "largest L2 distance of an update from the round's base, over all base tensors (0: no bound)"
     )
+    aggregation: AggregationConfig = nested(AggregationConfig, "when a round closes")
 
     def __post_init__(self) -> None:
         if self.rounds < 1:

@@ -47,7 +47,10 @@ class MetricsRegistry:
         with self._lock:
             self.bytes_out += nbytes
 
-    def render(self, rounds_closed: int, current_round: int, aggregation_seconds: float, in_flight: int) -> bytes:
+    def render(
+        self, rounds_closed: int, current_round: int, aggregation_seconds: float, in_flight: int,
+        clipped: int = 0, capped: int = 0,
+    ) -> bytes:  # fmt: skip
         with self._lock:
             rejected = CounterMetricFamily("fedper_updates_rejected", "updates refused, by error code", labels=["code"])
             for code, n in sorted(self.rejected.items()):
@@ -63,6 +66,14 @@ class MetricsRegistry:
                     "fedper_aggregation_seconds", "seconds spent folding and closing", value=aggregation_seconds
                 ),
                 GaugeMetricFamily("fedper_uploads_in_flight", "upload bodies being received now", value=in_flight),
+                CounterMetricFamily(
+                    "fedper_updates_clipped",
+                    "updates scaled down to the round's norm bound (robust aggregation)",
+                    value=clipped,
+                ),
+                CounterMetricFamily(
+                    "fedper_updates_weight_capped", "updates whose num_samples weight was capped", value=capped
+                ),
             ]
         registry = CollectorRegistry(auto_describe=False)
         registry.register(_Families(families))

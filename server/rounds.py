@@ -13,10 +13,13 @@ checks the 409 conditions and writes the canonical file into ``tmp/`` (outside t
 ``commit`` checks them again under the lock, then renames the file into the round's
 folder, records it, and closes the round if it is full.
 
-Closing aggregates the round's stored files, read and folded one at a time, in a canonical
-order: by the sha256 of each file. The float64 sum of FedAvg depends on the order of its
-terms (by a rounding, which can reach the float32 result), so the new base depends only on
-the set of accepted updates: not on the order they arrived in, nor on the (random) device ids.
+Closing aggregates the round's stored files (:func:`fedper.robust_aggregate.robust_aggregate`:
+each update clipped to a multiple of the round's median distance from its base, each device's
+weight capped, then FedAvg or a coordinate-wise median or trimmed mean), read one at a time,
+twice (distances, then the fold), in a canonical order: by the sha256 of each file. The
+float64 sum of FedAvg depends on the order of its terms (by a rounding, which can reach the
+float32 result), so the new base depends only on the set of accepted updates: not on the order
+they arrived in, nor on the (random) device ids.
 """
 
 from __future__ import annotations
@@ -32,11 +35,11 @@ from pathlib import Path
 import numpy as np
 
 from fedper import weights
-from fedper.aggregate import FedAvg
 from fedper.atomic_write import atomic_write_bytes
 from fedper.manifest import Manifest, sha256_file
 from fedper.metrics import summarize
 from fedper.protocol import ErrorCode, Header, RoundInfo
+from fedper.robust_aggregate import robust_aggregate
 from server.cohort import Cohort
 from server.config import ServerConfig
 from server.errors import ProtocolError, conflict, run_finished, unauthorized
@@ -92,6 +95,8 @@ class RoundManager:
         self._bases: dict[int, dict[str, np.ndarray]] = {}  # model versions, for the update bound
         self.snapshot = Snapshot(False, 0, "open", 0, None, 0, 0)
         self.aggregation_seconds = 0.0
+        self.updates_clipped = 0  # by the norm bound, over the run (since this process started)
+        self.updates_capped = 0  # by the weight cap
 
     # --- start and resume ---------------------------------------------------------------
 
@@ -277,15 +282,17 @@ class RoundManager:
         current = self.db.round(number)
         assert current is not None and current.state == "open"
         updates = self.db.updates(number)
-        fedavg = FedAvg(self._layout, group=1)  # one loaded update in memory at a time
-        for update, tensors in self._stored(number):
-            fedavg.add(tensors, update.num_samples)
-        if fedavg.count < len(updates):
+
+        def stored() -> Iterator[tuple[dict[str, np.ndarray], int]]:
+            return ((tensors, u.num_samples) for u, tensors in self._stored(number))
+
+        # group=1: one loaded update in memory at a time (for the mean)
+        base, report = robust_aggregate(self._layout, self.round_base(number), stored, self.config.aggregation, 1)
+        if report.updates < len(updates):
             self._refresh()
             log.warning(json.dumps({"event": "round_close_deferred", "round": number,
-                                    "dropped": len(updates) - fedavg.count}))  # fmt: skip
+                                    "dropped": len(updates) - report.updates}))  # fmt: skip
             return
-        base = fedavg.result()
         version = current.model_version + 1
         target = self.models_dir / f"v{version}.safetensors"
         weights.save(target, base)  # temp file, fsync, rename, fsync directory
@@ -304,9 +311,12 @@ class RoundManager:
             self._refresh()
         self.store.remove_round(number)
         self.aggregation_seconds += time.perf_counter() - start
+        self.updates_clipped += report.clipped
+        self.updates_capped += report.capped
         log.info(json.dumps({
             "event": "round_closed", "round": number, "reason": reason, "updates": len(updates),
             "model_version": version, "seconds": round(time.perf_counter() - start, 3), "finished": finished,
+            "aggregation": report.to_dict(),
         }))  # fmt: skip
 
     def _abandon(self, number: int, version: int) -> None:

@@ -15,7 +15,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         sub, "serve", serve, [ServerConfig],
         help="serve the aggregation endpoint that devices talk to",
         description="Run federated rounds over HTTP (PROTOCOL.md v1): devices enroll, fetch "
-        "tasks, download the base, upload base updates; the server aggregates with FedAvg. "
+        "tasks, download the base, upload base updates; the server aggregates with FedAvg behind "
+        "robust defaults (clipping, a weight cap; docs/SERVER.md). "
         "Secrets come from FEDPER_ADMIN_TOKEN / FEDPER_ENROLLMENT_KEY, or are generated at first "
         "start into the data directory (mode 0600) and printed once. Restarting on the same "
         "--data-dir resumes the run.",

@@ -23,6 +23,7 @@ from safetensors import SafetensorError, safe_open
 
 from fedper.manifest import Manifest
 from fedper.protocol import ErrorCode, Metadata
+from fedper.robust_aggregate import negative_variance
 from server import strict_json
 from server.errors import ProtocolError, bad_request, unprocessable
 
@@ -205,6 +206,12 @@ def _load_tensors(
         # A float64 sum of float32 values cannot overflow, so it is finite exactly when every value is.
         if not math.isfinite(float(np.sum(arr, dtype=np.float64))):
             raise unprocessable(ErrorCode.NON_FINITE, f"tensor {name!r} contains NaN or Inf")
+        smallest = negative_variance(name, arr)
+        if smallest is not None:
+            raise unprocessable(
+                ErrorCode.UPDATE_OUT_OF_BOUNDS,
+                f"tensor {name!r} is a BatchNorm variance and must be >= 0; its smallest value is {smallest:.4g}",
+            )
         if round_base is not None:
             diff = arr.astype(np.float64) - round_base[name]
             squared += float(np.dot(diff.ravel(), diff.ravel()))

@@ -64,11 +64,17 @@ def update_body(
 
 
 def base_like(manifest: Manifest, value: float | None = None, seed: int = 0) -> dict[str, np.ndarray]:
+    """Tensors of the base's layout, all ``value`` or random; random BatchNorm running variances
+    are positive, as the server requires (a negative one is refused: 422 update_out_of_bounds)."""
     rng = np.random.default_rng(seed)
-    return {
-        n: (np.full(s, value, np.float32) if value is not None else rng.standard_normal(s).astype(np.float32))
-        for n, s in manifest.layout("base")
-    }
+    out = {}
+    for n, s in manifest.layout("base"):
+        if value is not None:
+            out[n] = np.full(s, value, np.float32)
+        else:
+            drawn = rng.standard_normal(s).astype(np.float32)
+            out[n] = np.abs(drawn) if n.endswith(".running_var") else drawn
+    return out
 
 
 def decode_update(body: bytes) -> tuple[dict[str, np.ndarray], dict[str, str]]:

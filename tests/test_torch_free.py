@@ -3,7 +3,14 @@
 import subprocess
 import sys
 
-SERVER_SIDE = ["fedper.weights", "fedper.aggregate", "fedper.metrics", "fedper.manifest", "fedper.atomic_write"]
+SERVER_SIDE = [
+    "fedper.weights",
+    "fedper.aggregate",
+    "fedper.robust_aggregate",
+    "fedper.metrics",
+    "fedper.manifest",
+    "fedper.atomic_write",
+]
 
 
 def test_server_side_modules_do_not_import_torch():

@@ -34,7 +34,7 @@ def status(state: State) -> Status:
 @router.get(METRICS_PATH, response_class=PlainTextResponse)
 def metrics(state: State) -> Response:
     snap = state.rounds.snapshot
-    text = state.metrics.render(
-        snap.rounds_closed, snap.round, state.rounds.aggregation_seconds, state.uploads_in_flight
-    )
+    rounds = state.rounds
+    text = state.metrics.render(snap.rounds_closed, snap.round, rounds.aggregation_seconds, state.uploads_in_flight,
+                                rounds.updates_clipped, rounds.updates_capped)  # fmt: skip
     return Response(text, media_type=CONTENT_TYPE_LATEST)

@@ -1,0 +1,191 @@
+"""Robust aggregation (fedper/robust_aggregate.py): the defences against one hostile device."""
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fedper.aggregate import AggregationError, FedAvg
+from fedper.errors import ConfigError
+from fedper.robust_aggregate import (
+    AggregationConfig,
+    delta_norm,
+    group_norms,
+    lower_median,
+    negative_variance,
+    norm_group,
+    refusal,
+    robust_aggregate,
+)
+
+LAYOUT = [("w", (3, 4)), ("bn.running_var", (4,))]
+OFF = AggregationConfig(clip_factor=0, weight_cap=0)
+
+
+def _base() -> dict[str, np.ndarray]:
+    return {"w": np.linspace(-1, 1, 12, dtype=np.float32).reshape(3, 4), "bn.running_var": np.ones(4, np.float32)}
+
+
+def _honest(rng: np.random.Generator, k: int) -> list[tuple[dict[str, np.ndarray], int]]:
+    base = _base()
+    return [
+        (
+            {n: (v + rng.normal(0, 0.05, v.shape)).astype(np.float32) for n, v in base.items()},
+            int(rng.integers(80, 160)),
+        )
+        for _ in range(k)
+    ]
+
+
+def _run(updates, config, group=1):  # type: ignore[no-untyped-def]
+    return robust_aggregate(LAYOUT, _base(), lambda: iter(updates), config, group=group)
+
+
+def test_honest_updates_give_plain_fedavgs_bytes():
+    updates = _honest(np.random.default_rng(0), 9)
+    fedavg = FedAvg(LAYOUT, group=1)
+    for tensors, n in updates:
+        fedavg.add(tensors, n)
+    expected = fedavg.result()
+    for config in (AggregationConfig(), OFF):
+        result, report = _run(updates, config)
+        assert all(result[n].tobytes() == expected[n].tobytes() for n in expected)
+    assert report.clipped == 0 and report.capped == 0
+
+
+def test_a_huge_update_with_a_huge_count_is_clipped_and_capped():
+    """Finding 1 and 2 of issue 28: base + 1e30 claiming 100,000 examples, beside 4 honest updates."""
+    honest = _honest(np.random.default_rng(1), 4)
+    attack = ({n: v + np.float32(1e30) for n, v in _base().items()}, 100_000)
+    plain, _ = _run([*honest, attack], OFF)
+    assert max(abs(float(v.max())) for v in plain.values()) > 1e29  # what FedAvg alone does
+    result, report = _run([*honest, attack], AggregationConfig())
+    assert report.clipped == 1 and report.capped == 1 and report.norm_bound is not None
+    for group, bound in report.norm_bound.items():  # each group within 3x its largest honest norm
+        assert bound <= 3 * max(group_norms(t, _base())[group] for t, _ in honest)
+        assert group_norms(result, _base())[group] <= bound * (1 + 1e-6)
+    assert report.weight_limit == 3 * sorted(n for _, n in [*honest, attack])[2]
+    assert report.largest_weight_share < 0.5
+
+
+def test_weights_and_batchnorm_statistics_are_clipped_apart():
+    """Honest statistics deltas dwarf the weights' (a variance from 1 to the data's): one device
+    whose variances moved far more than the others' is clipped there, its weights are not."""
+    updates = _honest(np.random.default_rng(2), 5)
+    far = dict(updates[0][0])
+    far["bn.running_var"] = far["bn.running_var"] * 50
+    updates[0] = (far, updates[0][1])
+    result, report = _run(updates, AggregationConfig())
+    assert norm_group("bn.running_var") == "batchnorm_statistics" and norm_group("w") == "parameters"
+    assert report.clipped == 1 and report.norm_bound is not None
+    assert group_norms(result, _base())["batchnorm_statistics"] <= report.norm_bound["batchnorm_statistics"]
+    plain, _ = _run(updates, AggregationConfig(clip_factor=0))
+    assert result["w"].tobytes() == plain["w"].tobytes()  # the weights aggregated as they came
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    honest=st.integers(1, 8),
+    hostile=st.data(),
+    aggregate=st.sampled_from(["mean", "median", "trimmed-mean"]),
+)
+def test_fewer_than_half_hostile_cannot_move_the_base_beyond_the_honest_bound(seed, honest, hostile, aggregate):
+    rng = np.random.default_rng(seed)
+    updates = _honest(rng, honest)
+    m = hostile.draw(st.integers(0, honest - 1), label="hostile updates")  # fewer than half
+    scale = hostile.draw(st.sampled_from([-1e30, -1000.0, 1e-3, 1.0, 1e6, 3e38]), label="scale")
+    count = hostile.draw(st.sampled_from([1, 100_000]), label="claimed count")
+    for _ in range(m):
+        updates.append(({n: np.clip(v * np.float32(scale), -3e38, 3e38).astype(np.float32)
+                         for n, v in _base().items()}, count))  # fmt: skip
+    order = rng.permutation(len(updates))
+    config = AggregationConfig(aggregate=aggregate)
+    result, report = _run([updates[i] for i in order], config)
+    assert all(np.isfinite(v).all() for v in result.values())
+    assert report.norm_bound is not None and report.weight_limit is not None
+    honest_norms = [group_norms(t, _base()) for t, _ in updates[:honest]]
+    for group, bound in report.norm_bound.items():
+        assert bound <= 3 * max(n[group] for n in honest_norms)
+    assert report.weight_limit <= 3 * max(n for _, n in updates[:honest])
+    cut = math.floor(0.1 * len(updates))
+    if aggregate == "mean" or (aggregate == "trimmed-mean" and cut == 0):
+        # A (weighted) mean of updates each within the bound is within it, group by group.
+        for group, norm in group_norms(result, _base()).items():
+            assert norm <= report.norm_bound[group] * (1 + 1e-5) + 1e-6
+    if aggregate == "median" or (aggregate == "trimmed-mean" and cut >= m):
+        # Each coordinate stays within the honest (clipped) updates' range at that coordinate.
+        for name, b in _base().items():
+            group = norm_group(name)
+            clipped = []
+            for t, _ in updates[:honest]:
+                norm = group_norms(t, _base())[group]
+                scale = min(1.0, report.norm_bound[group] / norm) if norm else 1.0
+                clipped.append(b + (t[name].astype(np.float64) - b) * scale)
+            lo, hi = np.min(clipped, axis=0), np.max(clipped, axis=0)
+            assert np.all(result[name] >= lo - 1e-6) and np.all(result[name] <= hi + 1e-6)
+
+
+def test_median_and_trimmed_mean_are_coordinatewise():
+    base = {n: np.zeros(s, np.float32) for n, s in LAYOUT}
+    values = [0.0, 1.0, 2.0, 10.0, -50.0]
+    updates = [({n: np.full(s, v, np.float32) for n, s in LAYOUT}, 1) for v in values]
+
+    def run(config):  # type: ignore[no-untyped-def]
+        return robust_aggregate(LAYOUT, base, lambda: iter(updates), config)[0]["w"]
+
+    assert np.all(run(AggregationConfig(aggregate="median", clip_factor=0)) == 1.0)
+    # 5 updates, 20% trimmed: one cut from each end -> mean of 0, 1, 2.
+    assert np.all(run(AggregationConfig(aggregate="trimmed-mean", trim_fraction=0.2, clip_factor=0)) == 1.0)
+    assert np.allclose(run(AggregationConfig(aggregate="trimmed-mean", trim_fraction=0.0, clip_factor=0)), -37 / 5)
+
+
+def test_lower_median_and_bad_input():
+    assert lower_median([5.0, 1.0]) == 1.0 and lower_median([3.0, 1.0, 2.0]) == 2.0
+    with pytest.raises(AggregationError, match="no updates"):
+        _run([], AggregationConfig())
+    with pytest.raises(AggregationError, match="shape"):
+        _run([({"w": np.zeros((4, 3), np.float32), "bn.running_var": np.ones(4, np.float32)}, 1)], OFF)
+    with pytest.raises(AggregationError, match="positive"):
+        _run([(_base(), 0)], OFF)
+    flaky = iter([[(_base(), 1), (_base(), 1)], [(_base(), 1)]])
+    with pytest.raises(AggregationError, match="changed between passes"):
+        robust_aggregate(LAYOUT, _base(), lambda: iter(next(flaky)), AggregationConfig())
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [("aggregate", "mode", "--aggregate must be one of"), ("clip_factor", 0.5, "--clip-factor"),
+     ("clip_factor", math.inf, "--clip-factor"), ("weight_cap", -1.0, "--weight-cap"),
+     ("trim_fraction", 0.5, "--trim-fraction")],
+)  # fmt: skip
+def test_bad_settings_are_refused(field, value, message):
+    with pytest.raises(ConfigError, match=message):
+        AggregationConfig(**{field: value})
+
+
+def test_the_norm_has_the_same_bits_whatever_the_order_of_the_tensors():
+    rng = np.random.default_rng(3)
+    names = [f"t{i}" for i in range(40)]
+    base = {n: rng.normal(size=int(rng.integers(1, 3000))).astype(np.float32) for n in names}
+    update = {
+        n: (v + rng.normal(size=v.shape) * 10.0 ** rng.integers(-8, 8)).astype(np.float32) for n, v in base.items()
+    }
+    norms = {delta_norm({n: update[n] for n in rng.permutation(names)}, {n: base[n] for n in rng.permutation(names)})
+             for _ in range(20)}  # fmt: skip
+    assert len(norms) == 1
+
+
+def test_a_negative_batchnorm_variance_is_found_by_name_and_value():
+    assert negative_variance("blocks.0.dw.bn.running_var", np.array([1.0, -40.0, 2.0], np.float32)) == -40.0
+    assert negative_variance("blocks.0.dw.bn.running_var", np.array([0.0, 2.0], np.float32)) is None
+    assert negative_variance("blocks.0.dw.bn.running_mean", np.array([-1.0], np.float32)) is None
+    assert negative_variance("x.running_var", np.zeros(0, np.float32)) is None
+
+
+def test_what_the_server_would_refuse():
+    assert refusal(_base()) is None
+    assert "NaN or Inf" in str(refusal({**_base(), "w": np.full((3, 4), np.inf, np.float32)}))
+    assert "below zero" in str(refusal({**_base(), "bn.running_var": np.full(4, -1.0, np.float32)}))

@@ -1,0 +1,119 @@
+"""Issue 28's findings 1-3, in process (real SQLite, real files): one hostile device among honest
+ones cannot move the base far, cannot buy the round with a claimed sample count, and cannot send
+a negative BatchNorm variance. Each test also runs the same round with the defences off, to show
+what the attack did to plain FedAvg."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fedper import weights
+from fedper.manifest import read_manifest
+from fedper.robust_aggregate import AggregationConfig, delta_norm, group_norms
+from server.config import ServerConfig
+from server.errors import ProtocolError
+from server.state import open_state
+from server.upload_validation import Upload, validate
+from tests.server_support import ADMIN, ENROLL, update_body
+
+PLAIN = AggregationConfig(clip_factor=0, weight_cap=0)
+Tensors = dict[str, np.ndarray]
+
+
+@pytest.fixture(autouse=True)
+def secrets_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FEDPER_ADMIN_TOKEN", ADMIN)
+    monkeypatch.setenv("FEDPER_ENROLLMENT_KEY", ENROLL)
+
+
+def _v0(artifacts: Path) -> Tensors:
+    return weights.load(artifacts / "base.safetensors")
+
+
+def _honest(v0: Tensors, seed: int, direction: Tensors | None = None) -> Tensors:
+    """v0 plus a small step (along ``direction`` if given) and noise; variances stay positive."""
+    rng = np.random.default_rng(seed)
+    out = {}
+    for name, v in v0.items():
+        step = 0.01 * rng.standard_normal(v.shape) + (0.02 * direction[name] if direction is not None else 0)
+        out[name] = (np.abs(v + step) if name.endswith(".running_var") else v + step).astype(np.float32)
+    return out
+
+
+def _round(artifacts: Path, data: Path, updates: list[tuple[Tensors, int]], aggregation: AggregationConfig) -> Tensors:
+    """One round of these updates (one device each) on a fresh server; the base it publishes."""
+    config = ServerConfig(artifacts=artifacts, data_dir=data, target_clients=len(updates), min_clients=1,
+                          round_timeout=0, aggregation=aggregation)  # fmt: skip
+    state = open_state(config)
+    try:
+        for i, (tensors, n) in enumerate(updates):
+            state.db.add_device(f"d-{i}", f"hash-{i}", "test")
+            state.rounds.assign(1, f"d-{i}")
+            state.rounds.commit(state.rounds.stage(f"d-{i}", 1, Upload(tensors, n, 0, {"accuracy": 0.5})))
+        assert state.rounds.snapshot.model_version == 1
+        v1 = weights.load(data / "models" / "v1.safetensors")
+        # The next round goes on: an honest step from v1 is accepted.
+        state.rounds.assign(2, "d-0")
+        staged = state.rounds.stage("d-0", 2, Upload(_honest(v1, 99), 100, 1, {"accuracy": 0.5}))
+        assert state.rounds.commit(staged) == 1
+        return v1
+    finally:
+        state.db.close()
+
+
+@pytest.mark.parametrize("attack", ["plus 1e30", "times -1000"])
+def test_one_huge_update_claiming_the_largest_count_cannot_move_the_base(server_artifacts, tmp_path, attack):
+    """Finding 1: 4 honest updates and base + 1e30 (or -1000 x base) claiming 100,000 examples."""
+    v0 = _v0(server_artifacts)
+    honest = [(_honest(v0, seed), 100) for seed in range(4)]
+    hostile = {n: (v + np.float32(1e30) if attack == "plus 1e30" else v * np.float32(-1000)) for n, v in v0.items()}
+    if attack == "times -1000":  # a variance below zero is refused on upload (finding 3); keep it positive
+        hostile = {n: (np.abs(v) if n.endswith(".running_var") else v) for n, v in hostile.items()}
+    updates = [*honest, (hostile, 100_000)]
+    plain = _round(server_artifacts, tmp_path / "plain", updates, PLAIN)
+    assert delta_norm(plain, v0) > 100 * max(delta_norm(t, v0) for t, _ in honest)  # plain FedAvg is ruined
+    v1 = _round(server_artifacts, tmp_path / "robust", updates, AggregationConfig())
+    assert all(np.isfinite(v).all() for v in v1.values())
+    for group, norm in group_norms(v1, v0).items():  # each group within 3x the largest honest one
+        assert norm <= 3 * max(group_norms(t, v0)[group] for t, _ in honest) * (1 + 1e-6)
+
+
+def test_the_claimed_count_cannot_buy_the_round(server_artifacts, tmp_path):
+    """Finding 2: one device in five sends a step against the honest direction, within any norm
+    bound, claiming 100,000 examples; the honest devices claim 100."""
+    v0 = _v0(server_artifacts)
+    rng = np.random.default_rng(5)
+    direction = {n: rng.standard_normal(v.shape).astype(np.float32) for n, v in v0.items()}
+    direction = {n: (np.zeros_like(d) if n.endswith(".running_var") else d) for n, d in direction.items()}
+    honest = [(_honest(v0, seed, direction), 100) for seed in range(4)]
+    ascent = {n: (v - 0.02 * direction[n]).astype(np.float32) for n, v in v0.items()}  # as far, the other way
+    updates = [*honest, (ascent, 100_000)]
+
+    def along(v1: Tensors) -> float:
+        return sum(float(np.dot((v1[n] - v0[n]).ravel(), direction[n].ravel())) for n in v0)
+
+    assert along(_round(server_artifacts, tmp_path / "plain", updates, PLAIN)) < 0  # the attacker wins
+    no_cap = dataclasses.replace(AggregationConfig(), weight_cap=0)
+    assert along(_round(server_artifacts, tmp_path / "clip-only", updates, no_cap)) < 0  # clipping alone: too
+    assert along(_round(server_artifacts, tmp_path / "robust", updates, AggregationConfig())) > 0
+
+
+def test_a_negative_batchnorm_variance_is_refused_on_upload(server_artifacts, tmp_path):
+    """Finding 3: one channel of a BatchNorm running variance at -40 (a small L2 distance)."""
+    manifest = read_manifest(server_artifacts)
+    v0 = _v0(server_artifacts)
+    poisoned = dict(v0)
+    poisoned["blocks.0.dw.bn.running_var"] = v0["blocks.0.dw.bn.running_var"].copy()
+    poisoned["blocks.0.dw.bn.running_var"][0] = -40
+    body = tmp_path / "update.safetensors"
+    body.write_bytes(update_body(poisoned, 100))
+    with pytest.raises(ProtocolError) as refused:
+        validate(body, manifest, 100_000)
+    assert (refused.value.status, refused.value.code) == (422, "update_out_of_bounds")
+    assert "blocks.0.dw.bn.running_var" in refused.value.message and ">= 0" in refused.value.message
+    body.write_bytes(update_body(v0, 100))  # the same update with the variance as it was passes
+    assert validate(body, manifest, 100_000).num_samples == 100
