@@ -59,8 +59,9 @@ class ServerConfig:
     )
     upload_timeout: float = option(120.0, "seconds a request body may take to arrive before 408")
     min_upload_rate: float = option(
-        1024.0, "bytes per second an upload body must average once its first 10 s are over, or 408 (0: no minimum)"
+        1024.0, "bytes per second an upload body must average once --upload-rate-grace is over, or 408 (0: no minimum)"
     )
+    upload_rate_grace: float = option(10.0, "seconds an upload body may take before --min-upload-rate applies")
     header_timeout: float = option(10.0, "seconds a client may take to send a request's headers")
     keep_alive_timeout: int = option(5, "seconds an idle keep-alive connection stays open")
     max_inflight_uploads: int = option(32, "uploads received at once; more get 503 server_busy")
@@ -108,8 +109,8 @@ class ServerConfig:
             raise ConfigError("--keep-versions must be >= 0 (0: keep all)")
         if self.enroll_total_per_minute < 0:
             raise ConfigError("--enroll-total-per-minute must be >= 0 (0: no limit)")
-        if not self.min_upload_rate >= 0:
-            raise ConfigError("--min-upload-rate must be >= 0 (0: no minimum)")
+        if not self.min_upload_rate >= 0 or not self.upload_rate_grace >= 0:
+            raise ConfigError("--min-upload-rate and --upload-rate-grace must be >= 0")
         if not self.max_update_norm >= 0:
             raise ConfigError("--max-update-norm must be >= 0 (0: no bound)")
         if self.cohort_size < 0 or not self.report_timeout >= 0:

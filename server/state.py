@@ -78,6 +78,7 @@ def open_state(config: ServerConfig, clock: Clock | None = None, free: Callable[
     disk) are injected by tests."""
     from fedper.manifest import sha256_file
 
+    verifier = load_verifier(config.attestation)
     try:
         manifest = read_manifest(config.artifacts)
     except ManifestError as exc:
@@ -128,5 +129,5 @@ def open_state(config: ServerConfig, clock: Clock | None = None, free: Callable[
         key_failures=RateLimiter(config.auth_failures_per_minute),
         metrics=MetricsRegistry(),
         max_upload_bytes=limit,
-        verify_attestation=load_verifier(config.attestation),
+        verify_attestation=verifier,
     )

@@ -16,6 +16,7 @@ All SQL of the server lives here.
 from __future__ import annotations
 
 import json
+import queue
 import sqlite3
 import threading
 import time
@@ -26,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+READERS = 4  # read connections (each has its own page cache)
 SQLITE_MAX = 2**63 - 1  # larger Python ints cannot be bound as SQLite integers: no such row
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -129,19 +131,18 @@ def _busy_as_error() -> Iterator[None]:
 
 class Database:
     """One SQLite database: writes on one connection, serialized by a lock; reads outside a
-    transaction on a connection of the reading thread's own (WAL: readers never wait for the
-    writer, nor for each other); reads inside a transaction on the writer's connection, so
-    that they see what the transaction wrote."""
+    transaction on a pool of ``READERS`` connections (WAL: readers never wait for the writer,
+    nor for each other); reads inside a transaction on the writer's connection, so that they
+    see what the transaction wrote."""
 
     def __init__(self, path: Path, busy_timeout: float = 5.0, read_only: bool = False):
         self.path = path
         self.busy_timeout = busy_timeout
         self.read_only = read_only
         self._lock = threading.RLock()
-        self._local = threading.local()
-        self._readers: list[sqlite3.Connection] = []
-        self._readers_lock = threading.Lock()
-        self._generation = 0  # bumped by reopen(): readers of an older one reconnect
+        self._idle: queue.LifoQueue[tuple[int, sqlite3.Connection]] = queue.LifoQueue()
+        self._slots = threading.BoundedSemaphore(READERS)
+        self._generation = 0  # bumped by reopen_writable(): readers of an older one are closed
         self._writing: int | None = None  # the thread inside a transaction
         self._conn = self._open_writer()
         self._devices = int(self.query("SELECT COUNT(*) AS n FROM devices")[0]["n"])
@@ -172,25 +173,41 @@ class Database:
         conn.row_factory = sqlite3.Row
         return conn
 
-    def _reader(self) -> sqlite3.Connection:
-        found: tuple[int, sqlite3.Connection] | None = getattr(self._local, "reader", None)
-        if found is not None and found[0] == self._generation:
-            return found[1]
-        conn = self._connect()
-        self._local.reader = (self._generation, conn)
-        with self._readers_lock:
-            self._readers.append(conn)
-        return conn
+    @contextmanager
+    def _reader(self) -> Iterator[sqlite3.Connection]:
+        """A reader from the pool (opened if none is idle), returned after use."""
+        with self._slots:
+            try:
+                generation, conn = self._idle.get_nowait()
+            except queue.Empty:
+                generation, conn = self._generation, self._connect()
+            if generation != self._generation:
+                conn.close()
+                generation, conn = self._generation, self._connect()
+            try:
+                yield conn
+            finally:
+                if generation == self._generation:
+                    self._idle.put((generation, conn))
+                else:  # reopened meanwhile
+                    conn.close()
+
+    def _close_idle(self) -> None:
+        while True:
+            try:
+                self._idle.get_nowait()[1].close()
+            except queue.Empty:
+                return
 
     def reopen_writable(self) -> None:
         """Leave read-only mode (the disk has room again): every connection is opened anew."""
-        with self._lock, self._readers_lock:
-            old = [self._conn, *self._readers]
-            self.read_only, self._readers = False, []
+        with self._lock:
+            old = self._conn
+            self.read_only = False
             self._conn = self._open_writer()
             self._generation += 1
-        for conn in old:
-            conn.close()
+            self._close_idle()  # those in use are closed when they come back
+        old.close()
 
     def _migrate(self) -> None:
         """Data directories of protocol revision 1.0 cannot record a ``stopped`` round: widen the check."""
@@ -210,9 +227,9 @@ class Database:
         self._conn.execute("COMMIT")
 
     def close(self) -> None:
-        with self._lock, self._readers_lock:
-            for conn in [self._conn, *self._readers]:
-                conn.close()
+        with self._lock:
+            self._close_idle()
+            self._conn.close()
 
     @contextmanager
     def transaction(self) -> Iterator[sqlite3.Connection]:
@@ -233,8 +250,8 @@ class Database:
     def query(self, sql: str, args: tuple[Any, ...] = ()) -> list[sqlite3.Row]:
         if self._writing == threading.get_ident():
             return list(self._conn.execute(sql, args))
-        with _busy_as_error():
-            return list(self._reader().execute(sql, args))
+        with _busy_as_error(), self._reader() as conn:
+            return list(conn.execute(sql, args))
 
     def writable(self) -> None:
         """Take the write lock and let it go at once: DatabaseBusyError if another writer holds it."""

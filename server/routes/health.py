@@ -43,5 +43,6 @@ def metrics(state: State) -> Response:
     snap = state.rounds.snapshot
     rounds = state.rounds
     text = state.metrics.render(snap.rounds_closed, snap.round, rounds.aggregation_seconds, len(state.uploading),
-                                rounds.updates_clipped, rounds.updates_capped)  # fmt: skip
+                                rounds.updates_clipped, rounds.updates_capped, rounds.rounds_refused,
+                                rounds.draining is not None)  # fmt: skip
     return Response(text, media_type=CONTENT_TYPE_LATEST)

@@ -66,7 +66,7 @@ async def upload(round_number: int, request: Request, device_id: DeviceId, state
             raise not_found(f"round {round_number}")
         await to_thread.run_sync(rounds.check_admission, device_id, round_number)
         with _upload_slot(state, device_id):
-            pace = BodyPace(c.upload_timeout, c.min_upload_rate)
+            pace = BodyPace(c.upload_timeout, c.min_upload_rate, c.upload_rate_grace)
             async with streamed_to_file(request, state.max_upload_bytes, pace, rounds.store) as body:
                 size = body.stat().st_size
                 base = await to_thread.run_sync(rounds.round_base, round_number) if c.max_update_norm else None
