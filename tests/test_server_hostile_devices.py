@@ -9,6 +9,7 @@ import json
 import logging
 import sqlite3
 import threading
+import time
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -17,6 +18,7 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
+from device_runtime.client import NoTask
 from server.clock import SteadyClock
 from server.errors import ProtocolError
 from server.log_throttle import RepeatedLogFilter
@@ -30,6 +32,7 @@ from tests.server_support import (
     enroll_async,
     http_in_process,
     open_in_process,
+    serve,
     update_body,
 )
 
@@ -457,3 +460,34 @@ def test_a_bad_attestation_spec_is_a_clear_error(server_artifacts, tmp_path):
                        ("tests.attestation_double:nothing", "no function")):  # fmt: skip
         with pytest.raises(ConfigError, match=said):
             open_in_process(server_artifacts, tmp_path / spec.replace(":", "_"), attestation=spec)
+
+
+def test_the_python_device_waits_out_its_own_upload_still_arriving(server_artifacts, server_manifest, tmp_path):
+    """The contract the device uses: 409 upload_in_progress (its earlier attempt, whose connection
+    it lost, still arriving at the server) is retried after a backoff, not a failed round."""
+    import socket
+
+    from device_runtime.client import ProtocolClient
+
+    with serve(server_artifacts, tmp_path / "data") as s:
+        sockets: list[socket.socket] = []
+        slept: list[float] = []
+
+        def sleep(seconds: float) -> None:  # the backoff: meanwhile the lost attempt ends
+            slept.append(seconds)
+            for sock in sockets:
+                sock.close()
+            time.sleep(0.5)
+
+        client = ProtocolClient(s.url, sleep=sleep)
+        client.enroll(ENROLL)
+        assert not isinstance(client.task(), NoTask)
+        lost = socket.create_connection(("127.0.0.1", s.port))
+        lost.sendall(f"POST {UPDATE} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {client.token}\r\n"
+                     "Content-Length: 100000\r\n\r\n".encode() + b"\0")  # fmt: skip
+        sockets.append(lost)
+        time.sleep(0.5)
+        body = update_body(base_like(server_manifest), num_samples=10)
+        assert client.upload(1, body) == 1
+        assert len(slept) == 1  # one 409 upload_in_progress, then the 202
+        client.close()
