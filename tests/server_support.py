@@ -118,3 +118,13 @@ async def enroll_async(client: httpx.AsyncClient, key: str = ENROLL, **fields: o
     r = await client.post("/v1/devices", json={"enrollment_key": key, "platform": "python", **fields})
     assert r.status_code == 201, r.text
     return {"Authorization": f"Bearer {r.json()['token']}"}
+
+
+class FakeClock:
+    """A clock the test moves (``clock.now += 60``), for ``open_state(config, clock)``."""
+
+    def __init__(self) -> None:
+        self.now = 1_000_000.0
+
+    def __call__(self) -> float:
+        return self.now

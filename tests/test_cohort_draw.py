@@ -14,32 +14,20 @@ import pytest
 from fedper.manifest import read_manifest
 from server.state import ServerState
 from server.upload_validation import Upload
-from tests.server_support import ADMIN, ENROLL, base_like, open_in_process
+from tests.server_support import FakeClock, base_like, open_in_process
 
 SYBILS = [f"sybil-{i}" for i in range(7)]
 HONEST = [f"honest-{i:02d}" for i in range(20)]
 WINDOW = 30.0
 
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-@pytest.fixture(autouse=True)
-def secrets_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("FEDPER_ADMIN_TOKEN", ADMIN)
-    monkeypatch.setenv("FEDPER_ENROLLMENT_KEY", ENROLL)
+pytestmark = pytest.mark.usefixtures("server_secrets")
 
 
 def _run(artifacts: Path, data: Path, rounds: int, **options: object) -> list[list[str]]:
     """``rounds`` rounds of 27 devices, the sybils always asking first (and again after the
     window, if there is one); every slot holder reports until the round closes at 5. The
     devices that held slots, per round."""
-    clock = Clock()
+    clock = FakeClock()
     state: ServerState = open_in_process(artifacts, data, clock, target_clients=5, min_clients=1, cohort_size=5,
                                          over_selection=1.4, round_timeout=600, rounds=rounds + 1,
                                          **options)  # fmt: skip

@@ -25,7 +25,6 @@ from server.log_throttle import RepeatedLogFilter
 from server.rate_limit import address_key
 from server.upload_validation import check_metadata
 from tests.server_support import (
-    ADMIN,
     ENROLL,
     admin,
     base_like,
@@ -38,11 +37,7 @@ from tests.server_support import (
 
 UPDATE = "/v1/rounds/1/updates"
 
-
-@pytest.fixture(autouse=True)
-def secrets_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("FEDPER_ADMIN_TOKEN", ADMIN)
-    monkeypatch.setenv("FEDPER_ENROLLMENT_KEY", ENROLL)
+pytestmark = pytest.mark.usefixtures("server_secrets")
 
 
 def _code(r: object) -> tuple[int, str]:

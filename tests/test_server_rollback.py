@@ -18,15 +18,11 @@ from server.errors import ProtocolError
 from server.publish_check import PublishConfig
 from server.state import ServerState
 from server.upload_validation import Upload
-from tests.server_support import ADMIN, ENROLL, open_in_process, serve
+from tests.server_support import open_in_process, serve
 
 PLAIN = AggregationConfig(clip_factor=0, weight_cap=0)
 
-
-@pytest.fixture(autouse=True)
-def secrets_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("FEDPER_ADMIN_TOKEN", ADMIN)
-    monkeypatch.setenv("FEDPER_ENROLLMENT_KEY", ENROLL)
+pytestmark = pytest.mark.usefixtures("server_secrets")
 
 
 def _step(state: ServerState, number: int, scale: float = 0.01, shift: float = 0.0) -> None:
