@@ -34,7 +34,7 @@ def build_parser(only_serve: bool = False) -> argparse.ArgumentParser:
     from device_runtime import commands as device_commands
     from device_runtime.training_program import check_exported
     from export import export_command
-    from recipes import demo_command, pretrain_command, report_command, simulate_command
+    from recipes import demo_command, pretrain_command, probe_check, report_command, simulate_command
 
     simulate_command.add_parser(sub)
     export_command.add_parser(sub)
@@ -46,6 +46,7 @@ def build_parser(only_serve: bool = False) -> argparse.ArgumentParser:
     demo_command.add_parser(sub)
     pretrain_command.add_parser(sub)
     report_command.add_parser(sub)
+    probe_check.add_parser(sub)
     return parser
 
 

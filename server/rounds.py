@@ -238,13 +238,11 @@ class RoundManager:
 
     def check_admission(self, device_id: str, number: int) -> None:
         """What can be decided before an upload's body is read (revision 1.4): 410, then the
-        409s ``duplicate_update``, ``round_not_open``, ``not_in_cohort``. A device without a
+        409s ``duplicate_update``, ``round_not_open``, ``not_in_cohort``, then 503 while draining. A device without a
         slot of the open round is turned away here, so it never holds a place among the
         uploads in flight."""
         if self._finished():
             raise run_finished()
-        if self.draining is not None:
-            raise self.busy()
         if self.db.has_update(number, device_id):
             raise conflict(ErrorCode.DUPLICATE_UPDATE, f"this device already has an accepted update in round {number}")
         current = self.db.latest_round()
@@ -253,6 +251,8 @@ class RoundManager:
             raise conflict(ErrorCode.ROUND_NOT_OPEN, f"round {number} is not open (the open round is {current.round})")
         if not self.cohort.may_report(number, device_id, self.clock()):
             raise self._not_in_cohort(number)
+        if self.draining is not None:
+            raise self.busy()
 
     def check_conflicts(self, device_id: str, number: int, upload: Upload) -> None:
         """The admission checks again (time passed while the body arrived), then the update's
