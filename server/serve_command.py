@@ -29,9 +29,11 @@ def serve(args: argparse.Namespace) -> int:
     from server.app import create_app
     from server.http_protocol import protocol_class
     from server.log_throttle import throttle_root_handlers
+    from server.malloc_arenas import limit_malloc_arenas
     from server.state import open_state
 
     config = from_arguments(ServerConfig, args)
+    limit_malloc_arenas()  # before any worker thread allocates
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     throttle_root_handlers()
     state = open_state(config)  # a StartupError (a FedperError) is printed by the command line
