@@ -8,7 +8,7 @@ INSTALLED := $(VENV)/.installed-test
 BENCH_INSTALLED := $(VENV)/.installed-bench
 DEMO_OUT ?= demo-out
 
-.PHONY: install demo test test-portable lint typecheck pytest android-test bench results poisoning clean
+.PHONY: install demo test test-portable lint typecheck pytest android-test bench results poisoning bn-sharing clean
 
 install: $(INSTALLED)
 
@@ -61,6 +61,11 @@ results: $(INSTALLED)
 # The poisoning table of docs/SERVER.md: one hostile device against each aggregation option.
 poisoning: $(INSTALLED)
 	$(BIN)/python -m recipes.poisoning --out runs/poisoning --write docs/SERVER.md
+
+# The BatchNorm table of docs/RESULTS.md: FedPer with the base's statistics shared (validated by the
+# robust aggregation) or kept on each device (FedBN), paired per client; 12 runs, one at a time.
+bn-sharing: $(INSTALLED)
+	$(BIN)/python -m recipes.bn_sharing --out runs/bn_sharing --write docs/RESULTS.md
 
 bench: $(BENCH_INSTALLED)
 	$(BIN)/python -m bench

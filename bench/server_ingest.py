@@ -96,7 +96,7 @@ def measure(n: int, uploads: int, workdir: Path, serve_args: list[str], alpha: f
     server = ServerProcess(
         artifacts, workdir / f"data-{alpha}-{n}",
         {"target_clients": uploads, "min_clients": 1, "rounds": 2, "round_timeout": 0,
-         "enroll_per_minute": 100000, **_options(serve_args)},
+         "enroll_per_minute": 100000, "enroll_total_per_minute": 0, **_options(serve_args)},
         env={"FEDPER_ADMIN_TOKEN": ADMIN, "FEDPER_ENROLLMENT_KEY": ENROLL},
         log=workdir / f"server-{n}.log",
     )  # fmt: skip

@@ -79,6 +79,10 @@ class ProtocolClient:
             response = self._http.request(method, path, **kwargs)
             if response.status_code >= 500:
                 raise TransientError(f"{response.status_code} from {path}")
+            if response.status_code == 409 and self._refused(response).code == ErrorCode.UPLOAD_IN_PROGRESS:
+                # Revision 1.4: our previous attempt (its connection lost on our side) is still
+                # arriving at the server: wait, and send again (then 202 or duplicate_update).
+                raise TransientError(f"an earlier upload to {path} is still arriving")
             return response
 
         return with_retries(call, self._backoff, self._rng, self._sleep)

@@ -25,25 +25,28 @@ def build_parser(only_serve: bool = False) -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"fedper {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    from server import serve_command
+    from server import admin_command, serve_command
 
     if only_serve:
         serve_command.add_parser(sub)
+        admin_command.add_parser(sub)
         return parser
     from device_runtime import commands as device_commands
     from device_runtime.training_program import check_exported
     from export import export_command
-    from recipes import demo_command, pretrain_command, report_command, simulate_command
+    from recipes import demo_command, pretrain_command, probe_check, report_command, simulate_command
 
     simulate_command.add_parser(sub)
     export_command.add_parser(sub)
     # The export is checked with the runtime a device uses: composed here, not imported by export.
     sub.choices["export"].set_defaults(check=check_exported)
     serve_command.add_parser(sub)
+    admin_command.add_parser(sub)
     device_commands.add_parsers(sub)
     demo_command.add_parser(sub)
     pretrain_command.add_parser(sub)
     report_command.add_parser(sub)
+    probe_check.add_parser(sub)
     return parser
 
 
@@ -54,7 +57,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     bug and keeps its traceback."""
     argv = list(sys.argv[1:] if argv is None else argv)
     command = next((a for a in argv if not a.startswith("-")), None)
-    parser = build_parser(only_serve=command == "serve")
+    parser = build_parser(only_serve=command in ("serve", "admin"))
     args = parser.parse_args(argv)
     run: Command = args.run
     try:

@@ -18,7 +18,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 VERSION = 1
-REVISION = "1.3"
+REVISION = "1.4"
 PREFIX = "/v1"
 
 
@@ -36,6 +36,7 @@ class Route:
     ADMIN_REVOKE = f"{PREFIX}/admin/devices/{{device_id}}/revoke"
     ADMIN_STOP = f"{PREFIX}/admin/stop"
     ADMIN_LATEST_BASE = f"{PREFIX}/admin/models/latest/base"
+    ADMIN_ROLLBACK = f"{PREFIX}/admin/rollback/{{version}}"  # since revision 1.4
 
 
 class ErrorCode(StrEnum):
@@ -46,6 +47,7 @@ class ErrorCode(StrEnum):
     MALFORMED_SAFETENSORS = "malformed_safetensors"  # 400
     UNAUTHORIZED = "unauthorized"  # 401
     FORBIDDEN = "forbidden"  # 403
+    ATTESTATION_FAILED = "attestation_failed"  # 403, since revision 1.4
     NOT_FOUND = "not_found"  # 404
     METHOD_NOT_ALLOWED = "method_not_allowed"  # 405
     UPLOAD_TIMEOUT = "upload_timeout"  # 408
@@ -54,6 +56,7 @@ class ErrorCode(StrEnum):
     ROUND_NOT_OPEN = "round_not_open"  # 409
     STALE_BASE_VERSION = "stale_base_version"  # 409
     NOT_IN_COHORT = "not_in_cohort"  # 409, since revision 1.2
+    UPLOAD_IN_PROGRESS = "upload_in_progress"  # 409, since revision 1.4
     RUN_FINISHED = "run_finished"  # 410
     PAYLOAD_TOO_LARGE = "payload_too_large"  # 413
     MISSING_TENSOR = "missing_tensor"  # 422
@@ -79,6 +82,9 @@ class Metadata:
     METRIC_NAME_PATTERN = r"[a-z0-9_]{1,64}"
     MAX_METRICS = 16
     MAX_METRIC_ABS = 1e9
+    # Since revision 1.4: metrics bounded to their meaning, by the words of their names.
+    FRACTION_METRIC_PATTERN = r"([a-z0-9]+_)*accuracy(_[a-z0-9]+)*"  # in [0, 1]
+    NON_NEGATIVE_METRIC_PATTERN = r"([a-z0-9]+_)*loss(_[a-z0-9]+)*"  # >= 0
 
 
 class Header:
@@ -103,9 +109,15 @@ class Health(_Body):
     protocol: int = VERSION
 
 
+MAX_ATTESTATION_LENGTH = 16 * 1024
+
+
 class EnrollmentRequest(_Body):
     enrollment_key: str
     platform: str | None = Field(default=None, max_length=128)
+    # Since revision 1.4: the platform's integrity token (e.g. Play Integrity), for a server
+    # configured to verify one (docs/SERVER.md, "Device attestation").
+    attestation: str | None = Field(default=None, max_length=MAX_ATTESTATION_LENGTH)
 
 
 class Enrolled(_Body):
@@ -168,6 +180,7 @@ class Status(_Body):
     rounds_total: int
     rounds_closed: int
     devices: int
+    draining: bool = False  # since revision 1.4: the disk is full; downloads only, no uploads
 
 
 class Revoked(_Body):
@@ -180,6 +193,14 @@ class Stopped(_Body):
     state: Literal["finished"] = "finished"
 
 
+class RolledBack(_Body):
+    """Since revision 1.4: the run goes on from a copy of version ``rolled_back_to``."""
+
+    rolled_back_to: int
+    model_version: int  # the new version (a copy of ``rolled_back_to``)
+    round: int  # the round that now trains it
+
+
 class Error(_Body):
     code: str
     message: str
@@ -188,7 +209,7 @@ class Error(_Body):
 
 MODELS: tuple[type[BaseModel], ...] = (
     Health, EnrollmentRequest, Enrolled, TaskConfig, Task, Accepted, MetricSummary, RoundInfo, Status, Revoked,
-    Stopped, Error,
+    Stopped, RolledBack, Error,
 )  # fmt: skip
 SCHEMA_FILE = Path(__file__).resolve().parent.parent / "docs" / "protocol.schema.json"
 

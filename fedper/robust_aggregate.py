@@ -92,6 +92,10 @@ class AggregationReport:
         return asdict(self)
 
 
+class NonFiniteAggregateError(AggregationError):
+    """The updates were well-formed but their aggregate overflowed: nothing to publish."""
+
+
 def negative_variance(name: str, values: np.ndarray) -> float | None:
     """The smallest value of a BatchNorm running variance if it is below zero, else None: once
     averaged in, a negative variance makes every device's evaluation NaN, however small the
@@ -186,7 +190,7 @@ def robust_aggregate(
         share = 1.0 / len(norms)
     for name, arr in result.items():
         if not np.isfinite(arr).all():
-            raise AggregationError(f"the aggregate of tensor {name!r} is not finite; the round is not published")
+            raise NonFiniteAggregateError(f"the aggregate of tensor {name!r} is not finite; the round is not published")
     report = AggregationReport(
         aggregate=config.aggregate, updates=len(norms), median_norm=median,
         largest_norm={g: max(n[g] for n in norms) for g in groups}, norm_bound=bound,

@@ -74,7 +74,7 @@ def _command(fedper: str, experiment: Experiment, seed: int, out: Path) -> list[
     return [fedper, "simulate", *experiment.options, "--seed", str(seed), "--threads", "1", "--out", str(out)]
 
 
-def _run_one(fedper: str, experiment: Experiment, seed: int, root: Path) -> Path:
+def run_one(fedper: str, experiment: Experiment, seed: int, root: Path) -> Path:
     out = root / f"{experiment.name}-seed{seed}"
     command = _command(fedper, experiment, seed, out)
     stamp = out / "command.json"
@@ -96,23 +96,23 @@ def run_all(fedper: str, root: Path, seeds: Sequence[int], jobs: int) -> dict[st
     root.mkdir(parents=True, exist_ok=True)
     work = [(e, s) for e in EXPERIMENTS for s in seeds]
     with ThreadPoolExecutor(max_workers=jobs) as pool:
-        dirs = list(pool.map(lambda es: _run_one(fedper, es[0], es[1], root), work))
+        dirs = list(pool.map(lambda es: run_one(fedper, es[0], es[1], root), work))
     out: dict[str, list[Path]] = {}
     for (experiment, _), d in zip(work, dirs, strict=True):
         out.setdefault(experiment.name, []).append(d)
     return out
 
 
-def _load(run_dir: Path) -> dict[str, Any]:
+def load_results(run_dir: Path) -> dict[str, Any]:
     results: dict[str, Any] = json.loads((run_dir / "results.json").read_text())
     return results
 
 
-def _mean_std(values: Sequence[float]) -> str:
+def mean_std(values: Sequence[float]) -> str:
     return f"{np.mean(values):.3f} ± {np.std(values):.3f}"
 
 
-def _paired(runs: list[dict[str, Any]], a: str, b: str, against: list[dict[str, Any]] | None = None) -> str:
+def paired_difference(runs: list[dict[str, Any]], a: str, b: str, against: list[dict[str, Any]] | None = None) -> str:
     """Per-client final differences a - b pooled over seeds: mean ± standard error (n pairs); b
     from ``against`` (runs of another experiment on the same splits, same seed order) if given."""
     diffs = []
@@ -139,30 +139,31 @@ def tables(runs_by_name: dict[str, list[Path]]) -> str:
         ]
         baselines: dict[str, list[float]] = {}
         for experiment in (e for e in EXPERIMENTS if e.table == table):
-            runs = [_load(d) for d in runs_by_name[experiment.name]]
+            runs = [load_results(d) for d in runs_by_name[experiment.name]]
             sim = runs[0]["config"]["simulation"]
             algorithms = list(runs[0]["algorithms"])
             for algorithm in algorithms:
                 finals = [r["algorithms"][algorithm] for r in runs]
                 kp = {"fedper": sim["kp"], "fedavg": 0}.get(algorithm, "-")
                 others = [o for o in algorithms if o != algorithm] if algorithm == "fedper" else []
-                paired = "; ".join(f"vs {o}: {_paired(runs, algorithm, o)}" for o in others)
+                paired = "; ".join(f"vs {o}: {paired_difference(runs, algorithm, o)}" for o in others)
                 if experiment.reference and algorithm == "fedper":
-                    reference = [_load(d) for d in runs_by_name[experiment.reference]]
-                    paired = f"vs {experiment.reference}'s fedper: {_paired(runs, algorithm, algorithm, reference)}"
+                    reference = [load_results(d) for d in runs_by_name[experiment.reference]]
+                    difference = paired_difference(runs, algorithm, algorithm, reference)
+                    paired = f"vs {experiment.reference}'s fedper: {difference}"
                 paired = paired or "-"
                 lines.append(
                     f"| {experiment.name} | {algorithm} | {kp} | {sim['base']} | {sim.get('head', 'softmax')} | "
                     f"{sim.get('init') or 'scratch'} | "
-                    f"{_mean_std([f['final_mean_accuracy'] for f in finals])} | "
-                    f"{_mean_std([f['last5_mean_accuracy'] for f in finals])} | "
+                    f"{mean_std([f['final_mean_accuracy'] for f in finals])} | "
+                    f"{mean_std([f['last5_mean_accuracy'] for f in finals])} | "
                     f"{np.mean([f['final_std'] for f in finals]):.3f} | {paired} |"
                 )
             if not baselines:
                 for name in runs[0].get("baselines", {}):
                     baselines[name] = [r["baselines"][name]["mean_accuracy"] for r in runs]
         for name, values in baselines.items():
-            lines.append(f"| same splits | baseline: {name} | - | - | - | - | {_mean_std(values)} | - | - | - |")
+            lines.append(f"| same splits | baseline: {name} | - | - | - | - | {mean_std(values)} | - | - | - |")
         lines.append("")
     return "\n".join(lines)
 
@@ -170,7 +171,7 @@ def tables(runs_by_name: dict[str, list[Path]]) -> str:
 def new_users_table(runs: list[Path]) -> str:
     """New users' accuracy against N per variant, users of every seed pooled: mean ± SE (users);
     and FedPer's base with a fresh head against the majority of the user's N ratings, paired."""
-    found = [_load(d)["new_users"] for d in runs if "new_users" in _load(d)]
+    found = [load_results(d)["new_users"] for d in runs if "new_users" in load_results(d)]
     if not found:
         return ""
     variants = list(found[0]["curves"])

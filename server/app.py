@@ -16,7 +16,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from fedper import __version__
-from fedper.protocol import ErrorCode
+from fedper.protocol import ErrorCode, Header
 from server.config import ServerConfig
 from server.errors import (
     ClientDisconnectedError,
@@ -27,6 +27,7 @@ from server.errors import (
 )
 from server.routes import admin, devices, downloads, health, rounds
 from server.state import ServerState, open_state
+from server.storage import DatabaseBusyError
 
 log = logging.getLogger("fedper.server")
 
@@ -62,6 +63,13 @@ def create_app(config: ServerConfig, state: ServerState | None = None) -> FastAP
     app.add_middleware(InternalErrorMiddleware)
     app.add_exception_handler(ProtocolError, protocol_error_handler)
     app.add_exception_handler(ClientDisconnectedError, client_disconnected_handler)
+
+    @app.exception_handler(DatabaseBusyError)
+    async def database_busy(_r: Request, exc: DatabaseBusyError) -> JSONResponse:
+        log.warning(json.dumps({"event": "database_busy", "error": str(exc)}))
+        message = "the server's database is busy; nothing was changed, retry later"
+        headers = {Header.RETRY_AFTER: str(config.retry_after)}
+        return JSONResponse({"code": ErrorCode.SERVER_BUSY, "message": message}, status_code=503, headers=headers)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_r: Request, exc: StarletteHTTPException) -> JSONResponse:

@@ -1,10 +1,13 @@
 """Typed request dependencies: who is calling (a device, the operator), from the bearer token.
 
-Failed authentications are counted per client address. An address over the limit gets 429
-before its credential is compared with the admin token or the enrollment key, so guessing
-gains nothing; a valid device token still works from it (device tokens are 256 random
-bits: telling a valid one from a throttled guess gives nothing away), so honest phones
-behind the same address keep training.
+Failed authentications are counted per client address (an IPv6 address as its /64), apart
+for each kind of credential. An address over the limit of wrong bearer tokens gets 429
+before its token is compared with the admin token, so guessing it gains nothing; a valid
+device token still works from it (device tokens are 256 random bits: telling a valid one
+from a throttled guess gives nothing away), so honest phones behind the same address keep
+training. Wrong enrollment keys are counted on their own, and the right key always enrolls
+(it ships inside every app: nothing to guess), so neither kind of failure from one phone
+behind a carrier NAT stops the others from enrolling.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from fastapi import Depends, Request
 
 from server.credentials import same_secret, token_hash
 from server.errors import forbidden, rate_limited, unauthorized
+from server.rate_limit import RateLimiter, address_key
 from server.state import ServerState
 
 
@@ -38,14 +42,21 @@ def client_address(request: Request) -> str:
     return request.client.host if request.client else "unknown"
 
 
-def check_not_throttled(request: Request, state: ServerState) -> None:
-    wait = state.auth_failures.blocked(client_address(request))
+def limit_key(request: Request) -> str:
+    """What per-address limits count under (:func:`server.rate_limit.address_key`)."""
+    return address_key(client_address(request))
+
+
+def check_not_throttled(request: Request, limiter: RateLimiter) -> None:
+    wait = limiter.blocked(limit_key(request))
     if wait:
         raise rate_limited("too many failed authentications from this address", wait)
 
 
-def failed(request: Request, state: ServerState, message: str) -> Exception:
-    state.auth_failures.record(client_address(request))
+def failed(request: Request, limiter: RateLimiter, message: str) -> Exception:
+    """401, counted against the address; 429 instead once the address is over the limit."""
+    check_not_throttled(request, limiter)
+    limiter.record(limit_key(request))
     return unauthorized(message)
 
 
@@ -62,12 +73,12 @@ def caller(request: Request, state: State) -> Caller:
     row = state.db.device_by_token_hash(token_hash(token))
     if row is not None and not row["revoked"] and same_secret(row["token_hash"], token_hash(token)):
         return Caller("device", str(row["id"]))
-    check_not_throttled(request, state)
+    check_not_throttled(request, state.auth_failures)
     if same_secret(token, state.secrets.admin_token):
         return Caller("operator")
     if row is not None and row["revoked"]:
-        raise failed(request, state, "this device has been revoked")
-    raise failed(request, state, "unknown token")
+        raise failed(request, state.auth_failures, "this device has been revoked")
+    raise failed(request, state.auth_failures, "unknown token")
 
 
 AnyCaller = Annotated[Caller, Depends(caller)]

@@ -1,4 +1,5 @@
-"""Cohort selection and pace steering (PROTOCOL.md, revision 1.2, "Cohorts").
+"""Cohort selection and pace steering (PROTOCOL.md, revision 1.2, "Cohorts"; revision 1.4,
+"Check-in window").
 
 A round has ``ServerConfig.slots`` slots (ceil(cohort size x over-selection)). ``GET /v1/task``
 gives them to the first devices that ask; a slot is held until its device's update is accepted
@@ -6,6 +7,14 @@ gives them to the first devices that ask; a slot is held until its device's upda
 Without this, every device that asks trains, and all but the first ``target_clients`` uploads
 are thrown away. Devices without a slot are told when to ask again, spread over the expected
 rest of the round, so that thousands of them do not come back at the same moment.
+
+First come is what a few fast sybils exploit: polling every half second, they take every slot.
+With ``--checkin-window S``, the devices that ask during the first S seconds of a round only
+check in (204, asked back when the window ends); then the slots are drawn at random among
+them (Bonawitz et al., "Towards Federated Learning at Scale", 2019), devices that reported in
+the previous round last, so no device holds slots back to back while others wait. Asking
+faster buys nothing. ``--max-participation K --participation-rounds W``: a device with K
+accepted updates in the last W rounds gets no slot.
 
 The slots live in SQLite (:mod:`server.storage`), so they survive a restart; every assignment
 is one transaction, so two devices can never take the last slot at once.
@@ -15,6 +24,7 @@ from __future__ import annotations
 
 import math
 import random
+import sqlite3
 
 from server.config import ServerConfig
 from server.storage import Database, Slot
@@ -25,7 +35,26 @@ MAX_RETRY_AFTER = 3600  # seconds; no device is told to wait longer than this
 class Cohort:
     def __init__(self, config: ServerConfig, db: Database, rng: random.Random | None = None):
         self.config, self.db = config, db
-        self._rng = rng or random.Random()
+        self._rng = rng or random.SystemRandom()  # an attacker must not predict the draw
+
+    def window_end(self, opened_at: float) -> float:
+        return opened_at + self.config.checkin_window
+
+    def over_limit(self, number: int, device_id: str) -> bool:
+        """Whether the device has used up its participations in the rounds before ``number``."""
+        limit, rounds = self.config.max_participation, self.config.participation_rounds
+        return bool(limit) and self.db.participations(device_id, number - rounds) >= limit
+
+    def _draw(self, conn: sqlite3.Connection, number: int, deadline: float | None, now: float) -> None:
+        """Give the free slots to devices drawn at random among those that checked in; those that
+        reported in the previous round only after all others."""
+        checked_in = [d for d in self.db.take_checkins(conn, number) if not self.over_limit(number, d)]
+        previous = self.db.reporters(number - 1)
+        self._rng.shuffle(checked_in)
+        checked_in.sort(key=lambda d: d in previous)  # stable: random within each group
+        free = self.config.slots - self.db.count_held_slots(number, now)
+        for device_id in checked_in[: max(0, free)]:
+            self.db.put_slot(conn, Slot(number, device_id, now, self.expiry(now, deadline)))
 
     def expiry(self, now: float, deadline: float | None) -> float | None:
         """When a slot assigned at ``now`` expires: after the report timeout, at the latest at the
@@ -61,6 +90,16 @@ class Cohort:
             held = self.db.slot(number, device_id)
             if held is not None and self._held(held, now):
                 return held  # the same task again; asking again does not extend the slot
+            if self.over_limit(number, device_id):
+                return None
+            if now < self.window_end(current.opened_at):
+                self.db.put_checkin(conn, number, device_id, now)
+                return None
+            if self.config.checkin_window:
+                self._draw(conn, number, current.deadline, now)
+                drawn = self.db.slot(number, device_id)
+                if drawn is not None and self._held(drawn, now):
+                    return drawn
             if self.db.count_updates(number) >= self.config.target_clients or not self.has_room(number, now):
                 return None
             slot = Slot(number, device_id, now, self.expiry(now, current.deadline))
@@ -77,6 +116,9 @@ class Cohort:
         ``MAX_RETRY_AFTER``. Before any round has closed, the expected length is ``--retry-after``.
         """
         idle = self.config.retry_after
+        if now < self.window_end(opened_at):  # checked in: come back when the slots are drawn
+            wait = math.ceil(self.window_end(opened_at) - now)
+            return self._rng.randint(wait, wait + 1)
         expected = self.db.last_closed_round_seconds() or float(idle)
         ends = [opened_at + expected, deadline, self.db.earliest_slot_expiry(number, now)]
         end = min(t for t in ends if t is not None)

@@ -10,6 +10,7 @@ from fedper.config_cli import nested, option
 from fedper.errors import ConfigError
 from fedper.robust_aggregate import AggregationConfig
 from fedper.train_config import TrainConfig
+from server.publish_check import PublishConfig
 
 
 @dataclass(frozen=True)
@@ -29,25 +30,56 @@ class ServerConfig:
     report_timeout: float = option(
         0.0, "seconds an assigned device has to upload before its slot is given to another (0: the round's deadline)"
     )
+    checkin_window: float = option(
+        0.0, "seconds at the start of a round in which asking devices check in; then the slots are drawn "
+        "at random among them (0: first come, first served)",
+    )  # fmt: skip
+    max_participation: int = option(
+        0, "accepted updates a device may have in the last --participation-rounds rounds and still get a slot "
+        "(0: no limit)",
+    )  # fmt: skip
+    participation_rounds: int = option(10, "the rounds --max-participation counts over")
     training: TrainConfig = nested(TrainConfig, "as the task asks devices")
     max_upload_bytes: int = option(0, "largest upload accepted (0: 4x the F32 base)")
     max_num_samples: int = option(100_000, "largest num_samples an update may claim")
     retry_after: int = option(5, "seconds idle devices are told to wait (Retry-After)")
-    enroll_per_minute: int = option(30, "enrollments allowed per client address per minute")
+    enroll_per_minute: int = option(30, "enrollments allowed per client address (IPv6: per /64) per minute")
+    enroll_total_per_minute: int = option(
+        600, "enrollments allowed per minute from all addresses together, with the enrollment key (0: no limit)"
+    )
     auth_failures_per_minute: int = option(
         20, "failed authentications (wrong token or enrollment key) per client address per minute before 429"
     )
+    attestation: str = option(
+        "", "module:function verifying a device's attestation token at enrollment (docs/SERVER.md; empty: none)",
+        metavar="MODULE:FUNCTION",
+    )  # fmt: skip
     forwarded_allow_ips: str = option(
         "", "comma-separated proxy addresses whose X-Forwarded-For is trusted (default: none; '*': any)"
     )
     upload_timeout: float = option(120.0, "seconds a request body may take to arrive before 408")
+    min_upload_rate: float = option(
+        1024.0, "bytes per second an upload body must average once --upload-rate-grace is over, or 408 (0: no minimum)"
+    )
+    upload_rate_grace: float = option(10.0, "seconds an upload body may take before --min-upload-rate applies")
     header_timeout: float = option(10.0, "seconds a client may take to send a request's headers")
     keep_alive_timeout: int = option(5, "seconds an idle keep-alive connection stays open")
     max_inflight_uploads: int = option(32, "uploads received at once; more get 503 server_busy")
+    db_busy_timeout: float = option(
+        5.0, "seconds a request waits for the database's write lock (held by another process) before 503 server_busy"
+    )
     max_update_norm: float = option(
         0.0, "largest L2 distance of an update from the round's base, over all base tensors (0: no bound)"
     )
     aggregation: AggregationConfig = nested(AggregationConfig, "when a round closes")
+    publish: PublishConfig = nested(PublishConfig, "before a round's aggregate is published")
+    min_free_mib: float = option(
+        0.0, "free disk space (MiB) below which the server drains: downloads only, no uploads or closes "
+        "(0: room for every slot's update, two versions and 64 MiB)",
+    )  # fmt: skip
+    keep_versions: int = option(
+        0, "model versions kept on disk, newest first, besides version 0 and the open round's (0: all)"
+    )
 
     def __post_init__(self) -> None:
         if self.rounds < 1:
@@ -61,11 +93,24 @@ class ServerConfig:
         positive = {
             "--upload-timeout": self.upload_timeout, "--header-timeout": self.header_timeout,
             "--keep-alive-timeout": self.keep_alive_timeout, "--max-inflight-uploads": self.max_inflight_uploads,
-            "--enroll-per-minute": self.enroll_per_minute, "--auth-failures-per-minute": self.auth_failures_per_minute,
+            "--db-busy-timeout": self.db_busy_timeout, "--enroll-per-minute": self.enroll_per_minute,
+            "--auth-failures-per-minute": self.auth_failures_per_minute,
         }  # fmt: skip
         for flag, value in positive.items():
             if not value > 0:
                 raise ConfigError(f"{flag} must be > 0, got {value}")
+        if not self.min_free_mib >= 0:
+            raise ConfigError("--min-free-mib must be >= 0 (0: computed from the round's needs)")
+        if not self.checkin_window >= 0 or (self.round_timeout and self.checkin_window >= self.round_timeout):
+            raise ConfigError("--checkin-window must be >= 0 and shorter than --round-timeout")
+        if self.max_participation < 0 or self.participation_rounds < 1:
+            raise ConfigError("--max-participation must be >= 0 (0: no limit) and --participation-rounds >= 1")
+        if self.keep_versions < 0:
+            raise ConfigError("--keep-versions must be >= 0 (0: keep all)")
+        if self.enroll_total_per_minute < 0:
+            raise ConfigError("--enroll-total-per-minute must be >= 0 (0: no limit)")
+        if not self.min_upload_rate >= 0 or not self.upload_rate_grace >= 0:
+            raise ConfigError("--min-upload-rate and --upload-rate-grace must be >= 0")
         if not self.max_update_norm >= 0:
             raise ConfigError("--max-update-norm must be >= 0 (0: no bound)")
         if self.cohort_size < 0 or not self.report_timeout >= 0:

@@ -49,7 +49,7 @@ class MetricsRegistry:
 
     def render(
         self, rounds_closed: int, current_round: int, aggregation_seconds: float, in_flight: int,
-        clipped: int = 0, capped: int = 0,
+        clipped: int = 0, capped: int = 0, not_published: int = 0, draining: bool = False,
     ) -> bytes:  # fmt: skip
         with self._lock:
             rejected = CounterMetricFamily("fedper_updates_rejected", "updates refused, by error code", labels=["code"])
@@ -73,6 +73,14 @@ class MetricsRegistry:
                 ),
                 CounterMetricFamily(
                     "fedper_updates_weight_capped", "updates whose num_samples weight was capped", value=capped
+                ),
+                CounterMetricFamily(
+                    "fedper_rounds_not_published",
+                    "rounds whose aggregate failed a publish check (abandoned instead)",
+                    value=not_published,
+                ),
+                GaugeMetricFamily(
+                    "fedper_draining", "1 while the disk is too full to take uploads", value=int(draining)
                 ),
             ]
         registry = CollectorRegistry(auto_describe=False)

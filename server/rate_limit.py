@@ -2,17 +2,35 @@
 
 The enrollment key ships inside apps (not a secret), and the admin token must not be
 guessable at network speed, so both are limited per client address (the peer's, or the
-one a trusted proxy reports). The number of addresses tracked is bounded, so rotating
-addresses costs the attacker the limit, not the server its memory.
+one a trusted proxy reports). An IPv6 address counts as its /64: one subscriber's
+allocation, in which an attacker can pick any of 2^64 addresses. The number of addresses
+tracked is bounded, so rotating addresses costs the attacker the limit, not the server its
+memory.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import threading
 import time
 from collections import OrderedDict, deque
 
 MAX_ADDRESSES = 100_000
+IPV6_PREFIX = 64
+
+
+def address_key(host: str) -> str:
+    """The key an address is limited under: an IPv4 address itself, an IPv6 address's /64
+    (an IPv4-mapped IPv6 address is its IPv4 address); anything else as it is."""
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return host
+    if isinstance(address, ipaddress.IPv6Address):
+        if address.ipv4_mapped is not None:
+            return str(address.ipv4_mapped)
+        return str(ipaddress.IPv6Network(f"{address}/{IPV6_PREFIX}", strict=False))
+    return str(address)
 
 
 class RateLimiter:

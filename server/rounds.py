@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import logging
+import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -39,16 +40,20 @@ from fedper.atomic_write import atomic_write_bytes
 from fedper.manifest import Manifest, sha256_file
 from fedper.metrics import summarize
 from fedper.protocol import ErrorCode, Header, RoundInfo
-from fedper.robust_aggregate import robust_aggregate
+from fedper.robust_aggregate import NonFiniteAggregateError, robust_aggregate
+from server import publish_check
+from server.clock import SteadyClock
 from server.cohort import Cohort
 from server.config import ServerConfig
-from server.errors import ProtocolError, conflict, run_finished, unauthorized
+from server.disk_room import DiskRoom, out_of_space
+from server.errors import ProtocolError, conflict, not_found, run_finished, unauthorized
 from server.storage import Database, Slot, StoredUpdate
 from server.update_store import UpdateStore
 from server.upload_validation import Upload
 
 log = logging.getLogger("fedper.server")
 Clock = Callable[[], float]
+STEPS_KEY = "recent_step_norms"  # meta: the last published steps, for the publish check
 
 
 @dataclass(frozen=True)
@@ -82,11 +87,12 @@ class RoundManager:
         manifest: Manifest,
         db: Database,
         data_dir: Path,
-        clock: Clock = time.time,
+        clock: Clock | None = None,
+        disk: DiskRoom | None = None,
     ):
         self.config = config
         self.db = db
-        self.clock = clock
+        self.clock = clock or SteadyClock()
         self.models_dir = data_dir / "models"
         self._layout = manifest.layout("base")
         self.store = UpdateStore(data_dir, self._layout)
@@ -97,11 +103,19 @@ class RoundManager:
         self.aggregation_seconds = 0.0
         self.updates_clipped = 0  # by the norm bound, over the run (since this process started)
         self.updates_capped = 0  # by the weight cap
+        self.rounds_refused = 0  # aggregates not published (server.publish_check)
+        self.disk = disk or DiskRoom(data_dir, 0)
+        self.draining: str | None = None  # why the server takes no uploads (server.disk_room)
 
     # --- start and resume ---------------------------------------------------------------
 
     def start(self, initial_base: Path) -> None:
-        """Open round 1 on version 0 at first start; otherwise resume where the database says."""
+        """Open round 1 on version 0 at first start; otherwise resume where the database says.
+        On a database opened read-only (a full disk), only read it: the server starts draining."""
+        if self.db.read_only:
+            self._refresh()
+            self._drain("the database could not be opened for writing (is the disk full?)")
+            return
         self.models_dir.mkdir(parents=True, exist_ok=True)
         with self._lock:
             if self.db.model_version(0) is None:
@@ -122,8 +136,19 @@ class RoundManager:
                     pass
             referenced = {u.file for u in self.db.updates(open_round)} if open_round is not None else set()
             self.store.remove_leftovers(open_round, {f for f in referenced if f is not None})
+            self._remove_unrecorded_models()
             self._refresh()
         self.tick()  # a deadline that passed while we were down, or a full round not yet closed
+
+    def _remove_unrecorded_models(self) -> None:
+        """At start: temp files of writes a crash interrupted (``.v1.safetensors.*.tmp``), version
+        files written but never recorded, and files of versions pruned before a crash."""
+        recorded = {self.models_dir / file for file in self.db.versions().values()}
+        for path in list(self.models_dir.iterdir()):
+            if path not in recorded and (path.name.endswith(".tmp") or path.suffix == ".safetensors"):
+                self.store.remove(path)
+        for path in list(self.models_dir.parent.glob(".*.tmp")):  # the secrets' atomic writes
+            self.store.remove(path)
 
     def _stored(self, number: int) -> Iterator[tuple[StoredUpdate, dict[str, np.ndarray]]]:
         """Round ``number``'s stored updates, read with the loader one at a time, in ascending
@@ -211,9 +236,11 @@ class RoundManager:
             self._bases = {version: {k: v.astype(np.float64) for k, v in weights.load(found[0]).items()}}
         return self._bases[version]
 
-    def check_conflicts(self, device_id: str, number: int, upload: Upload) -> None:
-        """410, then the 409s in the protocol's order: duplicate, round not open, stale base
-        version, not in the cohort (the device holds no unexpired slot of the round)."""
+    def check_admission(self, device_id: str, number: int) -> None:
+        """What can be decided before an upload's body is read (revision 1.4): 410, then the
+        409s ``duplicate_update``, ``round_not_open``, ``not_in_cohort``, then 503 while draining. A device without a
+        slot of the open round is turned away here, so it never holds a place among the
+        uploads in flight."""
         if self._finished():
             raise run_finished()
         if self.db.has_update(number, device_id):
@@ -222,14 +249,23 @@ class RoundManager:
         assert current is not None
         if number != current.round or current.state != "open":
             raise conflict(ErrorCode.ROUND_NOT_OPEN, f"round {number} is not open (the open round is {current.round})")
-        if upload.base_version != current.model_version:
-            raise conflict(
-                ErrorCode.STALE_BASE_VERSION,
-                f"round {number} trains model version {current.model_version}, the update is from "
-                f"version {upload.base_version}",
-            )
         if not self.cohort.may_report(number, device_id, self.clock()):
             raise self._not_in_cohort(number)
+        if self.draining is not None:
+            raise self.busy()
+
+    def check_conflicts(self, device_id: str, number: int, upload: Upload) -> None:
+        """The admission checks again (time passed while the body arrived), then the update's
+        base version against the round's (``stale_base_version``)."""
+        self.check_admission(device_id, number)
+        info = self.db.round(number)
+        assert info is not None
+        version = info.model_version
+        if upload.base_version != version:
+            raise conflict(
+                ErrorCode.STALE_BASE_VERSION,
+                f"round {number} trains model version {version}, the update is from version {upload.base_version}",
+            )
 
     def stage(self, device_id: str, number: int, upload: Upload) -> Staged:
         """Check the conflicts, then write the canonical file (outside the lock: the slow part)."""
@@ -269,11 +305,16 @@ class RoundManager:
         round is stored either way, so its device gets its 202)."""
         try:
             self._close(number, reason)
-        except Exception:
+        except Exception as exc:
+            if out_of_space(exc):
+                self._drain(f"round {number} could not be closed: {exc}")
+                return
             log.exception(json.dumps({"event": "round_close_failed", "round": number}))
 
     def _close(self, number: int, reason: str) -> None:
-        """Aggregate, write version v+1 durably, then record it and open the next round.
+        """Aggregate, check the aggregate (:mod:`server.publish_check`), write version v+1
+        durably, then record it and open the next round; an aggregate that fails a check is not
+        published: the round is abandoned and the next one trains the same version.
 
         If a stored update had to be dropped, the round stays open with its recomputed count,
         as after a restart: whether it closes is decided again (a later upload, the deadline).
@@ -286,23 +327,39 @@ class RoundManager:
         def stored() -> Iterator[tuple[dict[str, np.ndarray], int]]:
             return ((tensors, u.num_samples) for u, tensors in self._stored(number))
 
-        # group=1: one loaded update in memory at a time (for the mean)
-        base, report = robust_aggregate(self._layout, self.round_base(number), stored, self.config.aggregation, 1)
+        round_base = self.round_base(number)
+        try:  # group=1: one loaded update in memory at a time (for the mean)
+            base, report = robust_aggregate(self._layout, round_base, stored, self.config.aggregation, 1)
+        except NonFiniteAggregateError as exc:
+            self._abandon(number, current.model_version, f"not published: {exc}")
+            return
         if report.updates < len(updates):
             self._refresh()
             log.warning(json.dumps({"event": "round_close_deferred", "round": number,
                                     "dropped": len(updates) - report.updates}))  # fmt: skip
             return
-        version = current.model_version + 1
+        steps = self._recent_steps()
+        refused = publish_check.problem(self.config.publish, base, round_base, steps)
+        if refused is None and self.config.publish.publish_command:
+            with self.store.temp_file(".candidate") as (candidate, f):
+                f.write(weights.encode(base))
+                f.flush()
+                refused = publish_check.command_problem(self.config.publish, candidate)
+        if refused is not None:
+            self._abandon(number, current.model_version, f"not published: {refused}")
+            return
+        version = self.db.latest_version() + 1
         target = self.models_dir / f"v{version}.safetensors"
         weights.save(target, base)  # temp file, fsync, rename, fsync directory
         metrics = round_metrics(updates)
         finished = self.db.count_closed_rounds() + 1 >= self.config.rounds
+        steps = [*steps, publish_check.step_norm(base, round_base)][-publish_check.HISTORY :]
         now = self.clock()
         try:
             with self.db.transaction() as conn:
                 self.db.insert_version(conn, version, sha256_file(target), target.name, now, number)
                 self.db.end_round(conn, number, "closed", now, version, metrics)
+                self.db.set_meta(conn, STEPS_KEY, json.dumps(steps))
                 if finished:
                     self.db.set_meta(conn, "state", "finished")
                 else:
@@ -318,8 +375,35 @@ class RoundManager:
             "model_version": version, "seconds": round(time.perf_counter() - start, 3), "finished": finished,
             "aggregation": report.to_dict(),
         }))  # fmt: skip
+        self._prune()
 
-    def _abandon(self, number: int, version: int) -> None:
+    def _recent_steps(self) -> list[float]:
+        """The distances of the last published versions from their rounds' bases."""
+        text = self.db.get_meta(STEPS_KEY)
+        return [float(v) for v in json.loads(text)] if text else []
+
+    def _prune(self) -> None:
+        """Keep the newest ``--keep-versions`` model versions (and version 0, the export's, and the
+        open round's): the rows go in one transaction, then the files (a crash between leaves
+        files that the next start removes)."""
+        keep = self.config.keep_versions
+        if not keep:
+            return
+        with self._lock:
+            latest = self.db.latest_version()
+            training = self.snapshot.model_version
+            doomed = [v for v in self.db.versions() if v != 0 and v != training and v <= latest - keep]
+            if not doomed:
+                return
+            with self.db.transaction() as conn:
+                for v in doomed:
+                    self.db.delete_version(conn, v)
+            self._bases = {k: b for k, b in self._bases.items() if k not in doomed}
+        for v in doomed:
+            self.store.remove(self.models_dir / f"v{v}.safetensors")
+        log.info(json.dumps({"event": "versions_pruned", "versions": doomed}))
+
+    def _abandon(self, number: int, version: int, why: str = "fewer than min_clients at the deadline") -> None:
         now = self.clock()
         try:
             with self.db.transaction() as conn:
@@ -328,11 +412,84 @@ class RoundManager:
         finally:
             self._refresh()
         self.store.remove_round(number)
-        log.info(json.dumps({"event": "round_abandoned", "round": number, "model_version": version}))
+        if why.startswith("not published"):
+            self.rounds_refused += 1
+            log.warning(json.dumps({"event": "round_not_published", "round": number, "model_version": version,
+                                    "reason": why}))  # fmt: skip
+        else:
+            log.info(json.dumps({"event": "round_abandoned", "round": number, "model_version": version,
+                                 "reason": why}))  # fmt: skip
+
+    def rollback(self, to: int) -> tuple[int, int]:
+        """Reopen the run from version ``to``: its tensors become a new version (versions only ever
+        grow, and a device that cached one never sees it change), the open round is abandoned, and
+        a new round trains the new version. A finished run runs again, and finishes when a round
+        closes with ``--rounds`` closed rounds counted (a restart may raise it). Returns (new
+        version, new round)."""
+        with self._lock:
+            found = self.version_file(to)
+            if found is None or not found[0].exists():
+                raise not_found(f"model version {to}")
+            version = self.db.latest_version() + 1
+            target = self.models_dir / f"v{version}.safetensors"
+            atomic_write_bytes(target, found[0].read_bytes())
+            current = self.db.latest_round()
+            assert current is not None
+            now = self.clock()
+            try:
+                with self.db.transaction() as conn:
+                    self.db.insert_version(conn, version, found[1], target.name, now, None)
+                    if current.state == "open":
+                        self.db.end_round(conn, current.round, "abandoned", now)
+                    self.db.set_meta(conn, "state", "running")
+                    self.db.open_round(conn, current.round + 1, version, now, self._deadline(now))
+            finally:
+                self._refresh()
+            self.store.remove_round(current.round)
+        log.warning(json.dumps({"event": "rolled_back", "to": to, "model_version": version,
+                                "round": current.round + 1}))  # fmt: skip
+        return version, current.round + 1
+
+    def _drain(self, why: str) -> None:
+        if self.draining is None:
+            what = (
+                "downloads and status only: no enrollments, tasks or uploads, no round closes until the disk has room"
+            )
+            log.error(json.dumps({"event": "draining", "reason": why, "what": what}))
+        self.draining = why
+
+    def out_of_space(self, exc: BaseException) -> ProtocolError:
+        """Drain, and the 503 for the request that met the full disk."""
+        self._drain(f"a write failed: {exc}")
+        return self.busy()
+
+    def busy(self) -> ProtocolError:
+        message = f"the server is draining ({self.draining}); nothing was stored, retry later"
+        return ProtocolError(503, ErrorCode.SERVER_BUSY, message, {Header.RETRY_AFTER: str(self.pace())})
+
+    def _check_disk(self) -> None:
+        """Enter or leave draining, by the free space."""
+        short = self.disk.shortage()
+        if short is not None:
+            self._drain(short)
+            return
+        if self.draining is None:
+            return
+        if self.db.read_only:
+            try:
+                self.db.reopen_writable()
+            except sqlite3.Error as exc:
+                self.draining = f"the database cannot be opened for writing yet: {exc}"
+                return
+        log.warning(json.dumps({"event": "draining_ended", "was": self.draining}))
+        self.draining = None
 
     def tick(self) -> None:
         """Apply the clock: close (>= min_clients) or abandon a round past its deadline, and close
-        a full round whose closing failed earlier."""
+        a full round whose closing failed earlier; first, enter or leave draining (the disk)."""
+        self._check_disk()
+        if self.draining is not None:
+            return
         snap = self.snapshot
         now = self.clock()
         due = snap.deadline is not None and now >= snap.deadline

@@ -28,10 +28,14 @@ def serve(args: argparse.Namespace) -> int:
 
     from server.app import create_app
     from server.http_protocol import protocol_class
+    from server.log_throttle import throttle_root_handlers
+    from server.malloc_arenas import limit_malloc_arenas
     from server.state import open_state
 
     config = from_arguments(ServerConfig, args)
+    limit_malloc_arenas()  # before any worker thread allocates
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    throttle_root_handlers()
     state = open_state(config)  # a StartupError (a FedperError) is printed by the command line
     for name in state.secrets.generated:
         value = state.secrets.admin_token if name == "admin_token" else state.secrets.enrollment_key
@@ -53,6 +57,7 @@ def serve(args: argparse.Namespace) -> int:
         host=config.host,
         port=config.port,
         log_level="warning",
+        log_config=None,  # uvicorn's records go to the root handler, throttled like ours
         http=protocol_class(config.header_timeout),
         proxy_headers=bool(trusted),  # uvicorn would otherwise trust X-Forwarded-For from 127.0.0.1
         forwarded_allow_ips=trusted or None,

@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import json
 import logging
-import time
-from dataclasses import dataclass
+import sqlite3
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from fedper.errors import FedperError
 from fedper.manifest import MANIFEST_FILE, Manifest, ManifestError, read_manifest
+from server.attestation import Verifier, load_verifier
+from server.clock import SteadyClock
 from server.config import ServerConfig
 from server.credentials import Secrets, load_or_create
+from server.disk_room import DiskRoom, round_reserve
 from server.metrics_registry import MetricsRegistry
 from server.rate_limit import RateLimiter
 from server.rounds import Clock, RoundManager
@@ -28,10 +33,13 @@ class ServerState:
     db: Database
     rounds: RoundManager
     limiter: RateLimiter  # enrollments per address
-    auth_failures: RateLimiter  # failed authentications per address
+    enrollments: RateLimiter  # enrollments from all addresses together (with the one enrollment key)
+    auth_failures: RateLimiter  # wrong bearer tokens per address
+    key_failures: RateLimiter  # wrong enrollment keys per address
     metrics: MetricsRegistry
     max_upload_bytes: int
-    uploads_in_flight: int = 0
+    verify_attestation: Verifier | None = None
+    uploading: set[str] = field(default_factory=set)  # devices whose upload body is arriving
 
     def artifact_path(self, name: str) -> Path | None:
         """Only files the manifest names (and the manifest itself); never a path."""
@@ -42,15 +50,35 @@ class ServerState:
 
 
 MIN_ADMIN_TOKEN_LENGTH = 32
+UNLIMITED = 2**62
 
 
 class StartupError(FedperError, RuntimeError):
     """The server cannot start on this data directory / export."""
 
 
-def open_state(config: ServerConfig, clock: Clock = time.time) -> ServerState:
+def _open_database(path: Path, config: ServerConfig, disk: DiskRoom) -> Database:
+    """The database, or, when it cannot be opened for writing on a disk without room, the same
+    database read-only (the server starts draining, PROTOCOL.md revision 1.4)."""
+    try:
+        return Database(path, config.db_busy_timeout)
+    except sqlite3.OperationalError as exc:
+        short = disk.shortage()
+        if short is None or not path.exists():
+            raise StartupError(f"cannot open {path}: {exc}") from exc
+        log.error(json.dumps({"event": "database_read_only", "reason": short, "error": str(exc)}))
+        try:
+            return Database(path, config.db_busy_timeout, read_only=True)
+        except sqlite3.Error as again:
+            raise StartupError(f"cannot open {path} even read-only ({again}); {short}") from again
+
+
+def open_state(config: ServerConfig, clock: Clock | None = None, free: Callable[[], int] | None = None) -> ServerState:
+    """Everything the handlers need; ``clock`` and ``free`` (free bytes of the data directory's
+    disk) are injected by tests."""
     from fedper.manifest import sha256_file
 
+    verifier = load_verifier(config.attestation)
     try:
         manifest = read_manifest(config.artifacts)
     except ManifestError as exc:
@@ -58,8 +86,14 @@ def open_state(config: ServerConfig, clock: Clock = time.time) -> ServerState:
     manifest_sha = sha256_file(config.artifacts / MANIFEST_FILE)
     data_dir = Path(config.data_dir)
     data_dir.mkdir(parents=True, exist_ok=True)
-    db = Database(data_dir / "state.db")
+    initial_base = config.artifacts / manifest.artifacts["initial_base"]
+    reserve = round_reserve(config.slots, initial_base.stat().st_size, config.min_free_mib)
+    disk = DiskRoom(data_dir, reserve, free)
+    db = _open_database(data_dir / "state.db", config, disk)
     known = db.get_meta("manifest_sha256")
+    if known is None and db.read_only:
+        db.close()
+        raise StartupError(f"{data_dir} is a new data directory on a disk too full to write: {disk.shortage()}")
     if known is None:
         with db.transaction() as conn:
             db.set_meta(conn, "manifest_sha256", manifest_sha)
@@ -77,8 +111,7 @@ def open_state(config: ServerConfig, clock: Clock = time.time) -> ServerState:
             f"{MIN_ADMIN_TOKEN_LENGTH} random ones (python -c 'import secrets; print(secrets.token_urlsafe(32))'), "
             "or unset FEDPER_ADMIN_TOKEN and delete the data directory's admin_token to have one generated"
         )
-    rounds = RoundManager(config, manifest, db, data_dir, clock)
-    initial_base = config.artifacts / manifest.artifacts["initial_base"]
+    rounds = RoundManager(config, manifest, db, data_dir, clock or SteadyClock(), disk)
     rounds.start(initial_base)
     v0 = rounds.version_file(0)
     assert v0 is not None
@@ -91,7 +124,10 @@ def open_state(config: ServerConfig, clock: Clock = time.time) -> ServerState:
         db=db,
         rounds=rounds,
         limiter=RateLimiter(config.enroll_per_minute),
+        enrollments=RateLimiter(config.enroll_total_per_minute or UNLIMITED),
         auth_failures=RateLimiter(config.auth_failures_per_minute),
+        key_failures=RateLimiter(config.auth_failures_per_minute),
         metrics=MetricsRegistry(),
         max_upload_bytes=limit,
+        verify_attestation=verifier,
     )

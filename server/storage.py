@@ -16,15 +16,18 @@ All SQL of the server lives here.
 from __future__ import annotations
 
 import json
+import queue
 import sqlite3
 import threading
 import time
+import urllib.parse
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+READERS = 4  # read connections (each has its own page cache)
 SQLITE_MAX = 2**63 - 1  # larger Python ints cannot be bound as SQLite integers: no such row
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -60,6 +63,13 @@ CREATE TABLE IF NOT EXISTS updates (
     file TEXT,
     metrics TEXT NOT NULL,
     received_at REAL NOT NULL,
+    PRIMARY KEY (round, device_id)
+);
+CREATE INDEX IF NOT EXISTS updates_by_device ON updates (device_id, round);
+CREATE TABLE IF NOT EXISTS checkins (
+    round INTEGER NOT NULL,
+    device_id TEXT NOT NULL,
+    at REAL NOT NULL,
     PRIMARY KEY (round, device_id)
 );
 CREATE TABLE IF NOT EXISTS slots (
@@ -104,20 +114,100 @@ class StoredUpdate:
     metrics: dict[str, float]
 
 
-class Database:
-    """A thread-safe wrapper around one SQLite connection (writes are serialized anyway)."""
+class DatabaseBusyError(Exception):
+    """SQLite stayed locked for longer than the busy timeout (another writer holds it): the
+    request changed nothing and is answered 503 with a Retry-After."""
 
-    def __init__(self, path: Path):
+
+@contextmanager
+def _busy_as_error() -> Iterator[None]:
+    try:
+        yield
+    except sqlite3.OperationalError as exc:
+        if "locked" in str(exc) or "busy" in str(exc):
+            raise DatabaseBusyError(str(exc)) from exc
+        raise
+
+
+class Database:
+    """One SQLite database: writes on one connection, serialized by a lock; reads outside a
+    transaction on a pool of ``READERS`` connections (WAL: readers never wait for the writer,
+    nor for each other); reads inside a transaction on the writer's connection, so that they
+    see what the transaction wrote."""
+
+    def __init__(self, path: Path, busy_timeout: float = 5.0, read_only: bool = False):
         self.path = path
-        self._conn = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
-        self._conn.row_factory = sqlite3.Row
+        self.busy_timeout = busy_timeout
+        self.read_only = read_only
         self._lock = threading.RLock()
+        self._idle: queue.LifoQueue[tuple[int, sqlite3.Connection]] = queue.LifoQueue()
+        self._slots = threading.BoundedSemaphore(READERS)
+        self._generation = 0  # bumped by reopen_writable(): readers of an older one are closed
+        self._writing: int | None = None  # the thread inside a transaction
+        self._conn = self._open_writer()
+        self._devices = int(self.query("SELECT COUNT(*) AS n FROM devices")[0]["n"])
+
+    def _open_writer(self) -> sqlite3.Connection:
+        conn = self._connect()
+        if not self.read_only:
+            with self._lock:
+                conn.execute("PRAGMA journal_mode=WAL")
+                conn.execute("PRAGMA synchronous=FULL")  # a committed 202 survives power loss
+                conn.execute("PRAGMA foreign_keys=ON")
+                self._conn = conn
+                self._migrate()
+                conn.executescript(SCHEMA)
+        return conn
+
+    def _connect(self) -> sqlite3.Connection:
+        if self.read_only:
+            # A full disk: SQLite cannot create the WAL index it needs to open the file for
+            # reading; with no WAL content to replay, the file alone is the whole database.
+            wal = self.path.with_name(self.path.name + "-wal")
+            immutable = "&immutable=1" if not wal.exists() or wal.stat().st_size == 0 else ""
+            target = f"file:{urllib.parse.quote(str(self.path))}?mode=ro{immutable}"
+            conn = sqlite3.connect(target, uri=True, timeout=self.busy_timeout, check_same_thread=False,
+                                   isolation_level=None)  # fmt: skip
+        else:
+            conn = sqlite3.connect(self.path, timeout=self.busy_timeout, check_same_thread=False, isolation_level=None)
+        conn.row_factory = sqlite3.Row
+        return conn
+
+    @contextmanager
+    def _reader(self) -> Iterator[sqlite3.Connection]:
+        """A reader from the pool (opened if none is idle), returned after use."""
+        with self._slots:
+            try:
+                generation, conn = self._idle.get_nowait()
+            except queue.Empty:
+                generation, conn = self._generation, self._connect()
+            if generation != self._generation:
+                conn.close()
+                generation, conn = self._generation, self._connect()
+            try:
+                yield conn
+            finally:
+                if generation == self._generation:
+                    self._idle.put((generation, conn))
+                else:  # reopened meanwhile
+                    conn.close()
+
+    def _close_idle(self) -> None:
+        while True:
+            try:
+                self._idle.get_nowait()[1].close()
+            except queue.Empty:
+                return
+
+    def reopen_writable(self) -> None:
+        """Leave read-only mode (the disk has room again): every connection is opened anew."""
         with self._lock:
-            self._conn.execute("PRAGMA journal_mode=WAL")
-            self._conn.execute("PRAGMA synchronous=FULL")  # a committed 202 survives power loss
-            self._conn.execute("PRAGMA foreign_keys=ON")
-            self._migrate()
-            self._conn.executescript(SCHEMA)
+            old = self._conn
+            self.read_only = False
+            self._conn = self._open_writer()
+            self._generation += 1
+            self._close_idle()  # those in use are closed when they come back
+        old.close()
 
     def _migrate(self) -> None:
         """Data directories of protocol revision 1.0 cannot record a ``stopped`` round: widen the check."""
@@ -138,22 +228,36 @@ class Database:
 
     def close(self) -> None:
         with self._lock:
+            self._close_idle()
             self._conn.close()
 
     @contextmanager
     def transaction(self) -> Iterator[sqlite3.Connection]:
         with self._lock:
-            self._conn.execute("BEGIN IMMEDIATE")
+            with _busy_as_error():
+                self._conn.execute("BEGIN IMMEDIATE")
+            outer, self._writing = self._writing, threading.get_ident()
             try:
                 yield self._conn
             except BaseException:
                 self._conn.execute("ROLLBACK")
                 raise
-            self._conn.execute("COMMIT")
+            finally:
+                self._writing = outer
+            with _busy_as_error():
+                self._conn.execute("COMMIT")
 
     def query(self, sql: str, args: tuple[Any, ...] = ()) -> list[sqlite3.Row]:
-        with self._lock:
+        if self._writing == threading.get_ident():
             return list(self._conn.execute(sql, args))
+        with _busy_as_error(), self._reader() as conn:
+            return list(conn.execute(sql, args))
+
+    def writable(self) -> None:
+        """Take the write lock and let it go at once: DatabaseBusyError if another writer holds it."""
+        with self._lock, _busy_as_error():
+            self._conn.execute("BEGIN IMMEDIATE")
+            self._conn.execute("ROLLBACK")
 
     # --- meta ---------------------------------------------------------------------------
 
@@ -172,6 +276,8 @@ class Database:
                 "INSERT INTO devices (id, token_hash, platform, created_at) VALUES (?, ?, ?, ?)",
                 (device_id, token_hash, platform, time.time()),
             )
+        with self._lock:
+            self._devices += 1
 
     def device_by_token_hash(self, token_hash: str) -> sqlite3.Row | None:
         rows = self.query("SELECT * FROM devices WHERE token_hash = ?", (token_hash,))
@@ -183,7 +289,9 @@ class Database:
             return cur.rowcount > 0
 
     def count_devices(self) -> int:
-        return int(self.query("SELECT COUNT(*) AS n FROM devices")[0]["n"])
+        """Enrolled devices, counted in memory (a COUNT(*) over a million rows on every anonymous
+        /v1/status would be a denial of service)."""
+        return self._devices
 
     def device_revoked(self, device_id: str) -> bool:
         return bool(self.query("SELECT 1 FROM devices WHERE id = ? AND revoked = 1", (device_id,)))
@@ -260,6 +368,26 @@ class Database:
     def delete_slot(self, conn: sqlite3.Connection, number: int, device_id: str) -> None:
         conn.execute("DELETE FROM slots WHERE round = ? AND device_id = ?", (number, device_id))
 
+    def put_checkin(self, conn: sqlite3.Connection, number: int, device_id: str, now: float) -> None:
+        conn.execute("INSERT OR IGNORE INTO checkins (round, device_id, at) VALUES (?, ?, ?)", (number, device_id, now))
+
+    def take_checkins(self, conn: sqlite3.Connection, number: int) -> list[str]:
+        """The devices that checked in for round ``number`` (in the order they came), removed."""
+        rows = list(conn.execute("SELECT device_id FROM checkins WHERE round = ? ORDER BY at, device_id", (number,)))
+        conn.execute("DELETE FROM checkins WHERE round = ?", (number,))
+        return [str(r["device_id"]) for r in rows]
+
+    def reporters(self, number: int) -> set[str]:
+        """Devices with an accepted update in round ``number``."""
+        return {str(r["device_id"]) for r in self.query("SELECT device_id FROM updates WHERE round = ?", (number,))}
+
+    def participations(self, device_id: str, first_round: int) -> int:
+        """Accepted updates of ``device_id`` in rounds ``first_round`` and later."""
+        rows = self.query(
+            "SELECT COUNT(*) AS n FROM updates WHERE device_id = ? AND round >= ?", (device_id, first_round)
+        )
+        return int(rows[0]["n"])
+
     def last_closed_round_seconds(self) -> float | None:
         """How long the most recently closed round was open (for pace steering)."""
         rows = self.query("SELECT closed_at - opened_at AS s FROM rounds WHERE state = 'closed' "
@@ -292,6 +420,7 @@ class Database:
         )
         conn.execute("UPDATE updates SET file = NULL WHERE round = ?", (number,))
         conn.execute("DELETE FROM slots WHERE round = ?", (number,))  # an ended round has no cohort
+        conn.execute("DELETE FROM checkins WHERE round = ?", (number,))
 
     def insert_version(
         self, conn: sqlite3.Connection, version: int, sha256: str, file: str, now: float, from_round: int | None
@@ -307,6 +436,14 @@ class Database:
             return None
         rows = self.query("SELECT * FROM model_versions WHERE version = ?", (version,))
         return rows[0] if rows else None
+
+    def versions(self) -> dict[int, str]:
+        """Every recorded model version and its file's name, oldest first."""
+        return {int(r["version"]): str(r["file"]) for r in self.query("SELECT version, file FROM model_versions "
+                                                                      "ORDER BY version")}  # fmt: skip
+
+    def delete_version(self, conn: sqlite3.Connection, version: int) -> None:
+        conn.execute("DELETE FROM model_versions WHERE version = ?", (version,))
 
     def latest_version(self) -> int:
         rows = self.query("SELECT MAX(version) AS v FROM model_versions")

@@ -35,6 +35,8 @@ DTYPE_SIZES = {
 ACCEPTED_DTYPES = ("F32", "F16")
 _NUMPY: dict[str, np.dtype[Any]] = {"F32": np.dtype("<f4"), "F16": np.dtype("<f2")}
 METRIC_NAME = re.compile(Metadata.METRIC_NAME_PATTERN)
+FRACTION_METRIC = re.compile(Metadata.FRACTION_METRIC_PATTERN)
+NON_NEGATIVE_METRIC = re.compile(Metadata.NON_NEGATIVE_METRIC_PATTERN)
 METRIC_VALUE = re.compile(r"[-+]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][-+]?[0-9]{1,3})?")
 INTEGER = re.compile(r"-?[0-9]{1,18}")
 ENTRY_FIELDS = {"dtype", "shape", "data_offsets"}
@@ -255,6 +257,10 @@ def check_metadata(metadata: Mapping[str, str], max_num_samples: int) -> tuple[i
         value = float(text)
         if not abs(value) <= Metadata.MAX_METRIC_ABS:
             raise unprocessable(ErrorCode.BAD_METADATA, f"metric {name!r} = {text} is outside [-1e9, 1e9]")
+        if FRACTION_METRIC.fullmatch(name) and not 0 <= value <= 1:
+            raise unprocessable(ErrorCode.BAD_METADATA, f"metric {name!r} = {text} is a fraction: it must be in [0, 1]")
+        if NON_NEGATIVE_METRIC.fullmatch(name) and not value >= 0:
+            raise unprocessable(ErrorCode.BAD_METADATA, f"metric {name!r} = {text} is a loss: it must be >= 0")
         metrics[name] = value
         if len(metrics) > Metadata.MAX_METRICS:
             raise unprocessable(ErrorCode.BAD_METADATA, f"at most {Metadata.MAX_METRICS} metrics")

@@ -152,3 +152,12 @@ def digits_batches() -> tuple[torch.Tensor, torch.Tensor]:
 @pytest.fixture(scope="session")
 def server_manifest(server_artifacts: Path) -> Manifest:
     return read_manifest(server_artifacts)
+
+
+@pytest.fixture
+def server_secrets(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The server's secrets in the environment, as the in-process server tests open it."""
+    from tests.server_support import ADMIN, ENROLL
+
+    monkeypatch.setenv("FEDPER_ADMIN_TOKEN", ADMIN)
+    monkeypatch.setenv("FEDPER_ENROLLMENT_KEY", ENROLL)

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import contextlib
+from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 
 import httpx
@@ -87,3 +88,43 @@ def decode_update(body: bytes) -> tuple[dict[str, np.ndarray], dict[str, str]]:
     (length,) = struct.unpack("<Q", body[:8])
     metadata = json.loads(body[8 : 8 + length]).get("__metadata__", {})
     return dict(load(body)), metadata
+
+
+def open_in_process(artifacts: Path, data: Path, clock: object = None, free: object = None, **options: object):  # type: ignore[no-untyped-def]
+    """A server's state in this process (``round_timeout`` 0 unless given); the caller closes its
+    database. The secrets come from the environment (the tests' ``secrets_env`` fixtures)."""
+    from server.config import ServerConfig
+    from server.state import open_state
+
+    config = ServerConfig(artifacts=artifacts, data_dir=data, **{"round_timeout": 0, **options})  # type: ignore[arg-type]
+    return open_state(config, clock, free)  # type: ignore[arg-type]
+
+
+@contextlib.asynccontextmanager
+async def http_in_process(state: object, address: str = "10.0.0.1") -> AsyncIterator[httpx.AsyncClient]:
+    """The app over ``state``, called over ASGI from ``address`` (no socket, no lifespan: the
+    deadline clock does not tick; call ``state.rounds.tick()``). Request bodies stream: an async
+    generator's chunks reach the app as they are produced."""
+    from server.app import create_app
+
+    app = create_app(state.config, state)  # type: ignore[attr-defined]
+    app.state.fedper = state
+    transport = httpx.ASGITransport(app=app, client=(address, 40000))
+    async with httpx.AsyncClient(transport=transport, base_url="http://fedper.test", timeout=60) as client:
+        yield client
+
+
+async def enroll_async(client: httpx.AsyncClient, key: str = ENROLL, **fields: object) -> dict[str, str]:
+    r = await client.post("/v1/devices", json={"enrollment_key": key, "platform": "python", **fields})
+    assert r.status_code == 201, r.text
+    return {"Authorization": f"Bearer {r.json()['token']}"}
+
+
+class FakeClock:
+    """A clock the test moves (``clock.now += 60``), for ``open_state(config, clock)``."""
+
+    def __init__(self) -> None:
+        self.now = 1_000_000.0
+
+    def __call__(self) -> float:
+        return self.now

@@ -25,7 +25,7 @@ from server.config import ServerConfig
 from server.errors import ProtocolError
 from server.state import open_state
 from server.upload_validation import Upload
-from tests.server_support import ADMIN, ENROLL, base_like, enroll, round_info, serve, update_body
+from tests.server_support import ADMIN, ENROLL, FakeClock, base_like, enroll, round_info, serve, update_body
 
 FLEET, COHORT = 200, 20
 
@@ -206,14 +206,6 @@ def test_a_device_not_in_the_cohort_backs_off_and_asks_again_without_failing(tmp
     assert slept == [3.0] and rounds == []
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 # One step of a device: ask for a task, upload (whether it asked or not), or let time pass.
 STEPS = st.lists(
     st.one_of(
@@ -235,7 +227,7 @@ def test_no_arrival_order_over_assigns_slots_or_refuses_a_slot_holder(
     slots are held at any moment, no round takes more than target_clients updates, a device that
     uploads before its slot expires is never refused for not being in the cohort, and an upload
     from a device without an unexpired slot is never accepted."""
-    clock = Clock()
+    clock = FakeClock()
     tensors = base_like(server_manifest, value=0.125)
     with tempfile.TemporaryDirectory() as tmp, pytest.MonkeyPatch.context() as mp:
         mp.setenv("FEDPER_ADMIN_TOKEN", ADMIN)

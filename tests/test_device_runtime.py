@@ -196,10 +196,12 @@ def test_engines_and_simulation_agree(fleet_runs, claim):
         # ExecuTorch's fp32 sums differ from eager's by rounding, and training the whole model is
         # chaotic (test_export: a 1e-9 difference is O(1) within a few steps), so the two runs
         # part within round 1. Measured over kernel sets and thread counts (make test-portable):
-        # round 1 at most 2.6% apart, round 2 at most 4.9%; the bounds are about 3x that.
+        # round 1 at most 2.6% apart, round 2 at most 4.9% on an AVX2 CPU, but 16.1% under ATen's
+        # AVX-512 kernels on an AVX-512 CPU (docs/TESTING.md): round 1 (the same start everywhere)
+        # is bounded at about 3x, round 2 (each run's own base) at about 2x the largest seen.
         loss_x = max(abs(et[k].train_loss / sim[k].train_loss - 1) for k in keys)
         claim.below(f"round {rnd}: largest relative |executorch fleet - simulation| loss", loss_x,
-                    0.08 if rnd == 1 else 0.15)  # fmt: skip
+                    0.08 if rnd == 1 else 0.3)  # fmt: skip
 
 
 def test_no_head_tensor_ever_leaves_a_device(artifacts, tmp_path):

@@ -17,7 +17,7 @@ import pytest
 from safetensors.numpy import load as st_load
 
 from fedper import weights
-from tests.server_support import admin, base_like, enroll, round_info, serve, update_body
+from tests.server_support import admin, ask, base_like, enroll, round_info, serve, update_body
 
 
 def _post(url: str, body: bytes, headers: dict, number: int = 1) -> httpx.Response:
@@ -112,11 +112,12 @@ def test_an_unloadable_stored_update_is_quarantined_and_the_server_starts(server
 def test_bursts_across_the_close_boundary_never_wedge_the_run(server_artifacts, server_manifest, tmp_path):
     """Four rounds in a row: 30 devices upload at once into a round that closes at 3, while
     10 more send near-limit garbage. Every answer is 202, 409 or 400; the run moves on. (A
-    cohort of 30: every device holds a slot, so the race is the close, not the cohort.)"""
+    cohort of 31, 41 slots: every device holds a slot, so the race is the close, not the cohort.)"""
     data = tmp_path / "data"
     with serve(server_artifacts, data, target_clients=3, min_clients=1, round_timeout=0, rounds=10,
-                       enroll_per_minute=1000, max_inflight_uploads=64, cohort_size=30) as s:  # fmt: skip
+                       enroll_per_minute=1000, max_inflight_uploads=64, cohort_size=31) as s:  # fmt: skip
         devices = [enroll(s.url) for _ in range(30)]
+        senders = [enroll(s.url) for _ in range(10)]  # of garbage (slots: 31 x 1.3 = 41)
         limit = 4 * (server_artifacts / "base.safetensors").stat().st_size
         garbage = b"\x07" * (limit - 16)
         for burst in range(4):
@@ -127,13 +128,15 @@ def test_bursts_across_the_close_boundary_never_wedge_the_run(server_artifacts, 
 
             def upload(i: int, bodies: list[bytes] = bodies, number: int = number) -> int:
                 if i >= 30:
-                    return _post(s.url, garbage, devices[i - 30][1], number).status_code
+                    return _post(s.url, garbage, senders[i - 30][1], number).status_code
                 return _post(s.url, bodies[i], devices[i][1], number).status_code
 
             with ThreadPoolExecutor(max_workers=40) as pool:
                 codes = list(pool.map(upload, range(40)))
             assert codes[:30].count(202) == 3 and set(codes[:30]) == {202, 409}, codes
-            assert set(codes[30:]) == {400}, codes
+            # 400, or 409 round_not_open for garbage that came after the close (revision 1.4 answers
+            # the conflicts that need no body before reading it)
+            assert set(codes[30:]) <= {400, 409}, codes
             closed = round_info(s.url, number)
             assert closed["state"] == "closed" and closed["received"] == 3
             assert round_info(s.url, number + 1)["state"] == "open"
@@ -186,8 +189,11 @@ def test_failed_authentication_is_throttled_per_address(server_artifacts, tmp_pa
         throttled = httpx.get(f"{s.url}/v1/admin/models/latest/base", headers=admin())
         _assert_json_error(throttled, 429, "rate_limited")  # even the right token: it is not compared
         assert int(throttled.headers["retry-after"]) >= 1
+        # Revision 1.4: wrong enrollment keys are counted apart, and the right key always enrolls, so
+        # one phone guessing tokens behind a carrier NAT does not stop the others from enrolling.
         wrong_key = httpx.post(f"{s.url}/v1/devices", json={"enrollment_key": "guess"})
-        _assert_json_error(wrong_key, 429, "rate_limited")
+        _assert_json_error(wrong_key, 401, "unauthorized")
+        enroll(s.url)
         assert httpx.get(f"{s.url}/v1/task", headers=device).status_code == 200  # devices keep working
 
 
@@ -201,6 +207,7 @@ def test_short_admin_tokens_are_refused(server_artifacts, tmp_path):
 def test_a_client_disconnect_mid_upload_is_one_info_line(server_artifacts, tmp_path):
     with serve(server_artifacts, tmp_path / "data") as s:
         _, h = enroll(s.url)
+        ask(s.url, h)  # a slot: without one, the upload is refused before its body is read
         for _ in range(20):
             with socket.create_connection(("127.0.0.1", s.port)) as sock:
                 sock.sendall(f"POST /v1/rounds/1/updates HTTP/1.1\r\nHost: x\r\nAuthorization: {h['Authorization']}"
@@ -244,6 +251,7 @@ def test_slow_and_idle_clients_are_cut_off(server_artifacts, server_manifest, tm
         # Uploads whose body trickles in: three fill the in-flight slots, the fourth is refused.
         slow = []
         for _, h in devices[:3]:
+            ask(s.url, h)  # a slot: without one, the upload is refused before its body is read
             sock = socket.create_connection(("127.0.0.1", s.port))
             sock.sendall(f"POST /v1/rounds/1/updates HTTP/1.1\r\nHost: x\r\nAuthorization: {h['Authorization']}"
                          f"\r\nContent-Length: 100000\r\n\r\n".encode() + b"\0")  # fmt: skip
@@ -357,3 +365,16 @@ def test_the_app_is_built_without_torch(server_artifacts, tmp_path):
                          capture_output=True, text=True, cwd=Path(__file__).parent.parent)  # fmt: skip
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout) == []
+
+
+def test_the_server_process_limits_malloc_arenas_unless_the_operator_set_them(monkeypatch):
+    """Measured by test_server.py's fifty width-1.0 uploads: resident memory grew 95-202 MB with
+    glibc's default arenas, 18-41 MB with 2 (server/malloc_arenas.py)."""
+    import platform
+
+    from server.malloc_arenas import limit_malloc_arenas
+
+    monkeypatch.setenv("MALLOC_ARENA_MAX", "4")
+    assert limit_malloc_arenas() is False  # the operator's setting stands
+    monkeypatch.delenv("MALLOC_ARENA_MAX")
+    assert limit_malloc_arenas() is (platform.libc_ver()[0] == "glibc")

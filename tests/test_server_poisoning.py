@@ -18,16 +18,12 @@ from server.config import ServerConfig
 from server.errors import ProtocolError
 from server.state import open_state
 from server.upload_validation import Upload, validate
-from tests.server_support import ADMIN, ENROLL, update_body
+from tests.server_support import update_body
 
 PLAIN = AggregationConfig(clip_factor=0, weight_cap=0)
 Tensors = dict[str, np.ndarray]
 
-
-@pytest.fixture(autouse=True)
-def secrets_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("FEDPER_ADMIN_TOKEN", ADMIN)
-    monkeypatch.setenv("FEDPER_ENROLLMENT_KEY", ENROLL)
+pytestmark = pytest.mark.usefixtures("server_secrets")
 
 
 def _v0(artifacts: Path) -> Tensors:

@@ -17,24 +17,12 @@ from server.errors import ProtocolError
 from server.rounds import RoundManager, Staged
 from server.state import ServerState, open_state
 from server.upload_validation import Upload
-from tests.server_support import ADMIN, ENROLL, base_like
+from tests.server_support import FakeClock, base_like
+
+pytestmark = pytest.mark.usefixtures("server_secrets")
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-@pytest.fixture(autouse=True)
-def secrets_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("FEDPER_ADMIN_TOKEN", ADMIN)
-    monkeypatch.setenv("FEDPER_ENROLLMENT_KEY", ENROLL)
-
-
-def _open(artifacts: Path, data: Path, clock: Clock, **options: object) -> ServerState:
+def _open(artifacts: Path, data: Path, clock: FakeClock, **options: object) -> ServerState:
     config = ServerConfig(artifacts=artifacts, data_dir=data, **{"round_timeout": 0, **options})  # type: ignore[arg-type]
     return open_state(config, clock)
 
@@ -63,7 +51,7 @@ def _files(data: Path) -> list[str]:
 
 
 def test_an_upload_overtaken_by_the_close_is_refused_and_leaves_nothing(server_artifacts, tmp_path):
-    data, clock = tmp_path / "data", Clock()
+    data, clock = tmp_path / "data", FakeClock()
     state = _open(server_artifacts, data, clock, target_clients=2, min_clients=1)
     a, b, c = _devices(state, 3)
     rounds = state.rounds
@@ -82,7 +70,7 @@ def test_an_upload_overtaken_by_the_close_is_refused_and_leaves_nothing(server_a
 def test_a_failing_cleanup_never_reaches_a_request_and_is_finished_at_the_next_start(
     server_artifacts, tmp_path, monkeypatch
 ):
-    data, clock = tmp_path / "data", Clock()
+    data, clock = tmp_path / "data", FakeClock()
     state = _open(server_artifacts, data, clock, target_clients=2, min_clients=1)
     a, b = _devices(state, 2)
 
@@ -105,7 +93,7 @@ def test_a_failing_cleanup_never_reaches_a_request_and_is_finished_at_the_next_s
 
 
 def test_a_failing_close_keeps_memory_equal_to_the_database_and_is_retried(server_artifacts, tmp_path, monkeypatch):
-    data, clock = tmp_path / "data", Clock()
+    data, clock = tmp_path / "data", FakeClock()
     state = _open(server_artifacts, data, clock, target_clients=2, min_clients=1)
     a, b = _devices(state, 2)
     rounds = state.rounds
@@ -130,7 +118,7 @@ def test_a_failing_close_keeps_memory_equal_to_the_database_and_is_retried(serve
 
 
 def test_deadlines_follow_the_injected_clock(server_artifacts, tmp_path):
-    data, clock = tmp_path / "data", Clock()
+    data, clock = tmp_path / "data", FakeClock()
     state = _open(server_artifacts, data, clock, target_clients=5, min_clients=2, round_timeout=60)
     a, b, c = _devices(state, 3)
     rounds = state.rounds
@@ -152,7 +140,7 @@ def test_deadlines_follow_the_injected_clock(server_artifacts, tmp_path):
 
 
 def test_withdrawal_of_a_revoked_device_and_stop(server_artifacts, tmp_path):
-    data, clock = tmp_path / "data", Clock()
+    data, clock = tmp_path / "data", FakeClock()
     state = _open(server_artifacts, data, clock, target_clients=3, min_clients=1)
     a, b, c = _devices(state, 3)
     rounds = state.rounds
@@ -176,7 +164,7 @@ def test_withdrawal_of_a_revoked_device_and_stop(server_artifacts, tmp_path):
 def test_an_update_unloadable_at_close_is_quarantined_and_the_round_stays_open(server_artifacts, tmp_path):
     """The aggregate is computed from the stored files at close: one the loader refuses then is
     dropped as at a restart, and whether the round closes is decided again on the new count."""
-    data, clock = tmp_path / "data", Clock()
+    data, clock = tmp_path / "data", FakeClock()
     state = _open(server_artifacts, data, clock, target_clients=3, min_clients=1)
     a, b, c = _devices(state, 3)
     rounds = state.rounds

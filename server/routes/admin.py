@@ -7,7 +7,7 @@ import logging
 
 from fastapi import APIRouter, Request, Response
 
-from fedper.protocol import Revoked, Route, Stopped
+from fedper.protocol import Revoked, RolledBack, Route, Stopped
 from server.auth import Operator, State
 from server.errors import not_found
 from server.routes.responses import ERRORS, OCTETS, file_response
@@ -29,6 +29,13 @@ def revoke(device_id: str, _op: Operator, state: State) -> Revoked:
 def stop(_op: Operator, state: State) -> Stopped:
     state.rounds.stop()
     return Stopped()
+
+
+@router.post(Route.ADMIN_ROLLBACK, response_model=RolledBack, responses=ERRORS)
+def rollback(version: int, _op: Operator, state: State) -> RolledBack:
+    """Reopen the run from model version ``version`` (revision 1.4; docs/SERVER.md, Rollback)."""
+    new_version, number = state.rounds.rollback(version)
+    return RolledBack(rolled_back_to=version, model_version=new_version, round=number)
 
 
 @router.get(Route.ADMIN_LATEST_BASE, responses={200: {"content": {OCTETS: {}}}, **ERRORS})

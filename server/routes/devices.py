@@ -12,24 +12,26 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 
 from fedper.manifest import MANIFEST_FILE
-from fedper.protocol import Enrolled, ErrorCode, Header, Route, Task, TaskConfig
+from fedper.protocol import MAX_ATTESTATION_LENGTH, Enrolled, ErrorCode, Header, Route, Task, TaskConfig
 from server import strict_json
-from server.auth import DeviceId, State, check_not_throttled, client_address, failed
+from server.auth import DeviceId, State, failed, limit_key
 from server.credentials import new_token, same_secret, token_hash
-from server.errors import bad_request, rate_limited, run_finished
+from server.errors import ProtocolError, bad_request, rate_limited, run_finished
 from server.request_body import read_small
 from server.rounds import iso_time
 from server.routes.responses import ERRORS
+from server.state import ServerState
 
 JSON_LIMIT = 64 * 1024
 MAX_PLATFORM_LENGTH = 128
+ENROLLMENT_KEY = "enrollment key"  # the one key all enrollments count under
 
 log = logging.getLogger("fedper.server")
 router = APIRouter()
 
 
-def _enrollment(body: bytes) -> tuple[object, str | None]:
-    """(enrollment_key, platform) from an enrollment body, or a 400."""
+def _enrollment(body: bytes) -> tuple[object, str | None, str | None]:
+    """(enrollment_key, platform, attestation) from an enrollment body, or a 400."""
     try:
         data = strict_json.loads(body)
     except strict_json.JsonError as exc:
@@ -41,19 +43,44 @@ def _enrollment(body: bytes) -> tuple[object, str | None]:
         raise bad_request(
             ErrorCode.BAD_REQUEST, f"platform must be a string of at most {MAX_PLATFORM_LENGTH} characters"
         )
-    return data.get("enrollment_key"), platform
+    attestation = data.get("attestation")
+    if attestation is not None and not (isinstance(attestation, str) and len(attestation) <= MAX_ATTESTATION_LENGTH):
+        raise bad_request(
+            ErrorCode.BAD_REQUEST, f"attestation must be a string of at most {MAX_ATTESTATION_LENGTH} characters"
+        )
+    return data.get("enrollment_key"), platform, attestation
+
+
+def _attest(state: ServerState, attestation: str | None, platform: str | None) -> None:
+    """403 ``attestation_failed`` unless the operator's verifier accepts the token."""
+    if state.verify_attestation is None:
+        return
+    try:
+        refused = state.verify_attestation(attestation, platform)
+    except Exception as exc:  # the verifier's service failed: not the device's fault
+        log.warning(json.dumps({"event": "attestation_unavailable", "error": str(exc)[:300]}))
+        message = "the attestation could not be verified now; retry later"
+        retry = {Header.RETRY_AFTER: str(state.config.retry_after)}
+        raise ProtocolError(503, ErrorCode.SERVER_BUSY, message, retry) from exc
+    if refused is not None:
+        raise ProtocolError(403, ErrorCode.ATTESTATION_FAILED, f"attestation refused: {refused}"[:300])
 
 
 @router.post(Route.DEVICES, status_code=201, response_model=Enrolled, responses=ERRORS)
 async def enroll(request: Request, state: State) -> Enrolled:
-    check_not_throttled(request, state)
+    if state.rounds.draining is not None:
+        raise state.rounds.busy()
     body = await read_small(request, JSON_LIMIT, state.config.upload_timeout)
-    key, platform = _enrollment(body)
+    key, platform, attestation = _enrollment(body)
     if not isinstance(key, str) or not same_secret(key, state.secrets.enrollment_key):
-        raise failed(request, state, "wrong enrollment key")
-    allowed, wait = state.limiter.allow(client_address(request))
+        raise failed(request, state.key_failures, "wrong enrollment key")
+    allowed, wait = state.limiter.allow(limit_key(request))
     if not allowed:
         raise rate_limited("too many enrollments from this address", wait)
+    allowed, wait = state.enrollments.allow(ENROLLMENT_KEY)
+    if not allowed:
+        raise rate_limited("too many enrollments from all addresses together; try again later", wait)
+    await to_thread.run_sync(_attest, state, attestation, platform)
     device_id, token = f"d-{secrets.token_hex(8)}", new_token()
     await to_thread.run_sync(state.db.add_device, device_id, token_hash(token), platform)
     log.info(json.dumps({"event": "device_enrolled", "device": device_id, "platform": platform}))
@@ -68,7 +95,7 @@ def task(device_id: DeviceId, state: State) -> Response:
     snap = rounds.snapshot
     if snap.finished:
         raise run_finished()
-    if snap.state != "open":
+    if snap.state != "open" or rounds.draining is not None:
         return Response(status_code=204, headers={Header.RETRY_AFTER: str(state.config.retry_after)})
     slot = None if state.db.has_update(snap.round, device_id) else rounds.assign(snap.round, device_id)
     if slot is None:  # reported already, or every slot is held: come back when the round may have moved on

@@ -9,12 +9,18 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from fedper.protocol import Health, Route, Status
 from server.auth import State
 from server.metrics_registry import METRICS_PATH
+from server.routes.responses import ERRORS
 
 router = APIRouter()
 
 
-@router.get(Route.HEALTH, response_model=Health)
-def health() -> Health:
+@router.get(Route.HEALTH, response_model=Health, responses={503: ERRORS[503]})
+def health(state: State) -> Health:
+    """200 only if the database takes writes: 503 ``server_busy`` while another process holds
+    its write lock, as every enrollment and upload would then get. A draining server (a full
+    disk) answers 200: it still serves downloads (/v1/status says it drains)."""
+    if not state.db.read_only:
+        state.db.writable()
     return Health()
 
 
@@ -27,7 +33,8 @@ def status(state: State) -> Status:
         model_version=state.db.latest_version(),
         rounds_total=state.config.rounds,
         rounds_closed=snap.rounds_closed,
-        devices=state.db.count_devices(),
+        devices=state.db.count_devices(),  # counted in memory
+        draining=state.rounds.draining is not None,
     )
 
 
@@ -35,6 +42,7 @@ def status(state: State) -> Status:
 def metrics(state: State) -> Response:
     snap = state.rounds.snapshot
     rounds = state.rounds
-    text = state.metrics.render(snap.rounds_closed, snap.round, rounds.aggregation_seconds, state.uploads_in_flight,
-                                rounds.updates_clipped, rounds.updates_capped)  # fmt: skip
+    text = state.metrics.render(snap.rounds_closed, snap.round, rounds.aggregation_seconds, len(state.uploading),
+                                rounds.updates_clipped, rounds.updates_capped, rounds.rounds_refused,
+                                rounds.draining is not None)  # fmt: skip
     return Response(text, media_type=CONTENT_TYPE_LATEST)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import sqlite3
 from collections.abc import Iterator
 
 from anyio import to_thread
@@ -12,8 +13,9 @@ from fastapi import APIRouter, Request
 
 from fedper.protocol import Accepted, ErrorCode, Header, RoundInfo, Route
 from server.auth import AnyCaller, DeviceId, State
-from server.errors import ProtocolError, not_found, run_finished
-from server.request_body import streamed_to_file
+from server.disk_room import out_of_space
+from server.errors import ProtocolError, conflict, not_found, run_finished
+from server.request_body import BodyPace, streamed_to_file
 from server.routes.responses import ERRORS, OCTETS
 from server.state import ServerState
 from server.upload_validation import validate
@@ -23,16 +25,21 @@ router = APIRouter()
 
 
 @contextlib.contextmanager
-def _upload_slot(state: ServerState) -> Iterator[None]:
-    """One of ``--max-inflight-uploads``, or 503 ``server_busy`` (nothing is read or stored)."""
-    if state.uploads_in_flight >= state.config.max_inflight_uploads:
+def _upload_slot(state: ServerState, device_id: str) -> Iterator[None]:
+    """One of ``--max-inflight-uploads``, and the device's only one: 409 ``upload_in_progress``
+    for a second upload from a device whose first is still arriving, 503 ``server_busy`` when
+    every place is taken (nothing is read or stored either way)."""
+    if device_id in state.uploading:
+        message = "this device is already sending an update; wait for its answer"
+        raise conflict(ErrorCode.UPLOAD_IN_PROGRESS, message)
+    if len(state.uploading) >= state.config.max_inflight_uploads:
         message = "the server is receiving as many uploads as it can; retry later"
         raise ProtocolError(503, ErrorCode.SERVER_BUSY, message, {Header.RETRY_AFTER: str(state.config.retry_after)})
-    state.uploads_in_flight += 1  # only touched on the event loop: no lock needed
+    state.uploading.add(device_id)  # only touched on the event loop: no lock needed
     try:
         yield
     finally:
-        state.uploads_in_flight -= 1
+        state.uploading.discard(device_id)
 
 
 @router.post(
@@ -48,15 +55,19 @@ def _upload_slot(state: ServerState) -> Iterator[None]:
     },
 )
 async def upload(round_number: int, request: Request, device_id: DeviceId, state: State) -> Accepted:
-    """The checks run in the protocol's order: 410, 503, 404, 413, 408, 400, 422, 409."""
+    """The checks run in the protocol's order (revision 1.4): 410, 404, the 409s that need no
+    body, 409 ``upload_in_progress``, 503, 413, 408, 400, 422, then the 409s again (the body took
+    time) and ``stale_base_version``."""
     rounds, c = state.rounds, state.config
     try:
         if rounds.snapshot.finished:
             raise run_finished()
-        with _upload_slot(state):
-            if not rounds.round_exists(round_number):
-                raise not_found(f"round {round_number}")
-            async with streamed_to_file(request, state.max_upload_bytes, c.upload_timeout, rounds.store) as body:
+        if not rounds.round_exists(round_number):
+            raise not_found(f"round {round_number}")
+        await to_thread.run_sync(rounds.check_admission, device_id, round_number)
+        with _upload_slot(state, device_id):
+            pace = BodyPace(c.upload_timeout, c.min_upload_rate, c.upload_rate_grace)
+            async with streamed_to_file(request, state.max_upload_bytes, pace, rounds.store) as body:
                 size = body.stat().st_size
                 base = await to_thread.run_sync(rounds.round_base, round_number) if c.max_update_norm else None
                 parsed = await to_thread.run_sync(
@@ -67,6 +78,12 @@ async def upload(round_number: int, request: Request, device_id: DeviceId, state
                 received = await to_thread.run_sync(rounds.commit, staged)
             finally:
                 rounds.discard(staged)  # a no-op once committed (the file was renamed away)
+    except (OSError, sqlite3.OperationalError) as exc:
+        if not out_of_space(exc):
+            raise
+        error = rounds.out_of_space(exc)
+        state.metrics.reject(error.code)
+        raise error from exc
     except ProtocolError as exc:
         state.metrics.reject(exc.code)
         log.info(json.dumps({"event": "upload_rejected", "device": device_id,

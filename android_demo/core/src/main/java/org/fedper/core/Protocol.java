@@ -1,6 +1,6 @@
 package org.fedper.core;
 
-/** The device protocol v1 (revision 1.3): generated from
+/** The device protocol v1 (revision 1.4): generated from
  * docs/protocol.schema.json by android_demo/core/generate_protocol.py; do not edit. */
 public final class Protocol {
   private Protocol() {}
@@ -10,6 +10,7 @@ public final class Protocol {
 
     public static final String ADMIN_LATEST_BASE = "/v1/admin/models/latest/base";
     public static final String ADMIN_REVOKE = "/v1/admin/devices/{device_id}/revoke";
+    public static final String ADMIN_ROLLBACK = "/v1/admin/rollback/{version}";
     public static final String ADMIN_STOP = "/v1/admin/stop";
     public static final String ARTIFACT = "/v1/artifacts/{name}";
     public static final String DEVICES = "/v1/devices";
@@ -25,10 +26,12 @@ public final class Protocol {
     private Metadata() {}
 
     public static final String BASE_VERSION = "base_version";
+    public static final String FRACTION_METRIC_PATTERN = "([a-z0-9]+_)*accuracy(_[a-z0-9]+)*";
     public static final int MAX_METRICS = 16;
     public static final double MAX_METRIC_ABS = 1000000000.0;
     public static final String METRIC_NAME_PATTERN = "[a-z0-9_]{1,64}";
     public static final String METRIC_PREFIX = "metric.";
+    public static final String NON_NEGATIVE_METRIC_PATTERN = "([a-z0-9]+_)*loss(_[a-z0-9]+)*";
     public static final String NUM_SAMPLES = "num_samples";
   }
 
@@ -52,6 +55,7 @@ public final class Protocol {
   public static final class ErrorCode {
     private ErrorCode() {}
 
+    public static final String ATTESTATION_FAILED = "attestation_failed";
     public static final String BAD_METADATA = "bad_metadata";
     public static final String BAD_REQUEST = "bad_request";
     public static final String DUPLICATE_UPDATE = "duplicate_update";
@@ -76,6 +80,7 @@ public final class Protocol {
     public static final String UNAUTHORIZED = "unauthorized";
     public static final String UNEXPECTED_TENSOR = "unexpected_tensor";
     public static final String UPDATE_OUT_OF_BOUNDS = "update_out_of_bounds";
+    public static final String UPLOAD_IN_PROGRESS = "upload_in_progress";
     public static final String UPLOAD_TIMEOUT = "upload_timeout";
     public static final String WRONG_DTYPE = "wrong_dtype";
     public static final String WRONG_SHAPE = "wrong_shape";

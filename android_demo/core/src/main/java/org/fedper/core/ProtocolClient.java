@@ -141,7 +141,8 @@ public final class ProtocolClient {
 
   /**
    * Accepted-so-far count, or -1 when the server already had this device's update (409 duplicate);
-   * 409 not_in_cohort is a NotInCohort carrying Retry-After; 408 a Transient; 410 RunFinished.
+   * 409 not_in_cohort is a NotInCohort carrying Retry-After; 408 and 409 upload_in_progress a
+   * Transient; 410 RunFinished.
    */
   public long upload(long round, byte[] body) throws ProtocolException, InterruptedException {
     Map<String, String> headers = auth(null);
@@ -164,6 +165,10 @@ public final class ProtocolClient {
       // Revision 1.2: we hold no unexpired slot of the round's cohort. Not a failure:
       // wait Retry-After and ask for a task again.
       throw new ProtocolException.NotInCohort(retryAfter(r), refused.getMessage());
+    }
+    if (Protocol.ErrorCode.UPLOAD_IN_PROGRESS.equals(refused.code)) {
+      // Revision 1.4: an earlier attempt of ours is still arriving at the server.
+      throw new ProtocolException.Transient("an earlier upload of this device is still arriving");
     }
     throw refused;
   }

@@ -102,4 +102,12 @@ public class ProtocolClientTest {
     assertTrue(http.calls.get(2).endsWith("\"e0\""));
     assertThrows(ProtocolException.class, () -> c.downloadVerified("/v1/artifacts/x", "0".repeat(64)));
   }
+
+  @Test
+  public void anUploadStillArrivingFromAnEarlierAttemptIsTransient() {
+    // Revision 1.4: a device whose connection dropped mid-upload and that sends again while the
+    // server still receives the first attempt gets 409 upload_in_progress: not a refusal.
+    Scripted http = new Scripted().then(409, "{\"code\":\"upload_in_progress\",\"message\":\"wait\"}");
+    assertThrows(ProtocolException.Transient.class, () -> client(http).upload(1, new byte[8]));
+  }
 }

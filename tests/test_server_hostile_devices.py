@@ -1,0 +1,488 @@
+"""Issue 28's findings 4-7, in process (the app over ASGI, a real SQLite file, real files): each
+test reproduces what one hostile device, or one unlucky operator, did to the server before
+revision 1.4, and asserts what the server does now. Finding 4 (sybils) is in test_cohort_draw.py."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import sqlite3
+import threading
+import time
+from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+from hypothesis import assume, given
+from hypothesis import strategies as st
+
+from device_runtime.client import NoTask
+from server.clock import SteadyClock
+from server.errors import ProtocolError
+from server.log_throttle import RepeatedLogFilter
+from server.rate_limit import address_key
+from server.upload_validation import check_metadata
+from tests.server_support import (
+    ENROLL,
+    admin,
+    base_like,
+    enroll_async,
+    http_in_process,
+    open_in_process,
+    serve,
+    update_body,
+)
+
+UPDATE = "/v1/rounds/1/updates"
+
+pytestmark = pytest.mark.usefixtures("server_secrets")
+
+
+def _code(r: object) -> tuple[int, str]:
+    return r.status_code, r.json()["code"]  # type: ignore[attr-defined]
+
+
+async def _trickle(gate: asyncio.Event) -> AsyncIterator[bytes]:
+    """A body that sends one byte, then nothing until ``gate`` is set."""
+    yield b"x"
+    await gate.wait()
+
+
+# --- finding 5: one device starved every upload --------------------------------------------
+
+
+def test_one_device_can_hold_one_place_among_the_uploads_in_flight(server_artifacts, server_manifest, tmp_path):
+    """Before: 32 trickling uploads with one token filled --max-inflight-uploads and every honest
+    upload got 503. Now a device without a slot is refused before its body is read, and a
+    device with one has one upload in flight at a time."""
+    state = open_in_process(server_artifacts, tmp_path / "data", target_clients=5, max_inflight_uploads=4)
+
+    async def scenario() -> None:
+        gate = asyncio.Event()
+        async with http_in_process(state) as c:
+            attacker, honest = await enroll_async(c), await enroll_async(c)
+            r = await c.post(UPDATE, content=_trickle(gate), headers=attacker)
+            assert _code(r) == (409, "not_in_cohort")  # answered with the body never finished
+            assert (await c.get("/v1/task", headers=attacker)).status_code == 200
+            assert (await c.get("/v1/task", headers=honest)).status_code == 200
+            first = asyncio.create_task(c.post(UPDATE, content=_trickle(gate), headers=attacker))
+            while not state.uploading:
+                await asyncio.sleep(0.01)
+            more = await asyncio.gather(*(c.post(UPDATE, content=_trickle(gate), headers=attacker) for _ in range(31)))
+            assert {_code(r) for r in more} == {(409, "upload_in_progress")}
+            body = update_body(base_like(server_manifest), num_samples=10)
+            r = await c.post(UPDATE, content=body, headers=honest)
+            assert r.status_code == 202, r.text
+            gate.set()
+            assert _code(await first) == (400, "malformed_safetensors")
+            assert not state.uploading
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        state.db.close()
+
+
+def test_a_body_slower_than_the_minimum_rate_is_cut_off(server_artifacts, server_manifest, tmp_path):
+    state = open_in_process(server_artifacts, tmp_path / "data", min_upload_rate=1000, upload_rate_grace=0.3)
+
+    async def drip() -> AsyncIterator[bytes]:
+        while True:
+            yield b"x"
+            await asyncio.sleep(0.05)
+
+    async def scenario() -> None:
+        async with http_in_process(state) as c:
+            device = await enroll_async(c)
+            await c.get("/v1/task", headers=device)
+            r = await c.post(UPDATE, content=drip(), headers=device)
+            assert _code(r) == (408, "upload_timeout")
+            assert "slower than the server's minimum of 1000 bytes/s" in r.json()["message"]
+            body = update_body(base_like(server_manifest), num_samples=10)  # ~1 MB at once: fine
+            assert (await c.post(UPDATE, content=body, headers=device)).status_code == 202
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        state.db.close()
+    assert list((tmp_path / "data" / "tmp").iterdir()) == []
+
+
+# --- finding 6: one database lock for everything ----------------------------------------------
+
+
+def test_status_counts_devices_in_memory(server_artifacts, tmp_path, monkeypatch):
+    """Before: every anonymous /v1/status ran COUNT(*) over the devices under the one lock."""
+    data = tmp_path / "data"
+    state = open_in_process(server_artifacts, data)
+    with state.db.transaction() as conn:
+        conn.executemany("INSERT INTO devices (id, token_hash, platform, created_at) VALUES (?, ?, NULL, 0)",
+                         ((f"d-{i}", f"h-{i}") for i in range(50_000)))  # fmt: skip
+    state.db.close()
+    state = open_in_process(server_artifacts, data)
+    seen: list[str] = []
+    query = state.db.query
+    monkeypatch.setattr(state.db, "query", lambda sql, args=(): seen.append(sql) or query(sql, args))
+
+    async def scenario() -> None:
+        async with http_in_process(state) as c:
+            await enroll_async(c)
+            r = await c.get("/v1/status")
+            assert r.json()["devices"] == 50_001
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        state.db.close()
+    assert not [sql for sql in seen if "FROM devices" in sql and "COUNT" in sql]
+
+
+def test_reads_do_not_wait_for_a_write_transaction(server_artifacts, tmp_path):
+    """Before: one lock for reads and writes, so every read waited for the slowest write."""
+    state = open_in_process(server_artifacts, tmp_path / "data")
+    inside, release = threading.Event(), threading.Event()
+
+    def writer() -> None:
+        with state.db.transaction():
+            inside.set()
+            release.wait(30)
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    try:
+        assert inside.wait(10)
+        with ThreadPoolExecutor(1) as pool:
+            info = pool.submit(state.rounds.round_info, 1).result(timeout=10)  # not 30 s
+        assert info is not None and info.state == "open"
+    finally:
+        release.set()
+        thread.join()
+        state.db.close()
+
+
+def test_a_locked_database_answers_503_and_health_says_so(server_artifacts, tmp_path):
+    """Before: a 12 s external write transaction turned enrollments into 500s after 10 s while
+    /v1/health said 200."""
+    data = tmp_path / "data"
+    state = open_in_process(server_artifacts, data, db_busy_timeout=0.2, retry_after=7)
+    other = sqlite3.connect(data / "state.db", isolation_level=None)
+
+    async def scenario() -> None:
+        async with http_in_process(state) as c:
+            assert (await c.get("/v1/health")).status_code == 200
+            other.execute("BEGIN IMMEDIATE")
+            r = await c.post("/v1/devices", json={"enrollment_key": ENROLL})
+            assert _code(r) == (503, "server_busy") and r.headers["retry-after"] == "7"
+            r = await c.get("/v1/health")
+            assert _code(r) == (503, "server_busy")
+            assert (await c.get("/v1/status")).json()["devices"] == 0  # reads work, nothing changed
+            other.execute("ROLLBACK")
+            await enroll_async(c)
+            assert (await c.get("/v1/health")).status_code == 200
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        other.close()
+        state.db.close()
+
+
+# --- finding 7: smaller ------------------------------------------------------------------------
+
+
+def test_failed_authentications_do_not_block_enrollment_behind_a_shared_address(server_artifacts, tmp_path):
+    """Before: 20 bad tokens from an address (a carrier NAT) blocked enrollment for everyone behind it."""
+    state = open_in_process(server_artifacts, tmp_path / "data", auth_failures_per_minute=3)
+
+    async def scenario() -> None:
+        async with http_in_process(state, "100.64.0.1") as c:
+            answers = [(await c.get("/v1/task", headers={"Authorization": f"Bearer guess-{i}"})).status_code
+                       for i in range(20)]  # fmt: skip
+            assert answers[:3] == [401] * 3 and set(answers[3:]) == {429}
+            assert (await c.get("/v1/status", headers=admin())).status_code == 200  # no auth needed
+            r = await c.post("/v1/admin/stop", headers=admin())  # a guessed admin token is not even compared
+            assert _code(r) == (429, "rate_limited")
+            device = await enroll_async(c)  # the right key enrolls
+            assert (await c.get("/v1/task", headers=device)).status_code == 200
+            wrong = [(await c.post("/v1/devices", json={"enrollment_key": "wrong"})).status_code for _ in range(5)]
+            assert wrong == [401, 401, 401, 429, 429]
+            await enroll_async(c)  # still
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        state.db.close()
+
+
+def test_enrollment_limits_count_an_ipv6_64_as_one_address_and_all_addresses_together(server_artifacts, tmp_path):
+    """Before: limits were per full address string, so an IPv6 /64 (2^64 addresses) was unlimited."""
+    state = open_in_process(server_artifacts, tmp_path / "data", enroll_per_minute=2, enroll_total_per_minute=5)
+
+    async def enroll_from(address: str) -> int:
+        async with http_in_process(state, address) as c:
+            return (await c.post("/v1/devices", json={"enrollment_key": ENROLL})).status_code
+
+    async def scenario() -> None:
+        same_64 = [await enroll_from(f"2001:db8:1:2::{i}") for i in range(1, 4)]
+        assert same_64 == [201, 201, 429]
+        others = [await enroll_from(a) for a in ("2001:db8:1:3::1", "198.51.100.7", "198.51.100.8", "198.51.100.9")]
+        assert others == [201, 201, 201, 429]  # 5 in the minute, from every address together
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        state.db.close()
+
+
+@given(st.ip_addresses(v=6), st.integers(0, 2**64 - 1))
+def test_addresses_of_one_ipv6_64_share_their_limits(address, low_bits):
+    """(IPv4-mapped addresses, ::ffff:a.b.c.d, are IPv4 addresses, each limited alone.)"""
+    import ipaddress
+
+    neighbour = ipaddress.IPv6Address(int(address) >> 64 << 64 | low_bits)
+    assume(address.ipv4_mapped is None and neighbour.ipv4_mapped is None)
+    assert address_key(str(neighbour)) == address_key(str(address))
+
+
+def test_address_keys():
+    assert address_key("203.0.113.5") == "203.0.113.5"
+    assert address_key("::ffff:203.0.113.5") == "203.0.113.5"
+    assert address_key("2001:db8::1") == "2001:db8::/64"
+    assert address_key("unknown") == "unknown"
+
+
+@given(st.sampled_from(["accuracy", "accuracy_after", "val_accuracy", "train_loss", "loss", "steps"]),
+       st.floats(-2.0, 2.0, allow_nan=False))  # fmt: skip
+def test_metrics_are_bounded_to_their_meaning(name, value):
+    """Before: ``metric.accuracy=1e9`` was accepted."""
+    text = repr(value)
+    meta = {"num_samples": "5", "base_version": "0", f"metric.{name}": text}
+    valid = {"accuracy": 0 <= value <= 1, "loss": value >= 0, "steps": True}
+    expected = next(ok for word, ok in valid.items() if word in name)
+    try:
+        _, _, metrics = check_metadata(meta, 100)
+    except ProtocolError as exc:
+        assert not expected and (exc.status, exc.code) == (422, "bad_metadata")
+    else:
+        assert expected and metrics[name] == value
+
+
+def test_temp_files_of_a_crash_are_removed_at_start(server_artifacts, tmp_path):
+    """Before: kill -9 during a close left ``models/.v1.safetensors.*.tmp`` forever."""
+    data = tmp_path / "data"
+    open_in_process(server_artifacts, data).db.close()
+    leftovers = [data / "models" / ".v1.safetensors.k3j2.tmp", data / "models" / "v1.safetensors",
+                 data / ".admin_token.x1.tmp", data / "tmp" / "body.x"]  # fmt: skip
+    for path in leftovers:
+        path.write_bytes(b"half")
+    state = open_in_process(server_artifacts, data)
+    state.db.close()
+    assert [p for p in leftovers if p.exists()] == []
+    assert sorted(p.name for p in (data / "models").iterdir()) == ["v0.safetensors"]
+
+
+def test_deadlines_ignore_a_jump_of_the_wall_clock(server_artifacts, server_manifest, tmp_path):
+    """Before: deadlines followed time.time, so a +2 day jump discarded an accepted update."""
+    wall, steady = [1_000_000.0], [50.0]
+    clock = SteadyClock(lambda: wall[0], lambda: steady[0])
+    assert clock() == 1_000_000.0
+    state = open_in_process(server_artifacts, tmp_path / "data", clock, round_timeout=600, target_clients=3)
+    try:
+        state.db.add_device("d-1", "h-1", "test")
+        from server.upload_validation import Upload
+
+        state.rounds.assign(1, "d-1")
+        staged = state.rounds.stage("d-1", 1, Upload(base_like(server_manifest), 10, 0, {}))
+        assert state.rounds.commit(staged) == 1
+        wall[0] += 2 * 86400  # NTP, or an operator's date -s
+        state.rounds.tick()
+        snap = state.rounds.snapshot
+        assert (snap.round, snap.state, snap.received) == (1, "open", 1)
+        steady[0] += 601
+        state.rounds.tick()  # the deadline, by the steady clock: abandoned (1 < min_clients 2)
+        assert state.rounds.snapshot.round == 2
+    finally:
+        state.db.close()
+
+
+def test_keep_versions_prunes_old_versions(server_artifacts, server_manifest, tmp_path):
+    """Before: versions were never pruned (8.7 GB per 1,000 rounds at width 1.0)."""
+    from server.upload_validation import Upload
+
+    data = tmp_path / "data"
+    state = open_in_process(server_artifacts, data, target_clients=1, min_clients=1, keep_versions=2)
+    try:
+        state.db.add_device("d-1", "h-1", "test")
+        for number in range(1, 6):
+            state.rounds.assign(number, "d-1")
+            upload = Upload(base_like(server_manifest, seed=number), 10, number - 1, {})
+            state.rounds.commit(state.rounds.stage("d-1", number, upload))
+        assert state.rounds.snapshot.model_version == 5
+        assert sorted(p.name for p in (data / "models").iterdir()) == ["v0.safetensors", "v4.safetensors",
+                                                                         "v5.safetensors"]  # fmt: skip
+        assert state.rounds.version_file(3) is None and state.rounds.version_file(0) is not None
+    finally:
+        state.db.close()
+
+
+def test_repeated_errors_are_logged_at_a_bounded_rate():
+    """Before: an fd flood wrote 100 MB of tracebacks in 35 s."""
+    now = [0.0]
+    records: list[logging.LogRecord] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record)
+
+    handler = Keep()
+    handler.addFilter(RepeatedLogFilter(limit=5, window=60, clock=lambda: now[0]))
+    logger = logging.getLogger("test.flood")
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+    server_log = logging.getLogger("fedper.server")
+    server_log.addHandler(handler)
+    try:
+        for i in range(10_000):
+            try:
+                raise OSError(24, "Too many open files")
+            except OSError:
+                logger.exception("socket.accept() out of system resource: %s", i)
+        logger.error(json.dumps({"event": "internal_error", "request_id": "a"}))
+        logger.info("info is never throttled")
+        assert len(records) == 5 + 1 + 1
+        now[0] = 61.0
+        logger.exception("socket.accept() out of system resource: %s", 0, exc_info=OSError(24, "x"))
+    finally:
+        logger.removeHandler(handler)
+        server_log.removeHandler(handler)
+    summary = json.loads(records[-2].getMessage())
+    assert summary["event"] == "log_suppressed" and summary["dropped"] == 10_000 - 5
+    assert records[-1].getMessage().startswith("socket.accept()")
+
+
+def test_a_full_disk_drains_instead_of_failing(server_artifacts, server_manifest, tmp_path):
+    """Before: the server did not start on a full disk, and a round stayed open past
+    target_clients while v1 could not be written."""
+    free = [0]
+    state = open_in_process(server_artifacts, tmp_path / "data", free=lambda: free[0], target_clients=1,
+                            min_clients=1)  # fmt: skip
+
+    async def scenario() -> None:
+        async with http_in_process(state) as c:
+            assert (await c.get("/v1/status")).json()["draining"] is True
+            assert _code(await c.post("/v1/devices", json={"enrollment_key": ENROLL})) == (503, "server_busy")
+            free[0] = 10**12
+            state.rounds.tick()
+            device = await enroll_async(c)
+            assert (await c.get("/v1/task", headers=device)).status_code == 200
+            free[0] = 0
+            state.rounds.tick()
+            assert (await c.get("/v1/task", headers=device)).status_code == 204
+            body = update_body(base_like(server_manifest), num_samples=10)
+            assert _code(await c.post(UPDATE, content=body, headers=device)) == (503, "server_busy")
+            assert (await c.get("/v1/models/0/base", headers=device)).status_code == 200  # downloads work
+            assert b"fedper_draining 1.0" in (await c.get("/metrics")).content
+            free[0] = 10**12
+            state.rounds.tick()
+            assert (await c.post(UPDATE, content=body, headers=device)).status_code == 202
+            assert (await c.get("/v1/status")).json() | {"draining": False} == (await c.get("/v1/status")).json()
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        state.db.close()
+    assert state.rounds.snapshot.model_version == 1
+
+
+def test_a_database_that_cannot_be_opened_for_writing_on_a_full_disk_is_served_read_only(
+    server_artifacts, tmp_path, monkeypatch
+):
+    from server import state as state_module
+    from server.storage import Database
+
+    data = tmp_path / "data"
+    open_in_process(server_artifacts, data).db.close()
+
+    class FullDisk(Database):
+        def __init__(self, path: Path, busy_timeout: float = 5.0, read_only: bool = False):
+            if not read_only:
+                raise sqlite3.OperationalError("disk I/O error")  # what SQLite says on a full disk
+            super().__init__(path, busy_timeout, read_only)
+
+    monkeypatch.setattr(state_module, "Database", FullDisk)
+    free = [0]
+    state = open_in_process(server_artifacts, data, free=lambda: free[0])
+    try:
+        assert state.db.read_only and state.rounds.draining is not None
+        assert state.rounds.snapshot.round == 1
+        free[0] = 10**12
+        state.rounds.tick()  # room again: the database is opened for writing
+        assert not state.db.read_only and state.rounds.draining is None
+        state.db.add_device("d-1", "h-1", "test")
+        assert state.db.count_devices() == 1
+    finally:
+        state.db.close()
+
+
+def test_attestation_is_checked_by_the_operators_verifier(server_artifacts, tmp_path):
+    state = open_in_process(server_artifacts, tmp_path / "data", attestation="tests.attestation_double:verify")
+
+    async def scenario() -> None:
+        async with http_in_process(state) as c:
+            r = await c.post("/v1/devices", json={"enrollment_key": ENROLL, "platform": "android"})
+            assert _code(r) == (403, "attestation_failed") and "no attestation token" in r.json()["message"]
+            r = await c.post("/v1/devices", json={"enrollment_key": ENROLL, "platform": "android",
+                                                  "attestation": "emulator"})  # fmt: skip
+            assert _code(r) == (403, "attestation_failed")
+            r = await c.post("/v1/devices", json={"enrollment_key": ENROLL, "attestation": 5})
+            assert _code(r) == (400, "bad_request")
+            await enroll_async(c, platform="android", attestation="genuine-android")
+            assert (await c.get("/v1/status")).json()["devices"] == 1
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        state.db.close()
+
+
+def test_a_bad_attestation_spec_is_a_clear_error(server_artifacts, tmp_path):
+    from fedper.errors import ConfigError
+
+    for spec, said in (("nomodule", "module:function"), ("no.such.module:f", "cannot import"),
+                       ("tests.attestation_double:nothing", "no function")):  # fmt: skip
+        with pytest.raises(ConfigError, match=said):
+            open_in_process(server_artifacts, tmp_path / spec.replace(":", "_"), attestation=spec)
+
+
+def test_the_python_device_waits_out_its_own_upload_still_arriving(server_artifacts, server_manifest, tmp_path):
+    """The contract the device uses: 409 upload_in_progress (its earlier attempt, whose connection
+    it lost, still arriving at the server) is retried after a backoff, not a failed round."""
+    import socket
+
+    from device_runtime.client import ProtocolClient
+
+    with serve(server_artifacts, tmp_path / "data") as s:
+        sockets: list[socket.socket] = []
+        slept: list[float] = []
+
+        def sleep(seconds: float) -> None:  # the backoff: meanwhile the lost attempt ends
+            slept.append(seconds)
+            for sock in sockets:
+                sock.close()
+            time.sleep(0.5)
+
+        client = ProtocolClient(s.url, sleep=sleep)
+        client.enroll(ENROLL)
+        assert not isinstance(client.task(), NoTask)
+        lost = socket.create_connection(("127.0.0.1", s.port))
+        lost.sendall(f"POST {UPDATE} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {client.token}\r\n"
+                     "Content-Length: 100000\r\n\r\n".encode() + b"\0")  # fmt: skip
+        sockets.append(lost)
+        time.sleep(0.5)
+        body = update_body(base_like(server_manifest), num_samples=10)
+        assert client.upload(1, body) == 1
+        assert len(slept) == 1  # one 409 upload_in_progress, then the 202
+        client.close()
