@@ -47,7 +47,7 @@ from server.cohort import Cohort
 from server.config import ServerConfig
 from server.disk_room import DiskRoom, out_of_space
 from server.errors import ProtocolError, conflict, not_found, run_finished, unauthorized
-from server.storage import Database, Slot, StoredUpdate
+from server.storage import Database, Round, Slot, StoredUpdate
 from server.update_store import UpdateStore
 from server.upload_validation import Upload
 
@@ -236,11 +236,11 @@ class RoundManager:
             self._bases = {version: {k: v.astype(np.float64) for k, v in weights.load(found[0]).items()}}
         return self._bases[version]
 
-    def check_admission(self, device_id: str, number: int) -> None:
+    def check_admission(self, device_id: str, number: int) -> Round:
         """What can be decided before an upload's body is read (revision 1.4): 410, then the
-        409s ``duplicate_update``, ``round_not_open``, ``not_in_cohort``, then 503 while draining. A device without a
-        slot of the open round is turned away here, so it never holds a place among the
-        uploads in flight."""
+        409s ``duplicate_update``, ``round_not_open``, ``not_in_cohort``, then 503 while
+        draining; the open round if none applies. A device without a slot of the open round is
+        turned away here, so it never holds a place among the uploads in flight."""
         if self._finished():
             raise run_finished()
         if self.db.has_update(number, device_id):
@@ -253,14 +253,12 @@ class RoundManager:
             raise self._not_in_cohort(number)
         if self.draining is not None:
             raise self.busy()
+        return current
 
     def check_conflicts(self, device_id: str, number: int, upload: Upload) -> None:
         """The admission checks again (time passed while the body arrived), then the update's
         base version against the round's (``stale_base_version``)."""
-        self.check_admission(device_id, number)
-        info = self.db.round(number)
-        assert info is not None
-        version = info.model_version
+        version = self.check_admission(device_id, number).model_version
         if upload.base_version != version:
             raise conflict(
                 ErrorCode.STALE_BASE_VERSION,
@@ -331,7 +329,7 @@ class RoundManager:
         try:  # group=1: one loaded update in memory at a time (for the mean)
             base, report = robust_aggregate(self._layout, round_base, stored, self.config.aggregation, 1)
         except NonFiniteAggregateError as exc:
-            self._abandon(number, current.model_version, f"not published: {exc}")
+            self._refuse(number, current.model_version, str(exc))
             return
         if report.updates < len(updates):
             self._refresh()
@@ -346,7 +344,7 @@ class RoundManager:
                 f.flush()
                 refused = publish_check.command_problem(self.config.publish, candidate)
         if refused is not None:
-            self._abandon(number, current.model_version, f"not published: {refused}")
+            self._refuse(number, current.model_version, refused)
             return
         version = self.db.latest_version() + 1
         target = self.models_dir / f"v{version}.safetensors"
@@ -403,7 +401,15 @@ class RoundManager:
             self.store.remove(self.models_dir / f"v{v}.safetensors")
         log.info(json.dumps({"event": "versions_pruned", "versions": doomed}))
 
-    def _abandon(self, number: int, version: int, why: str = "fewer than min_clients at the deadline") -> None:
+    def _refuse(self, number: int, version: int, why: str) -> None:
+        """A round whose aggregate may not be published: abandoned, counted, logged as a warning."""
+        self._abandon(number, version)
+        self.rounds_refused += 1
+        log.warning(json.dumps({"event": "round_not_published", "round": number, "model_version": version,
+                                "reason": why}))  # fmt: skip
+
+    def _abandon(self, number: int, version: int) -> None:
+        """End the round unaggregated and open the next on the same version."""
         now = self.clock()
         try:
             with self.db.transaction() as conn:
@@ -412,13 +418,7 @@ class RoundManager:
         finally:
             self._refresh()
         self.store.remove_round(number)
-        if why.startswith("not published"):
-            self.rounds_refused += 1
-            log.warning(json.dumps({"event": "round_not_published", "round": number, "model_version": version,
-                                    "reason": why}))  # fmt: skip
-        else:
-            log.info(json.dumps({"event": "round_abandoned", "round": number, "model_version": version,
-                                 "reason": why}))  # fmt: skip
+        log.info(json.dumps({"event": "round_abandoned", "round": number, "model_version": version}))
 
     def rollback(self, to: int) -> tuple[int, int]:
         """Reopen the run from version ``to``: its tensors become a new version (versions only ever

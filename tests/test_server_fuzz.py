@@ -149,7 +149,7 @@ def test_arbitrary_bytes_are_refused_without_a_trace(fuzzed: Fuzzed, body: bytes
 
 @given(body=st.one_of(
     json_value.map(lambda v: json.dumps(v).encode("utf-8", "surrogatepass")),
-    st.dictionaries(st.sampled_from(["enrollment_key", "platform", "x"]), json_value).map(
+    st.dictionaries(st.sampled_from(["enrollment_key", "platform", "attestation", "x"]), json_value).map(
         lambda v: json.dumps(v, ensure_ascii=False).encode("utf-8", "surrogatepass")),
     st.binary(max_size=300),
 ))  # fmt: skip
