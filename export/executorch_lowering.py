@@ -97,13 +97,18 @@ def drop_aliases(graph_module: torch.fx.GraphModule) -> int:
 ELEMENTWISE_CONFIGS = ("AddConfig", "SubConfig", "MulConfig")
 
 
-def delegate_to_xnnpack(edge: EdgeProgramManager, extra_configs: Sequence[Any] = ()) -> EdgeProgramManager:
+def delegate_to_xnnpack(
+    edge: EdgeProgramManager, extra_configs: Sequence[Any] = (), fast_partitioning: bool = True
+) -> EdgeProgramManager:
     """The matrix products (``mm``, ``linear``, ``addmm``) and ``add``/``sub``/``mul`` to
     XNNPACK, the weights left as the program's runtime tensors (a training step changes them):
     XNNPACK uses the CPU's vector units (AVX2/FMA, NEON) and ExecuTorch's thread pool, where the
     optimized kernel library's kernels are single-threaded (docs/PERFORMANCE.md). The stock
     runtimes (the Python wheel, the Android AAR) link the XNNPACK backend. ``extra_configs``:
-    more of XNNPACK's partitioner configs (``bench/xnnpack_elementwise.py`` tries others)."""
+    more of XNNPACK's partitioner configs (``bench/xnnpack_elementwise.py`` tries others).
+    ``fast_partitioning``: with :func:`_merge_checks_on_sets` and
+    :func:`_xnnpack_passes_for_arithmetic`, which give the same bytes in a fraction of the time
+    (``bench.export_time`` and ``tests/test_export_speed.py`` compare)."""
     from executorch.backends.xnnpack.partition.config import generic_node_configs
     from executorch.backends.xnnpack.partition.config.gemm_configs import AddmmConfig, LinearConfig, MMConfig
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
@@ -116,7 +121,11 @@ def delegate_to_xnnpack(edge: EdgeProgramManager, extra_configs: Sequence[Any] =
     # It warns that to_backend is deprecated for to_edge_transform_and_lower, which would also
     # re-run the decompositions this pipeline does once (lower_training_program).
     logging.getLogger(XnnpackPartitioner.__module__).setLevel(logging.ERROR)
-    with _sorting_in_place():
+    with contextlib.ExitStack() as shortcuts:
+        shortcuts.enter_context(_sorting_in_place())
+        if fast_partitioning:
+            shortcuts.enter_context(_merge_checks_on_sets())
+            shortcuts.enter_context(_xnnpack_passes_for_arithmetic())
         return edge.to_backend(partitioner)
 
 
@@ -162,8 +171,85 @@ def _sorting_in_place() -> Iterator[None]:
         lowered_backend_module.legalize_graph = original
 
 
+@contextlib.contextmanager
+def _merge_checks_on_sets() -> Iterator[None]:
+    """While partitioning, decide whether two partitions can merge with set operations.
+
+    ExecuTorch 1.5.1's ``GroupBasedPartitioner._can_merge_partitions`` tests every external
+    user's transitive downstream set against the merged nodes one node at a time in a Python
+    generator (200 million steps for the training graph: most of the partitioner's time). This
+    is the same test with ``set.isdisjoint``: the same answer for every pair, so the same
+    partitions.
+    """
+    from executorch.exir.backend.canonical_partitioners.group_partitioner import GroupBasedPartitioner
+    from torch.fx.passes.utils.fuser_utils import validate_partition
+
+    def can_merge(self: Any, p1: int, p2: int, partitions_by_id: dict[int, Any]) -> bool:
+        combined = partitions_by_id[p1].nodes.keys() | partitions_by_id[p2].nodes.keys()
+        downstreams_of = self.dependency_viewer.downstreams_of
+        for node in combined:
+            for user in node.users:
+                if user not in combined and not combined.isdisjoint(downstreams_of(user)):
+                    return False
+        return bool(validate_partition(list(combined)))
+
+    original = GroupBasedPartitioner._can_merge_partitions
+    GroupBasedPartitioner._can_merge_partitions = can_merge
+    try:
+        yield
+    finally:
+        GroupBasedPartitioner._can_merge_partitions = original
+
+
+# What the delegated partitions may hold for :func:`_xnnpack_passes_for_arithmetic` to skip
+# XNNPACK's other passes: matrix products and the element-wise arithmetic.
+_ARITHMETIC_OPS = frozenset(
+    {"aten.mm.default", "aten.addmm.default", "aten.linear.default", "aten.add.Tensor", "aten.sub.Tensor",
+     "aten.mul.Tensor"}
+)  # fmt: skip
+
+
+@contextlib.contextmanager
+def _xnnpack_passes_for_arithmetic() -> Iterator[None]:
+    """While delegating, run only ``ConvertToLinearPass`` of XNNPACK's passes on a partition
+    that holds nothing but matrix products and ``add``/``sub``/``mul``.
+
+    XNNPACK's preprocessing runs 17 passes on every partition (~170 here), most of which
+    re-trace it on fake tensors to rewrite ops these partitions cannot contain (upsampling,
+    SDPA, BatchNorm, concatenation, conv1d, PReLU, clones, dim-order copies): two thirds of the
+    delegation's time. ``ConvertToLinearPass`` is what XNNPACK's own ``dqlinear_partitioner``
+    mode runs alone. Any other partition (e.g. ``bench.xnnpack_elementwise``'s extra ops) gets
+    all the passes. The program is byte-identical (``tests/test_export.py``).
+    """
+    import executorch.backends.xnnpack.xnnpack_preprocess as xnnpack_preprocess
+    from executorch.backends.xnnpack._passes import XNNPACKPassManager
+    from executorch.backends.xnnpack._passes.convert_to_linear import ConvertToLinearPass
+
+    def pass_manager(exported_program: ExportedProgram, passes: Any = None) -> XNNPACKPassManager:
+        ops = {
+            getattr(node.target, "__name__", str(node.target))
+            for node in exported_program.graph.nodes
+            if node.op == "call_function"
+        }
+        if passes is None and ops <= _ARITHMETIC_OPS:
+            passes = [ConvertToLinearPass]
+        return XNNPACKPassManager(exported_program, passes=passes)
+
+    original = xnnpack_preprocess.XNNPACKPassManager
+    xnnpack_preprocess.XNNPACKPassManager = pass_manager
+    try:
+        yield
+    finally:
+        xnnpack_preprocess.XNNPACKPassManager = original
+
+
 def lower_training_program(
-    step: nn.Module, input_size: int, max_batch: int, xnnpack: bool = True, phases: dict[str, float] | None = None
+    step: nn.Module,
+    input_size: int,
+    max_batch: int,
+    xnnpack: bool = True,
+    phases: dict[str, float] | None = None,
+    fast_partitioning: bool = True,
 ) -> LoweredProgram:
     """Export ``step`` with a dynamic batch (2..max_batch) and its weights in a .ptd; with
     ``xnnpack``, its matrix products and add/sub/mul delegated to XNNPACK (:func:`delegate_to_xnnpack`).
@@ -198,7 +284,7 @@ def lower_training_program(
         edge = EdgeProgramManager({"forward": edge_program}, None, config)
         clock.lap("edge dialect")
         if xnnpack:
-            edge = delegate_to_xnnpack(edge)
+            edge = delegate_to_xnnpack(edge, fast_partitioning=fast_partitioning)
             clock.lap("XNNPACK delegation")
         manager = edge.to_executorch(ExecutorchBackendConfig(external_constants=True, external_mutable_weights=True))
         lowered = _split_files(manager)
