@@ -101,7 +101,7 @@ class ExportConfig:
         "versions are copied from it (default: $FEDPER_CACHE_DIR, else ~/.cache/fedper/exports)",
         metavar="DIR",
     )  # fmt: skip
-    no_cache: bool = option(False, "lower every program, neither reading nor writing the export cache")
+    bypass_cache: bool = option(False, "lower every program, neither reading nor writing the export cache")
 
 
 @dataclass(frozen=True)
@@ -160,7 +160,7 @@ def run_export(
         raise ExportConfigError(f"--batch-size must be in 2..{config.max_batch}")
     load_initial_weights(model, config, source, say)
     step = training_step(model, variant)
-    cache = None if config.no_cache or source is not None else ExportCache(config.cache or default_cache_dir())
+    cache = None if config.bypass_cache or source is not None else ExportCache(config.cache or default_cache_dir())
     key = program_key(mcfg, variant, config.max_batch, model.state_dict()) if cache is not None else ""
 
     with atomic_directory(config.out) as staging:
