@@ -12,6 +12,7 @@ BENCHMARKS = [
     "bench.train_step",
     "bench.export_sizes",
     "bench.export_time",
+    "bench.train_memory",
     "bench.fleet_scale",
 ]
 

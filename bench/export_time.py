@@ -6,6 +6,9 @@ lowering in a process also pays one-time costs), and where ours spends its time,
 phase. The programs differ (node order, delegates); the tests check that they compute the
 same step.
 
+Also the default with ExecuTorch's own partitioning (``fast_partitioning=False``): it must give
+the same program bytes.
+
 Usage: python -m bench.export_time [--alpha 0.25] [--input-size 32] [--variant fast]
 """
 
@@ -35,6 +38,9 @@ from export.training_graph import training_step
 from fedper.models import ModelConfig, build_model
 
 MAX_BATCH = 64
+# reference: the public to_edge path; ours_stock_partitioning: ours with ExecuTorch's own
+# partitioner merge test and every XNNPACK pass (the same bytes as ours, slower).
+PATHS = ("reference", "ours_no_xnnpack", "ours_stock_partitioning", "ours")
 
 
 def reference(step: torch.nn.Module, input_size: int) -> bytes:
@@ -61,7 +67,10 @@ def one(path: str, alpha: float, input_size: int, variant: str) -> None:
     if path == "reference":
         program = reference(step, input_size)
     else:
-        program = lower_training_program(step, input_size, MAX_BATCH, xnnpack=path == "ours", phases=phases).program
+        program = lower_training_program(
+            step, input_size, MAX_BATCH, xnnpack=path != "ours_no_xnnpack", phases=phases,
+            fast_partitioning=path != "ours_stock_partitioning",
+        ).program  # fmt: skip
     print(json.dumps({"seconds": time.perf_counter() - start, "sha256": hashlib.sha256(program).hexdigest(),
                       "phases": phases}))  # fmt: skip
 
@@ -71,13 +80,13 @@ def main() -> None:
     parser.add_argument("--alpha", type=float, default=0.25)
     parser.add_argument("--input-size", type=int, default=32)
     parser.add_argument("--variant", default="fast", choices=("fast", "plain"))
-    parser.add_argument("--one", choices=("ours", "ours_no_xnnpack", "reference"), help=argparse.SUPPRESS)
+    parser.add_argument("--one", choices=PATHS, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
         one(args.one, args.alpha, args.input_size, args.variant)
         return
     measured = {}
-    for path in ("reference", "ours_no_xnnpack", "ours"):
+    for path in PATHS:
         out = subprocess.run(
             [sys.executable, "-m", "bench.export_time", "--one", path, "--alpha", str(args.alpha),
              "--input-size", str(args.input_size), "--variant", args.variant],
@@ -86,6 +95,9 @@ def main() -> None:
         measured[path] = json.loads(out.strip().splitlines()[-1])
     ref_s, ours_s = measured["reference"]["seconds"], measured["ours"]["seconds"]
     plain_s = measured["ours_no_xnnpack"]["seconds"]
+    stock = measured["ours_stock_partitioning"]
+    if stock["sha256"] != measured["ours"]["sha256"]:
+        raise SystemExit("the fast partitioning changed the training program's bytes")
     row = {
         "alpha": args.alpha,
         "input_size": args.input_size,
@@ -93,11 +105,15 @@ def main() -> None:
         "reference_s": round(ref_s, 1),
         "ours_no_xnnpack_s": round(plain_s, 1),
         "ours_s": round(ours_s, 1),
+        "ours_stock_partitioning_s": round(stock["seconds"], 1),
+        "ours_stock_partitioning_phases_s": {k: round(v, 1) for k, v in stock["phases"].items()},
+        "same_program_bytes": True,
         "ratio": round(ours_s / ref_s, 3),
         "ours_phases_s": {k: round(v, 1) for k, v in measured["ours"]["phases"].items()},
     }
     print(f"training program, width {args.alpha}, {args.input_size} px, {args.variant}: "
-          f"{ours_s:.0f} s ({plain_s:.0f} s without XNNPACK) vs {ref_s:.0f} s through to_edge "
+          f"{ours_s:.0f} s ({plain_s:.0f} s without XNNPACK, {stock['seconds']:.0f} s with ExecuTorch's "
+          f"own partitioning, same bytes) vs {ref_s:.0f} s through to_edge "
           f"({row['ratio']:.2f}x); phases: {row['ours_phases_s']}")  # fmt: skip
     print("wrote", write_results(f"export_time_{args.variant}", row))
 

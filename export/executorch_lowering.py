@@ -21,6 +21,7 @@ from torch.export.experimental import _export_forward_backward
 
 if TYPE_CHECKING:
     from executorch.exir import EdgeProgramManager
+    from torch.fx.passes.infra.partitioner import Partition
 
 from export.fast_ops import DECOMPOSITIONS
 from fedper.errors import FedperError
@@ -97,13 +98,21 @@ def drop_aliases(graph_module: torch.fx.GraphModule) -> int:
 ELEMENTWISE_CONFIGS = ("AddConfig", "SubConfig", "MulConfig")
 
 
-def delegate_to_xnnpack(edge: EdgeProgramManager, extra_configs: Sequence[Any] = ()) -> EdgeProgramManager:
+def delegate_to_xnnpack(
+    edge: EdgeProgramManager, extra_configs: Sequence[Any] = (), fast_partitioning: bool = True
+) -> EdgeProgramManager:
     """The matrix products (``mm``, ``linear``, ``addmm``) and ``add``/``sub``/``mul`` to
     XNNPACK, the weights left as the program's runtime tensors (a training step changes them):
     XNNPACK uses the CPU's vector units (AVX2/FMA, NEON) and ExecuTorch's thread pool, where the
     optimized kernel library's kernels are single-threaded (docs/PERFORMANCE.md). The stock
-    runtimes (the Python wheel, the Android AAR) link the XNNPACK backend. ``extra_configs``:
-    more of XNNPACK's partitioner configs (``bench/xnnpack_elementwise.py`` tries others)."""
+    runtimes (the Python wheel, the Android AAR) link the XNNPACK backend. One delegate per op
+    (``per_op_mode``): a merged partition runs where its last op is, so what its first ops make
+    stays alive until then; per op, the program plans a third of the memory, steps faster and
+    computes bit-identical results (docs/PERFORMANCE.md). ``extra_configs``:
+    more of XNNPACK's partitioner configs (``bench/xnnpack_elementwise.py`` tries others).
+    ``fast_partitioning``: with :func:`_xnnpack_passes_for_arithmetic` and
+    :func:`_consecutive_nodes_stay_in_place`, which give the same bytes in a fraction of the time
+    (``bench.export_time`` and ``tests/test_export_shortcuts.py`` compare)."""
     from executorch.backends.xnnpack.partition.config import generic_node_configs
     from executorch.backends.xnnpack.partition.config.gemm_configs import AddmmConfig, LinearConfig, MMConfig
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
@@ -111,13 +120,47 @@ def delegate_to_xnnpack(edge: EdgeProgramManager, extra_configs: Sequence[Any] =
     elementwise = [runtime_inputs_only(getattr(generic_node_configs, name)) for name in ELEMENTWISE_CONFIGS]
     partitioner = XnnpackPartitioner(
         configs=[LinearConfig, MMConfig, AddmmConfig, *elementwise, *extra_configs],
+        per_op_mode=True,
         force_non_static_weights_for_f32_linear=True,
     )
+    per_op = partitioner.generate_partitions
+    partitioner.generate_partitions = lambda ep: merge_adjacent(per_op(ep), ep.graph)
     # It warns that to_backend is deprecated for to_edge_transform_and_lower, which would also
     # re-run the decompositions this pipeline does once (lower_training_program).
     logging.getLogger(XnnpackPartitioner.__module__).setLevel(logging.ERROR)
-    with _sorting_in_place():
+    with contextlib.ExitStack() as shortcuts:
+        shortcuts.enter_context(_sorting_in_place())
+        if fast_partitioning:
+            shortcuts.enter_context(_xnnpack_passes_for_arithmetic())
+            shortcuts.enter_context(_consecutive_nodes_stay_in_place())
         return edge.to_backend(partitioner)
+
+
+def merge_adjacent(partitions: list[Partition], graph: torch.fx.Graph) -> list[Partition]:
+    """Join partitions that follow one another in the graph's order into one.
+
+    A delegate runs where its last node was: a partition of nodes far apart keeps what its
+    first nodes make alive until then (XNNPACK's own merging made the program plan 2.5 times
+    the memory of one partition per op). Nodes that are consecutive in the order run
+    consecutively anyway, and a run of consecutive nodes cannot form a cycle with the rest of
+    the graph: no other node lies between them. Partitions that are not one consecutive run
+    are left as they are.
+    """
+    from torch.fx.passes.infra.partitioner import Partition
+
+    position = {node: i for i, node in enumerate(graph.nodes)}
+    spans = sorted(((min(position[n] for n in p.nodes), max(position[n] for n in p.nodes), p) for p in partitions),
+                   key=lambda span: span[0])  # fmt: skip
+    runs: list[tuple[int, int, list[torch.fx.Node]]] = []
+    for first, last, partition in spans:
+        nodes = list(partition.nodes)
+        consecutive = last - first + 1 == len(nodes)
+        if consecutive and runs and runs[-1][1] + 1 == first and runs[-1][0] >= 0:
+            start, _, joined = runs[-1]
+            runs[-1] = (start, last, joined + nodes)
+        else:
+            runs.append((first if consecutive else -1, last, nodes))
+    return [Partition(id=i, nodes=nodes) for i, (_, _, nodes) in enumerate(runs)]
 
 
 def runtime_inputs_only(config: type[Any]) -> type[Any]:
@@ -162,8 +205,108 @@ def _sorting_in_place() -> Iterator[None]:
         lowered_backend_module.legalize_graph = original
 
 
+@contextlib.contextmanager
+def _consecutive_nodes_stay_in_place() -> Iterator[None]:
+    """While delegating, do not re-sort the graph after a one-node partition is replaced.
+
+    A partition's call is inserted right after its last node (torch's ``insert_subgm``), so
+    replacing a single node, or a run of consecutive nodes (:func:`merge_adjacent`), keeps the
+    graph in order; :func:`_sorting_in_place` still sorts after any other partition. With a
+    partition per op or per run (hundreds), the sorts were most of the delegation's time.
+    """
+    import executorch.exir.backend.backend_api as backend_api
+
+    original = backend_api.create_submodule_from_nodes
+
+    def create_submodule(
+        gm: torch.fx.GraphModule, node_list: list[torch.fx.Node], tag: str, skip_legalize_graph: bool = False
+    ) -> tuple[torch.fx.GraphModule, torch.fx.Node]:
+        return original(gm, node_list, tag, skip_legalize_graph=skip_legalize_graph or _consecutive(node_list))
+
+    backend_api.create_submodule_from_nodes = create_submodule
+    try:
+        yield
+    finally:
+        backend_api.create_submodule_from_nodes = original
+
+
+def _consecutive(nodes: list[torch.fx.Node]) -> bool:
+    """Whether ``nodes`` are one run of the graph's order, with no other node between them."""
+    members = set(nodes)
+    starts = [node for node in members if node.prev not in members]
+    if len(starts) != 1:
+        return False
+    node = starts[0]
+    for _ in range(len(members) - 1):
+        node = node.next
+        if node not in members:
+            return False
+    return True
+
+
+class _NoPasses:
+    """A pass manager that leaves the program as it is."""
+
+    def __init__(self, exported_program: ExportedProgram) -> None:
+        self.exported_program = exported_program
+
+    def transform(self) -> ExportedProgram:
+        return self.exported_program
+
+
+# What the delegated partitions may hold for :func:`_xnnpack_passes_for_arithmetic` to skip
+# XNNPACK's other passes: matrix products and the element-wise arithmetic.
+_ARITHMETIC_OPS = frozenset(
+    {"aten.mm.default", "aten.addmm.default", "aten.linear.default", "aten.add.Tensor", "aten.sub.Tensor",
+     "aten.mul.Tensor"}
+)  # fmt: skip
+# What ConvertToLinearPass rewrites (when they come from a linear layer); without them it changes nothing.
+_MATRIX_PRODUCTS = frozenset({"aten.mm.default", "aten.addmm.default"})
+
+
+@contextlib.contextmanager
+def _xnnpack_passes_for_arithmetic() -> Iterator[None]:
+    """While delegating, run only ``ConvertToLinearPass`` of XNNPACK's passes on a partition
+    that holds nothing but matrix products and ``add``/``sub``/``mul``.
+
+    XNNPACK's preprocessing runs 17 passes on every partition (~170 here), most of which
+    re-trace it on fake tensors to rewrite ops these partitions cannot contain (upsampling,
+    SDPA, BatchNorm, concatenation, conv1d, PReLU, clones, dim-order copies): two thirds of the
+    delegation's time. ``ConvertToLinearPass`` is what XNNPACK's own ``dqlinear_partitioner``
+    mode runs alone. Any other partition (e.g. ``bench.xnnpack_elementwise``'s extra ops) gets
+    all the passes. The program is byte-identical (``tests/test_export.py``).
+    """
+    import executorch.backends.xnnpack.xnnpack_preprocess as xnnpack_preprocess
+    from executorch.backends.xnnpack._passes import XNNPACKPassManager
+    from executorch.backends.xnnpack._passes.convert_to_linear import ConvertToLinearPass
+
+    def pass_manager(exported_program: ExportedProgram, passes: Any = None) -> XNNPACKPassManager | _NoPasses:
+        ops = {
+            getattr(node.target, "__name__", str(node.target))
+            for node in exported_program.graph.nodes
+            if node.op == "call_function"
+        }
+        if passes is None and ops <= _ARITHMETIC_OPS:
+            if not ops & _MATRIX_PRODUCTS:
+                return _NoPasses(exported_program)
+            passes = [ConvertToLinearPass]
+        return XNNPACKPassManager(exported_program, passes=passes)
+
+    original = xnnpack_preprocess.XNNPACKPassManager
+    xnnpack_preprocess.XNNPACKPassManager = pass_manager
+    try:
+        yield
+    finally:
+        xnnpack_preprocess.XNNPACKPassManager = original
+
+
 def lower_training_program(
-    step: nn.Module, input_size: int, max_batch: int, xnnpack: bool = True, phases: dict[str, float] | None = None
+    step: nn.Module,
+    input_size: int,
+    max_batch: int,
+    xnnpack: bool = True,
+    phases: dict[str, float] | None = None,
+    fast_partitioning: bool = True,
 ) -> LoweredProgram:
     """Export ``step`` with a dynamic batch (2..max_batch) and its weights in a .ptd; with
     ``xnnpack``, its matrix products and add/sub/mul delegated to XNNPACK (:func:`delegate_to_xnnpack`).
@@ -198,7 +341,7 @@ def lower_training_program(
         edge = EdgeProgramManager({"forward": edge_program}, None, config)
         clock.lap("edge dialect")
         if xnnpack:
-            edge = delegate_to_xnnpack(edge)
+            edge = delegate_to_xnnpack(edge, fast_partitioning=fast_partitioning)
             clock.lap("XNNPACK delegation")
         manager = edge.to_executorch(ExecutorchBackendConfig(external_constants=True, external_mutable_weights=True))
         lowered = _split_files(manager)

@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from export.executorch_lowering import lower_inference_program, lower_training_program
+from export.export_cache import ExportCache, default_cache_dir, program_key
 from export.onnx_export import ONNX_OPSET, export_onnx
 from export.training_graph import VARIANTS, Variant, resolve_variant, training_step
 from fedper import __version__, weights
@@ -52,6 +53,7 @@ PROGRAM_ROLES = (
     "inference_weights",
     "onnx_model",
 )
+PROGRAM_FILES = tuple(ARTIFACT_FILES[role] for role in PROGRAM_ROLES)
 
 
 class ExportConfigError(ConfigError):
@@ -94,6 +96,12 @@ class ExportConfig:
     training: TrainConfig = nested(TrainConfig, "the default written to the manifest")
     seed: int = option(0, "seed for the initial weights (when --weights is not given)")
     init: Path | None = option(None, f"the base's initial weights: {INIT_HELP} (from --seed)", metavar="PATH")
+    cache: Path | None = option(
+        None, "export cache: programs lowered before for the same model, weights, code and library "
+        "versions are copied from it (default: $FEDPER_CACHE_DIR, else ~/.cache/fedper/exports)",
+        metavar="DIR",
+    )  # fmt: skip
+    bypass_cache: bool = option(False, "lower every program, neither reading nor writing the export cache")
 
 
 @dataclass(frozen=True)
@@ -152,12 +160,17 @@ def run_export(
         raise ExportConfigError(f"--batch-size must be in 2..{config.max_batch}")
     load_initial_weights(model, config, source, say)
     step = training_step(model, variant)
+    cache = None if config.bypass_cache or source is not None else ExportCache(config.cache or default_cache_dir())
+    key = program_key(mcfg, variant, config.max_batch, model.state_dict()) if cache is not None else ""
 
     with atomic_directory(config.out) as staging:
         if source is not None and config.from_dir is not None:
             for role in PROGRAM_ROLES:
                 shutil.copyfile(config.from_dir / source.artifacts[role], staging / ARTIFACT_FILES[role])
             seconds["copy programs"] = time.perf_counter() - start
+        elif cache is not None and cache.fetch(key, staging, PROGRAM_FILES):
+            say("programs copied from the export cache")
+            seconds["programs from the cache"] = time.perf_counter() - start
         else:
             t = time.perf_counter()
             say("exporting the training program (forward + backward)...")
@@ -176,6 +189,11 @@ def run_export(
             onnx_model = export_onnx(model, mcfg.input_size, list(exchanged_state(model)), ONNX_OPSET)
             (staging / ARTIFACT_FILES["onnx_model"]).write_bytes(onnx_model)
             seconds["onnx"] = time.perf_counter() - t
+            if cache is not None:
+                try:
+                    cache.store(key, staging, PROGRAM_FILES)
+                except OSError as exc:  # a full disk costs the next export its shortcut, not this one
+                    say(f"could not store the programs in the export cache {cache.root}: {exc}")
         # Copied programs keep the runtime that wrote them (unknown for exports made before
         # manifests recorded it).
         runtime = source.runtime if source is not None else current_runtime()

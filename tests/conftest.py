@@ -79,6 +79,8 @@ _exports: dict[str, BackgroundExport] = {}
 # exports once per kernel set (an export's initial weights depend on it) for every thread count.
 _kept_exports = os.environ.get("FEDPER_TEST_EXPORTS")
 _export_root = Path(_kept_exports) if _kept_exports else Path(tempfile.mkdtemp(prefix="fedper-test-exports-"))
+# The tests' exports lower their programs: a cache of the user's (~/.cache) must not answer them.
+os.environ["FEDPER_CACHE_DIR"] = str(_export_root / "export-cache")
 
 
 @pytest.hookimpl(trylast=True)  # after -k and -m have deselected

@@ -13,7 +13,7 @@ from device_runtime.training_program import (
     check_exported,
     check_training_metadata,
 )
-from export.pipeline import ExportConfig, ExportConfigError, run_export
+from export.pipeline import PROGRAM_FILES, ExportConfig, ExportConfigError, run_export
 from fedper import weights
 from fedper.cli import main
 from fedper.eager_trainer import EagerTrainer
@@ -383,3 +383,14 @@ def test_bad_input_is_a_clear_error_and_writes_nothing(artifacts, tmp_path, caps
         "partial.safetensors",
         "wrong.safetensors",
     ]
+
+
+def test_a_second_export_of_the_same_model_is_copied_from_the_cache(artifacts, tmp_path):
+    """The fixture's export stored its programs in the session's cache (FEDPER_CACHE_DIR, set by
+    conftest); the same model exported again copies the same bytes instead of lowering."""
+    out = tmp_path / "again"
+    report = run_export(ExportConfig(out=out, kp=2, dataset="digits", seed=0, variant="fast"))
+    assert "programs from the cache" in report.seconds and "training program" not in report.seconds
+    for name in PROGRAM_FILES:
+        assert (out / name).read_bytes() == (artifacts / name).read_bytes(), name
+    assert read_manifest(out).artifacts == read_manifest(artifacts).artifacts
