@@ -105,9 +105,10 @@ def delegate_to_xnnpack(
     XNNPACK, the weights left as the program's runtime tensors (a training step changes them):
     XNNPACK uses the CPU's vector units (AVX2/FMA, NEON) and ExecuTorch's thread pool, where the
     optimized kernel library's kernels are single-threaded (docs/PERFORMANCE.md). The stock
-    runtimes (the Python wheel, the Android AAR) link the XNNPACK backend. One delegate per op
-    (``per_op_mode``): a merged partition runs where its last op is, so what its first ops make
-    stays alive until then; per op, the program plans a third of the memory, steps faster and
+    runtimes (the Python wheel, the Android AAR) link the XNNPACK backend. One delegate per run
+    of consecutive ops (``per_op_mode``, then :func:`merge_adjacent`): XNNPACK's own merging
+    joins ops far apart, and a delegate runs where its last op is, so what its first ops make
+    stays alive until then; per run, the program plans a third of the memory, steps faster and
     computes bit-identical results (docs/PERFORMANCE.md). ``extra_configs``:
     more of XNNPACK's partitioner configs (``bench/xnnpack_elementwise.py`` tries others).
     ``fast_partitioning``: with :func:`_xnnpack_passes_for_arithmetic` and
@@ -207,7 +208,8 @@ def _sorting_in_place() -> Iterator[None]:
 
 @contextlib.contextmanager
 def _consecutive_nodes_stay_in_place() -> Iterator[None]:
-    """While delegating, do not re-sort the graph after a one-node partition is replaced.
+    """While delegating, do not re-sort the graph after a partition of consecutive nodes is
+    replaced.
 
     A partition's call is inserted right after its last node (torch's ``insert_subgm``), so
     replacing a single node, or a run of consecutive nodes (:func:`merge_adjacent`), keeps the
@@ -266,15 +268,16 @@ _MATRIX_PRODUCTS = frozenset({"aten.mm.default", "aten.addmm.default"})
 
 @contextlib.contextmanager
 def _xnnpack_passes_for_arithmetic() -> Iterator[None]:
-    """While delegating, run only ``ConvertToLinearPass`` of XNNPACK's passes on a partition
-    that holds nothing but matrix products and ``add``/``sub``/``mul``.
+    """While delegating, run none of XNNPACK's passes on a partition of ``add``/``sub``/``mul``
+    only, and only ``ConvertToLinearPass`` on one that also holds a matrix product.
 
-    XNNPACK's preprocessing runs 17 passes on every partition (~170 here), most of which
+    XNNPACK's preprocessing runs 17 passes on every partition (hundreds here), most of which
     re-trace it on fake tensors to rewrite ops these partitions cannot contain (upsampling,
-    SDPA, BatchNorm, concatenation, conv1d, PReLU, clones, dim-order copies): two thirds of the
+    SDPA, BatchNorm, concatenation, conv1d, PReLU, clones, dim-order copies): most of the
     delegation's time. ``ConvertToLinearPass`` is what XNNPACK's own ``dqlinear_partitioner``
     mode runs alone. Any other partition (e.g. ``bench.xnnpack_elementwise``'s extra ops) gets
-    all the passes. The program is byte-identical (``tests/test_export.py``).
+    all the passes. The program is byte-identical (``tests/test_export_shortcuts.py``,
+    ``bench.export_time``).
     """
     import executorch.backends.xnnpack.xnnpack_preprocess as xnnpack_preprocess
     from executorch.backends.xnnpack._passes import XNNPACKPassManager
