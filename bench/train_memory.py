@@ -41,15 +41,6 @@ def _model_and_step(alpha: float, size: int) -> tuple[torch.nn.Module, torch.nn.
     return model, training_step(model, "fast")
 
 
-def _inputs(step: torch.nn.Module, size: int, batch: int) -> tuple[torch.Tensor, ...]:
-    from export.executorch_lowering import _num_features
-
-    g = torch.Generator().manual_seed(0)
-    stats = [torch.ones(_num_features(step, n)) for n in step.stat_names]  # type: ignore[union-attr]
-    x = torch.randn(batch, 3, size, size, generator=g)
-    return (x, torch.randint(0, 10, (batch,), generator=g), *stats)
-
-
 def export_child(alpha: float, size: int, batch: int, out: Path) -> dict[str, object]:
     from export.executorch_lowering import lower_training_program
     from export.program_memory import planned_memory
@@ -67,10 +58,11 @@ def export_child(alpha: float, size: int, batch: int, out: Path) -> dict[str, ob
 
 
 def bound_child(alpha: float, size: int, batch: int) -> dict[str, object]:
+    from export.executorch_lowering import example_inputs
     from export.program_memory import step_lower_bound
 
     _, step = _model_and_step(alpha, size)
-    bound = step_lower_bound(step, _inputs(step, size, batch))
+    bound = step_lower_bound(step, example_inputs(step, size, batch))
     return {"parameters_mib": bound.parameters / MIB, "gradients_mib": bound.gradients / MIB,
             "saved_mib": bound.saved / MIB, "largest_transient_mib": bound.largest_transient / MIB,
             "lower_bound_mib": bound.total / MIB}  # fmt: skip
@@ -80,8 +72,10 @@ def device_child(alpha: float, size: int, batch: int, out: Path) -> dict[str, ob
     from executorch.extension.pybindings.portable_lib import _load_for_executorch
     from executorch.extension.training import TrainingModule, get_sgd_optimizer
 
+    from export.executorch_lowering import example_inputs
+
     _, step = _model_and_step(alpha, size)
-    inputs = _inputs(step, size, batch)
+    inputs = example_inputs(step, size, batch)
     before = current_rss_mb()
     module = TrainingModule(_load_for_executorch(str(out / "train.pte"), data_path=str(out / "train.ptd")))
     module.forward_backward("forward", inputs)

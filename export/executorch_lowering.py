@@ -374,10 +374,7 @@ def trace_joint(
     ``run_decompositions`` pass over it. This is ``_export_forward_backward``'s body in the
     pinned torch 2.14.1 with the table as a parameter.
     """
-    example_batch = 2
-    x = torch.zeros(example_batch, 3, input_size, input_size)
-    y = torch.zeros(example_batch, dtype=torch.long)
-    stats = [torch.zeros(_num_features(step, n)) for n in step.stat_names]  # type: ignore[union-attr]
+    x, y, *stats = example_inputs(step, input_size, 2)
     batch = Dim("batch", min=2, max=max_batch)
     dynamic = ({0: batch}, {0: batch}, tuple(None for _ in stats))
     exported = export(step, (x, y, *stats), dynamic_shapes=dynamic, strict=False)
@@ -406,6 +403,15 @@ def lower_inference_program(model: nn.Module, input_size: int) -> LoweredProgram
         exported = export(model, (x,), strict=False)
         manager = to_edge(exported).to_executorch(ExecutorchBackendConfig(external_constants=True))
     return _split_files(manager)
+
+
+def example_inputs(step: nn.Module, input_size: int, batch: int) -> tuple[torch.Tensor, ...]:
+    """Zero inputs of the training step's signature: images, labels, then each BatchNorm
+    statistic (what the program is traced with, and what its memory is measured on)."""
+    x = torch.zeros(batch, 3, input_size, input_size)
+    y = torch.zeros(batch, dtype=torch.long)
+    stats = [torch.zeros(_num_features(step, n)) for n in step.stat_names]  # type: ignore[union-attr]
+    return (x, y, *stats)
 
 
 def _num_features(step: nn.Module, stat_name: str) -> int:

@@ -127,9 +127,15 @@ class ExportCache:
                 files[name] = sha256_file(staging / name)
             atomic_write_text(staging / ENTRY_FILE, json.dumps({"files": files}, indent=1))
         entries = sorted(
-            (p for p in self.root.iterdir() if p.is_dir() and not p.name.startswith(".")),
+            (p for p in self.root.iterdir() if _is_entry(p)),
             key=lambda p: p.stat().st_mtime,
             reverse=True,
         )
         for stale in entries[self.keep :]:
             shutil.rmtree(stale, ignore_errors=True)
+
+
+def _is_entry(path: Path) -> bool:
+    """A directory this cache made (a hex key holding ``entry.json``): ``--cache`` may name a
+    directory that holds other things, which pruning must never touch."""
+    return len(path.name) == 64 and all(c in "0123456789abcdef" for c in path.name) and (path / ENTRY_FILE).is_file()

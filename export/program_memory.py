@@ -39,22 +39,18 @@ def planned_memory(program: bytes, method: str = "forward") -> PlannedMemory:
     """
     from executorch.exir import schema
     from executorch.exir._serialize._program import deserialize_pte_binary
+    from executorch.exir.tensor import get_scalar_type, num_bytes_from_shape_and_dtype
 
     deserialized = deserialize_pte_binary(program)
     plan = next(p for p in getattr(deserialized, "program", deserialized).execution_plan if p.name == method)
-    element_bytes = {schema.ScalarType.LONG: 8, schema.ScalarType.DOUBLE: 8, schema.ScalarType.BOOL: 1,
-                     schema.ScalarType.BYTE: 1, schema.ScalarType.CHAR: 1, schema.ScalarType.SHORT: 2,
-                     schema.ScalarType.HALF: 2, schema.ScalarType.BFLOAT16: 2}  # fmt: skip
     region: dict[int, tuple[int, int, int]] = {}  # value -> (memory id, offset, bytes)
     for index, value in enumerate(plan.values):
         tensor = value.val
         if isinstance(tensor, schema.Tensor) and tensor.allocation_info is not None:
             info = tensor.allocation_info
-            numel = 1
-            for size in tensor.sizes:
-                numel *= size
             offset = info.memory_offset_low + (info.memory_offset_high << 32)
-            region[index] = (info.memory_id, offset, numel * element_bytes.get(tensor.scalar_type, 4))
+            size = num_bytes_from_shape_and_dtype(torch.Size(tensor.sizes), get_scalar_type(tensor.scalar_type))
+            region[index] = (info.memory_id, offset, size)
     lists = {i: v.val.items for i, v in enumerate(plan.values) if isinstance(v.val, schema.TensorList)}
     first: dict[int, int] = {}
     last: dict[int, int] = {}

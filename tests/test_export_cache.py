@@ -72,8 +72,11 @@ def test_only_the_most_recently_used_entries_are_kept(tmp_path):
     import os
 
     cache = ExportCache(tmp_path / "cache", keep=2)
-    for i, key in enumerate(("a", "b", "c")):
-        cache.store(key, _files(tmp_path / f"made{key}", key.encode()), NAMES)
+    keys = [c * 64 for c in "abcd"]
+    (tmp_path / "cache" / "the user's own").mkdir(parents=True)  # --cache may name a shared directory
+    os.utime(tmp_path / "cache" / "the user's own", (1, 1))
+    for i, key in enumerate(keys[:3]):
+        cache.store(key, _files(tmp_path / f"made{i}", key.encode()), NAMES)
         os.utime(tmp_path / "cache" / key, (1000 + i, 1000 + i))
-    cache.store("d", _files(tmp_path / "maded", b"d"), NAMES)
-    assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == ["c", "d"]
+    cache.store(keys[3], _files(tmp_path / "made3", b"d"), NAMES)
+    assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == sorted([*keys[2:], "the user's own"])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from export.executorch_lowering import _num_features
+from export.executorch_lowering import example_inputs
 from export.program_memory import planned_memory, step_lower_bound
 from export.training_graph import training_step
 from fedper.manifest import read_manifest
@@ -41,7 +41,6 @@ def test_the_exported_program_plans_at_most_twice_the_steps_lower_bound(artifact
     model = build_model(ModelConfig(**manifest.model.model_dump()))
     step = training_step(model, manifest.training_program.variant)
     batch, size = manifest.training_program.max_batch, manifest.model.input_size
-    stats = [torch.zeros(_num_features(step, n)) for n in step.stat_names]
-    bound = step_lower_bound(step, (torch.randn(batch, 3, size, size), torch.zeros(batch, dtype=torch.long), *stats))
+    bound = step_lower_bound(step, example_inputs(step, size, batch))
     assert bound.parameters + bound.gradients <= memory.liveness_peak
     assert memory.total <= 2 * bound.total, (memory.total, bound)
