@@ -13,6 +13,7 @@ BENCHMARKS = [
     "bench.export_sizes",
     "bench.export_time",
     "bench.train_memory",
+    "bench.step_profile",
     "bench.fleet_scale",
 ]
 

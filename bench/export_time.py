@@ -1,5 +1,5 @@
 """Lowering the training program: ``lower_training_program`` (one trace with the decompositions,
-then XNNPACK delegation of the matrix products and add/sub/mul) and the same without XNNPACK, against the
+then XNNPACK delegation of the matrix products and ``XNNPACK_CONFIGS``' ops) and the same without XNNPACK, against the
 public ``to_edge`` path of before (a trace, our decompositions, then ``to_edge``'s own second
 ``run_decompositions``), in the same run on the same step, each in a fresh process (the first
 lowering in a process also pays one-time costs), and where ours spends its time, phase by
@@ -27,8 +27,8 @@ import torch
 
 from bench.common import write_results
 from export.executorch_lowering import (
-    PRESERVED_OPS,
     drop_aliases,
+    edge_compile_config,
     lower_training_program,
     trace_joint,
     use_linear_for_transposed_matmul,
@@ -45,13 +45,12 @@ PATHS = ("reference", "ours_no_xnnpack", "ours_stock_partitioning", "ours")
 
 def reference(step: torch.nn.Module, input_size: int) -> bytes:
     """The lowering as it was: decompose with ours, then ``to_edge`` (which decomposes again)."""
-    from executorch.exir import EdgeCompileConfig, ExecutorchBackendConfig, to_edge
+    from executorch.exir import ExecutorchBackendConfig, to_edge
 
     joint = trace_joint(step, input_size, MAX_BATCH).run_decompositions(DECOMPOSITIONS)
     drop_aliases(joint.graph_module)
     use_linear_for_transposed_matmul(joint.graph_module)
-    config = EdgeCompileConfig(_check_ir_validity=False, preserve_ops=PRESERVED_OPS)
-    manager = to_edge(joint, compile_config=config).to_executorch(
+    manager = to_edge(joint, compile_config=edge_compile_config()).to_executorch(
         ExecutorchBackendConfig(external_constants=True, external_mutable_weights=True)
     )
     return bytes(manager.buffer)

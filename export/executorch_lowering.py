@@ -20,7 +20,7 @@ from torch.export import Dim, ExportedProgram, export
 from torch.export.experimental import _export_forward_backward
 
 if TYPE_CHECKING:
-    from executorch.exir import EdgeProgramManager
+    from executorch.exir import EdgeCompileConfig, EdgeProgramManager
     from torch.fx.passes.infra.partitioner import Partition
 
 from export.fast_ops import DECOMPOSITIONS
@@ -32,7 +32,16 @@ class ExportError(FedperError, RuntimeError):
 
 
 # Kept as one op: ExecuTorch's linear computes a @ b.T without copying b transposed.
-PRESERVED_OPS = [torch.ops.aten.linear.default]
+PRESERVED_OPS = (torch.ops.aten.linear.default,)
+
+
+def edge_compile_config() -> EdgeCompileConfig:
+    """The export's edge-dialect settings, with a list of preserved ops of its own: ExecuTorch
+    1.5.1 extends the list it is given in place, so a shared one doubled with every lowering
+    in a process (2^n entries after n lowerings: minutes per ``to_edge`` in the test suite)."""
+    from executorch.exir import EdgeCompileConfig
+
+    return EdgeCompileConfig(_check_ir_validity=False, preserve_ops=list(PRESERVED_OPS))
 
 
 @dataclass(frozen=True)
@@ -93,16 +102,20 @@ def drop_aliases(graph_module: torch.fx.GraphModule) -> int:
     return count
 
 
-# XNNPACK's element-wise configs the training program uses. The others (``div``, ``sqrt``,
-# ``rsqrt``, ``relu``, ...) compute right gradients but made the step no faster (docs/PERFORMANCE.md).
-ELEMENTWISE_CONFIGS = ("AddConfig", "SubConfig", "MulConfig")
+# XNNPACK's configs the training program uses beside the matrix products: arithmetic that is
+# exact per element (``add``, ``sub``, ``mul``) and ops that only move or select values
+# (``cat``, ``permute``, ``relu``, ``clamp``, ``ceil``), so the program computes the same bits
+# as on ExecuTorch's kernels, on the thread pool. The others (``div``, ``sqrt``, ``rsqrt``, ...)
+# compute right gradients but made the step no faster (docs/PERFORMANCE.md).
+XNNPACK_CONFIGS = ("AddConfig", "SubConfig", "MulConfig", "CatConfig", "PermuteConfig", "ReLUConfig", "ClampConfig",
+                   "CeilConfig")  # fmt: skip
 
 
 def delegate_to_xnnpack(
     edge: EdgeProgramManager, extra_configs: Sequence[Any] = (), fast_partitioning: bool = True
 ) -> EdgeProgramManager:
-    """The matrix products (``mm``, ``linear``, ``addmm``) and ``add``/``sub``/``mul`` to
-    XNNPACK, the weights left as the program's runtime tensors (a training step changes them):
+    """The matrix products (``mm``, ``linear``, ``addmm``) and the ops of :data:`XNNPACK_CONFIGS`
+    to XNNPACK, the weights left as the program's runtime tensors (a training step changes them):
     XNNPACK uses the CPU's vector units (AVX2/FMA, NEON) and ExecuTorch's thread pool, where the
     optimized kernel library's kernels are single-threaded (docs/PERFORMANCE.md). The stock
     runtimes (the Python wheel, the Android AAR) link the XNNPACK backend. One delegate per run
@@ -111,16 +124,16 @@ def delegate_to_xnnpack(
     stays alive until then; per run, the program plans a third of the memory, steps faster and
     computes bit-identical results (docs/PERFORMANCE.md). ``extra_configs``:
     more of XNNPACK's partitioner configs (``bench/xnnpack_elementwise.py`` tries others).
-    ``fast_partitioning``: with :func:`_xnnpack_passes_for_arithmetic` and
+    ``fast_partitioning``: with :func:`_only_the_xnnpack_passes_needed` and
     :func:`_consecutive_nodes_stay_in_place`, which give the same bytes in a fraction of the time
     (``bench.export_time`` and ``tests/test_export_shortcuts.py`` compare)."""
     from executorch.backends.xnnpack.partition.config import generic_node_configs
     from executorch.backends.xnnpack.partition.config.gemm_configs import AddmmConfig, LinearConfig, MMConfig
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
 
-    elementwise = [runtime_inputs_only(getattr(generic_node_configs, name)) for name in ELEMENTWISE_CONFIGS]
+    others = [runtime_inputs_only(getattr(generic_node_configs, name)) for name in XNNPACK_CONFIGS]
     partitioner = XnnpackPartitioner(
-        configs=[LinearConfig, MMConfig, AddmmConfig, *elementwise, *extra_configs],
+        configs=[LinearConfig, MMConfig, AddmmConfig, *others, *extra_configs],
         per_op_mode=True,
         force_non_static_weights_for_f32_linear=True,
     )
@@ -132,7 +145,7 @@ def delegate_to_xnnpack(
     with contextlib.ExitStack() as shortcuts:
         shortcuts.enter_context(_sorting_in_place())
         if fast_partitioning:
-            shortcuts.enter_context(_xnnpack_passes_for_arithmetic())
+            shortcuts.enter_context(_only_the_xnnpack_passes_needed())
             shortcuts.enter_context(_consecutive_nodes_stay_in_place())
         return edge.to_backend(partitioner)
 
@@ -256,32 +269,37 @@ class _NoPasses:
         return self.exported_program
 
 
-# What the delegated partitions may hold for :func:`_xnnpack_passes_for_arithmetic` to skip
-# XNNPACK's other passes: matrix products and the element-wise arithmetic.
-_ARITHMETIC_OPS = frozenset(
-    {"aten.mm.default", "aten.addmm.default", "aten.linear.default", "aten.add.Tensor", "aten.sub.Tensor",
-     "aten.mul.Tensor"}
+# What the delegated partitions may hold for :func:`_only_the_xnnpack_passes_needed` to choose
+# XNNPACK's passes, and the one pass that rewrites each (the others leave these ops alone).
+_PASS_FREE_OPS = frozenset(
+    {"aten.linear.default", "aten.add.Tensor", "aten.sub.Tensor", "aten.mul.Tensor", "aten.permute_copy.default",
+     "aten.clamp.default", "aten.ceil.default"}
 )  # fmt: skip
-# What ConvertToLinearPass rewrites (when they come from a linear layer); without them it changes nothing.
-_MATRIX_PRODUCTS = frozenset({"aten.mm.default", "aten.addmm.default"})
+_PASS_FOR_OP = {
+    "aten.mm.default": "ConvertToLinearPass",  # a matrix product from a linear layer becomes linear
+    "aten.addmm.default": "ConvertToLinearPass",
+    "aten.relu.default": "FuseActivationPass",  # into the add/sub/mul/linear before it
+    "aten.cat.default": "DecomposeConcatenate",  # XNNPACK concatenates at most 5 tensors at once
+}
+# XNNPACK's own order of those passes.
+_PASS_ORDER = ("ConvertToLinearPass", "FuseActivationPass", "DecomposeConcatenate")
 
 
 @contextlib.contextmanager
-def _xnnpack_passes_for_arithmetic() -> Iterator[None]:
-    """While delegating, run none of XNNPACK's passes on a partition of ``add``/``sub``/``mul``
-    only, and only ``ConvertToLinearPass`` on one that also holds a matrix product.
+def _only_the_xnnpack_passes_needed() -> Iterator[None]:
+    """While delegating, run on each partition only those of XNNPACK's passes that rewrite an
+    op it holds (:data:`_PASS_FOR_OP`), when all its ops are known (:data:`_PASS_FREE_OPS`).
 
     XNNPACK's preprocessing runs 17 passes on every partition (hundreds here), most of which
     re-trace it on fake tensors to rewrite ops these partitions cannot contain (upsampling,
-    SDPA, BatchNorm, concatenation, conv1d, PReLU, clones, dim-order copies): most of the
-    delegation's time. ``ConvertToLinearPass`` is what XNNPACK's own ``dqlinear_partitioner``
-    mode runs alone. Any other partition (e.g. ``bench.xnnpack_elementwise``'s extra ops) gets
-    all the passes. The program is byte-identical (``tests/test_export_shortcuts.py``,
+    SDPA, BatchNorm, conv1d, PReLU, clones, dim-order copies, channels-last layouts): most of
+    the delegation's time. A partition with any other op (e.g. ``bench.xnnpack_elementwise``'s
+    extra ops) gets all the passes. The program is byte-identical (``tests/test_export_shortcuts.py``,
     ``bench.export_time``).
     """
     import executorch.backends.xnnpack.xnnpack_preprocess as xnnpack_preprocess
+    from executorch.backends.xnnpack import _passes
     from executorch.backends.xnnpack._passes import XNNPACKPassManager
-    from executorch.backends.xnnpack._passes.convert_to_linear import ConvertToLinearPass
 
     def pass_manager(exported_program: ExportedProgram, passes: Any = None) -> XNNPACKPassManager | _NoPasses:
         ops = {
@@ -289,10 +307,11 @@ def _xnnpack_passes_for_arithmetic() -> Iterator[None]:
             for node in exported_program.graph.nodes
             if node.op == "call_function"
         }
-        if passes is None and ops <= _ARITHMETIC_OPS:
-            if not ops & _MATRIX_PRODUCTS:
+        if passes is None and ops <= _PASS_FREE_OPS | _PASS_FOR_OP.keys():
+            needed = {_PASS_FOR_OP[op] for op in ops & _PASS_FOR_OP.keys()}
+            if not needed:
                 return _NoPasses(exported_program)
-            passes = [ConvertToLinearPass]
+            passes = [getattr(_passes, name) for name in _PASS_ORDER if name in needed]
         return XNNPACKPassManager(exported_program, passes=passes)
 
     original = xnnpack_preprocess.XNNPACKPassManager
@@ -312,7 +331,8 @@ def lower_training_program(
     fast_partitioning: bool = True,
 ) -> LoweredProgram:
     """Export ``step`` with a dynamic batch (2..max_batch) and its weights in a .ptd; with
-    ``xnnpack``, its matrix products and add/sub/mul delegated to XNNPACK (:func:`delegate_to_xnnpack`).
+    ``xnnpack``, its matrix products and exact element-wise and data-moving ops delegated to XNNPACK
+    (:func:`delegate_to_xnnpack`).
 
     The joint graph (~4,300 nodes) is decomposed while it is traced, with our decompositions
     and core ATen's together (:func:`trace_joint`), and then converted to the edge dialect
@@ -321,7 +341,7 @@ def lower_training_program(
     ``to_edge``'s body in the pinned executorch 1.5.1. ``phases``, when given, receives each
     phase's seconds (where an export's minutes go: docs/PERFORMANCE.md).
     """
-    from executorch.exir import EdgeCompileConfig, ExecutorchBackendConfig
+    from executorch.exir import ExecutorchBackendConfig
     from executorch.exir.program._program import (
         EdgeProgramManager,
         _default_decomposition_table,
@@ -339,8 +359,8 @@ def lower_training_program(
         drop_aliases(joint.graph_module)
         use_linear_for_transposed_matmul(joint.graph_module)
         clock.lap("trace and decompose")
-        config = EdgeCompileConfig(_check_ir_validity=False, preserve_ops=PRESERVED_OPS)
-        edge_program = _generate_edge_program(config, joint, preserve_ops=PRESERVED_OPS)
+        config = edge_compile_config()
+        edge_program = _generate_edge_program(config, joint, preserve_ops=config.preserve_ops)
         edge = EdgeProgramManager({"forward": edge_program}, None, config)
         clock.lap("edge dialect")
         if xnnpack:

@@ -126,7 +126,8 @@ def _bn_backward(ctx: Any, grad: Tensor, *_unused: Tensor) -> tuple[Any, ...]:
     centered, y, invstd, weight = ctx.saved_tensors
     c, n = centered.shape
     if ctx.relu:
-        grad = grad * torch.sign(y)  # y >= 0 after ReLU: its sign is the ReLU mask
+        # y >= 0 after ReLU: ceil(clamp(y, 0, 1)) is its sign, the ReLU mask (both XNNPACK ops).
+        grad = grad * torch.ceil(torch.clamp(y, 0.0, 1.0))
     grad_bias = _row_sum(grad, ctx.groups)
     dot = _row_sum(grad * centered, ctx.groups)
     k1 = weight.view(c, 1) * invstd

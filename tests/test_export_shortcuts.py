@@ -1,8 +1,8 @@
 """The export's partitioning shortcuts give the same program bytes as ExecuTorch's own code.
 
-``delegate_to_xnnpack(fast_partitioning=True)`` skips XNNPACK passes that cannot change a
-partition of matrix products and ``add``/``sub``/``mul``, and the re-sort after a one-node
-partition. The training graph's bytes are compared by ``bench.export_time`` (minutes); here,
+``delegate_to_xnnpack(fast_partitioning=True)`` runs only the XNNPACK passes that rewrite an
+op a partition holds (matrix products, ``add``/``sub``/``mul``, ``cat``, ``permute``, ``relu``,
+``clamp``, ``ceil``), and skips the re-sort after a partition of consecutive nodes. The training graph's bytes are compared by ``bench.export_time`` (minutes); here,
 generated graphs of the same ops, mixed with ops XNNPACK is not given, are lowered both ways.
 """
 
@@ -11,20 +11,34 @@ from __future__ import annotations
 import warnings
 
 import torch
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from export.executorch_lowering import PRESERVED_OPS, delegate_to_xnnpack
+from export.executorch_lowering import PRESERVED_OPS, delegate_to_xnnpack, edge_compile_config
 
 SIZE = 4
-# (name, arity): delegated to XNNPACK (mm, linear, add, sub, mul) or kept out of it (relu, neg, exp).
+
+
+def _cat(*tensors: torch.Tensor) -> torch.Tensor:
+    """A concatenation, cut back to [SIZE, SIZE] (the cut is not delegated)."""
+    return torch.cat(tensors).narrow(0, SIZE, SIZE)
+
+
+# (name, arity): delegated to XNNPACK (mm, linear, add, sub, mul, cat, permute, relu, clamp, ceil)
+# or kept out of it (neg, exp). A cat of six takes XNNPACK's DecomposeConcatenate, relu after an
+# add its FuseActivationPass, mm its ConvertToLinearPass.
 OPS = {
     "mm": (2, torch.mm),
     "linear": (2, torch.nn.functional.linear),
     "add": (2, torch.add),
     "sub": (2, torch.sub),
     "mul": (2, torch.mul),
+    "cat2": (2, _cat),
+    "cat6": (6, _cat),
+    "t": (1, torch.t),
     "relu": (1, torch.relu),
+    "clamp": (1, lambda x: torch.clamp(x, 0.0, 1.0)),
+    "ceil": (1, torch.ceil),
     "neg": (1, torch.neg),
     "exp": (1, torch.exp),
 }
@@ -55,27 +69,30 @@ def programs(draw: st.DrawFn) -> Generated:
 
 
 def _lowered(module: Generated, fast: bool) -> bytes:
-    from executorch.exir import EdgeCompileConfig, to_edge
+    from executorch.exir import to_edge
 
     inputs = tuple(torch.randn(SIZE, SIZE) for _ in range(3))
-    config = EdgeCompileConfig(_check_ir_validity=False, preserve_ops=PRESERVED_OPS)  # as the export's
+    config = edge_compile_config()  # as the export's
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         edge = to_edge(torch.export.export(module, inputs, strict=False), compile_config=config)
         return bytes(delegate_to_xnnpack(edge, fast_partitioning=fast).to_executorch().buffer)
 
 
-@settings(max_examples=8, deadline=None)
+@settings(max_examples=12, deadline=None)
 @given(programs())
+# The passes the shortcut keeps, each on an op it rewrites: an add's relu fused into it, a cat of six.
+@example(Generated([("add", (0, 1)), ("relu", (3,)), ("mul", (4, 2)), ("clamp", (5,)), ("ceil", (6,))], [7]))
+@example(Generated([("cat6", (0, 1, 2, 0, 1, 2)), ("t", (3,)), ("cat2", (4, 0)), ("mm", (5, 1))], [6]))
 def test_fast_partitioning_gives_the_same_program(module):
     assert _lowered(module, fast=True) == _lowered(module, fast=False)
 
 
 def test_a_partition_with_other_ops_gets_every_xnnpack_pass(monkeypatch):
-    """The pass shortcut applies to arithmetic partitions only (one per op); anything else (a
-    partitioner config that delegates e.g. ``relu``) keeps all of XNNPACK's passes."""
+    """The pass shortcut applies to partitions of the ops it knows; anything else (a partitioner
+    config that delegates e.g. ``neg``) keeps all of XNNPACK's passes."""
     from executorch.backends.xnnpack._passes import XNNPACKPassManager
-    from executorch.backends.xnnpack.partition.config.generic_node_configs import ReLUConfig
+    from executorch.backends.xnnpack.partition.config.generic_node_configs import NegConfig
 
     counts: list[int] = []
     original = XNNPACKPassManager.transform
@@ -87,7 +104,7 @@ def test_a_partition_with_other_ops_gets_every_xnnpack_pass(monkeypatch):
     monkeypatch.setattr(XNNPACKPassManager, "transform", counting)
     from executorch.exir import to_edge
 
-    module = Generated([("mm", (0, 1)), ("add", (3, 2)), ("relu", (4,)), ("mul", (5, 5)), ("add", (6, 0))], [7])
+    module = Generated([("mm", (0, 1)), ("exp", (3,)), ("neg", (4,)), ("exp", (5,)), ("add", (6, 0))], [7])
     inputs = tuple(torch.randn(SIZE, SIZE) for _ in range(3))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -95,6 +112,16 @@ def test_a_partition_with_other_ops_gets_every_xnnpack_pass(monkeypatch):
         delegate_to_xnnpack(edge)
         arithmetic_only = list(counts)
         counts.clear()
-        delegate_to_xnnpack(edge, extra_configs=[ReLUConfig])
-    assert arithmetic_only == [1]  # the mm's partition: ConvertToLinearPass; add, mul: none
-    assert max(counts) > 1  # the relu's partition: every pass
+        delegate_to_xnnpack(edge, extra_configs=[NegConfig])
+    assert arithmetic_only == [1]  # the mm's partition: ConvertToLinearPass; the add's: none
+    assert max(counts) > 1  # the neg's partition: every pass
+
+
+def test_lowerings_in_one_process_do_not_grow_the_preserved_ops():
+    """ExecuTorch's ``to_edge`` extends the config's ``preserve_ops`` in place: a list shared by
+    every lowering doubled each time (2^n after n lowerings, minutes per ``to_edge``)."""
+    module = Generated([("mm", (0, 1)), ("add", (3, 2))], [4])
+    for _ in range(3):
+        _lowered(module, fast=True)
+    assert list(PRESERVED_OPS) == [torch.ops.aten.linear.default]
+    assert edge_compile_config().preserve_ops == [torch.ops.aten.linear.default]
