@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -42,3 +44,13 @@ def write_results(name: str, payload: dict[str, Any]) -> Path:
     path = RESULTS / f"{name}.json"
     path.write_text(json.dumps({"machine": machine(), **payload}, indent=2) + "\n")
     return path
+
+
+def run_child(module: str, *args: str) -> dict[str, Any]:
+    """``python -m module --child args`` in a fresh process (a clean RSS peak, a thread pool set
+    before anything loads); its last line of output is a JSON object, returned."""
+    out = subprocess.run([sys.executable, "-m", module, "--child", *args], capture_output=True, text=True)
+    if out.returncode != 0:
+        raise RuntimeError(out.stderr[-3000:])
+    result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    return result

@@ -26,15 +26,13 @@ import argparse
 import json
 import re
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from bench.common import write_results
+from bench.common import run_child, write_results
 
 TOTALS = ("Method::execute", "DELEGATE_CALL", "OPERATOR_CALL")
 SKIPPED = ("Program::load_method", "Method::init")
@@ -85,14 +83,6 @@ def profile_child(
     return {"totals": totals, "ops": ops}
 
 
-def _child(*args: str) -> dict[str, Any]:
-    out = subprocess.run([sys.executable, "-m", "bench.step_profile", "--child", *args], capture_output=True, text=True)
-    if out.returncode != 0:
-        raise RuntimeError(out.stderr[-2000:])
-    result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
-    return result
-
-
 def measure(alpha: float, size: int, batch: int, threads: list[int], steps: int, workdir: Path) -> dict[str, Any]:
     from export.executorch_lowering import lower_training_program
     from export.training_graph import training_step
@@ -108,7 +98,10 @@ def measure(alpha: float, size: int, batch: int, threads: list[int], steps: int,
     ptd.write_bytes(lowered.weights)
     state = model.state_dict()
     stats.write_text(json.dumps([int(state[n].numel()) for n in step.stat_names]))
-    runs = {t: _child(str(pte), str(ptd), str(stats), str(size), str(batch), str(steps), str(t)) for t in threads}
+    runs = {
+        t: run_child("bench.step_profile", str(pte), str(ptd), str(stats), str(size), str(batch), str(steps), str(t))
+        for t in threads
+    }
     return {"alpha": alpha, "input_size": size, "batch": batch, "export_s": export_s, "steps": steps,
             "threads": {str(t): run for t, run in runs.items()}}  # fmt: skip
 

@@ -19,15 +19,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
 
-from bench.common import current_rss_mb, peak_rss_mb, write_results
+from bench.common import current_rss_mb, peak_rss_mb, run_child, write_results
 
 SIZES = "0.25/32,1.0/32,0.25/224,1.0/224"
 MIB = 2**20
@@ -86,21 +84,13 @@ def device_child(alpha: float, size: int, batch: int, out: Path) -> dict[str, ob
     return {"device_rss_before_load_mb": before, "device_peak_rss_mb": peak_rss_mb()}
 
 
-def _child(*args: str) -> dict[str, object]:
-    out = subprocess.run([sys.executable, "-m", "bench.train_memory", "--child", *args], capture_output=True, text=True)
-    if out.returncode != 0:
-        raise RuntimeError(out.stderr[-3000:])
-    result: dict[str, object] = json.loads(out.stdout.strip().splitlines()[-1])
-    return result
-
-
 def measure(alpha: float, size: int, batch: int) -> dict[str, object]:
     row: dict[str, object] = {"alpha": alpha, "input_size": size, "batch": batch}
     with tempfile.TemporaryDirectory() as tmp:
         common = (str(alpha), str(size), str(batch))
-        row.update(_child("export", *common, tmp))
-        row.update(_child("bound", *common))
-        row.update(_child("device", *common, tmp))
+        row.update(run_child("bench.train_memory", "export", *common, tmp))
+        row.update(run_child("bench.train_memory", "bound", *common))
+        row.update(run_child("bench.train_memory", "device", *common, tmp))
     row["planned_over_bound"] = row["planned_mib"] / row["lower_bound_mib"]  # type: ignore[operator]
     row["liveness_over_bound"] = row["liveness_peak_mib"] / row["lower_bound_mib"]  # type: ignore[operator]
     return row

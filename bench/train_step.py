@@ -24,8 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -33,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-from bench.common import current_rss_mb, peak_rss_mb, write_results
+from bench.common import current_rss_mb, peak_rss_mb, run_child, write_results
 
 SIZES = "0.25/32/32,1.0/32/32,0.25/224/8"
 
@@ -104,13 +102,6 @@ def run_inference(pte: str, ptd: str, size: int, steps: int) -> dict[str, float]
     return {"ms": 1000 * statistics.median(times), "peak_rss_mb": peak_rss_mb()}
 
 
-def _child(*args: str) -> dict[str, float]:
-    out = subprocess.run([sys.executable, "-m", "bench.train_step", "--child", *args], capture_output=True, text=True)
-    if out.returncode != 0:
-        raise RuntimeError(out.stderr[-2000:])
-    return json.loads(out.stdout.strip().splitlines()[-1])
-
-
 def measure(
     alpha: float,
     size: int,
@@ -148,10 +139,12 @@ def measure(
             for variant, (pte, ptd, _export_s) in programs.items():
                 # The plain graph takes seconds per step at width 1.0: fewer timed steps.
                 n = steps if variant != "plain" else max(2, steps // 5)
-                result = _child("et", str(pte), str(ptd), str(stats), str(size), str(batch), str(n), str(t))
+                result = run_child(
+                    "bench.train_step", "et", str(pte), str(ptd), str(stats), str(size), str(batch), str(n), str(t)
+                )
                 runs.setdefault(f"executorch_{variant}_{t}thread", []).append(result)
             runs.setdefault(f"eager_{t}thread", []).append(
-                _child("eager", str(alpha), str(size), str(batch), str(t), str(steps))
+                run_child("bench.train_step", "eager", str(alpha), str(size), str(batch), str(t), str(steps))
             )
     for key, results in runs.items():
         times = [r["ms"] for r in results]
@@ -165,8 +158,8 @@ def measure(
     inference = lower_inference_program(model, size)
     (workdir / "infer.pte").write_bytes(inference.program)
     (workdir / "infer.ptd").write_bytes(inference.weights)
-    row["inference_executorch"] = _child(
-        "infer", str(workdir / "infer.pte"), str(workdir / "infer.ptd"), str(size), str(steps)
+    row["inference_executorch"] = run_child(
+        "bench.train_step", "infer", str(workdir / "infer.pte"), str(workdir / "infer.ptd"), str(size), str(steps)
     )
     ms = {k: v["ms"] for k, v in row.items() if isinstance(v, dict)}
     for variant in variants:

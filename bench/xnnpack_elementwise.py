@@ -29,8 +29,7 @@ from typing import Any
 
 import torch
 
-from bench.common import write_results
-from bench.train_step import _child
+from bench.common import run_child, write_results
 
 # Beyond the default's (``XNNPACK_CONFIGS``, which since issue 29 has ``relu`` and ``clamp`` too).
 ELEMENTWISE = ["DivConfig", "HardtanhConfig", "SquareRootConfig", "ReciprocalSquareRootConfig"]
@@ -143,15 +142,17 @@ def main() -> None:
             row["ops"] = args.ops if variant == "elementwise" else ""
             pte, ptd, stats = str(out / "p.pte"), str(out / "p.ptd"), str(out / "stats.json")
             for t in (1, 2):
-                row[f"ms_{t}thread"] = _child("et", pte, ptd, stats, str(SIZE), str(BATCH), str(args.steps), str(t))[
-                    "ms"
-                ]
+                row[f"ms_{t}thread"] = run_child(
+                    "bench.train_step", "et", pte, ptd, stats, str(SIZE), str(BATCH), str(args.steps), str(t)
+                )["ms"]
             for batch in (32, 17):
                 row[f"parity_batch{batch}"] = _run("--parity", str(out), str(batch))
             rows[variant] = row
             print(variant, json.dumps(row), flush=True)
     for t in (1, 2):
-        rows[f"eager_ms_{t}thread"] = _child("eager", str(ALPHA), str(SIZE), str(BATCH), str(t), str(args.steps))["ms"]
+        rows[f"eager_ms_{t}thread"] = run_child(
+            "bench.train_step", "eager", str(ALPHA), str(SIZE), str(BATCH), str(t), str(args.steps)
+        )["ms"]
     d, e = rows["default"], rows["elementwise"]
     print(
         f"step at 1 / 2 threads: default {d['ms_1thread']:.0f} / {d['ms_2thread']:.0f} ms, elementwise "
