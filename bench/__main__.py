@@ -14,6 +14,7 @@ BENCHMARKS = [
     "bench.export_time",
     "bench.train_memory",
     "bench.step_profile",
+    "bench.price_table",
     "bench.fleet_scale",
 ]
 
