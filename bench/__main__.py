@@ -12,8 +12,10 @@ BENCHMARKS = [
     "bench.train_step",
     "bench.export_sizes",
     "bench.export_time",
+    "bench.export_passes",
     "bench.train_memory",
     "bench.step_profile",
+    "bench.price_table",
     "bench.fleet_scale",
 ]
 

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from torch.fx.passes.infra.partitioner import Partition
 
 from export.fast_ops import DECOMPOSITIONS
+from export.unchanging_passes import in_contiguous_dim_order, unchanging_passes_skipped
 from fedper.errors import FedperError
 
 
@@ -294,8 +295,8 @@ def _only_the_xnnpack_passes_needed() -> Iterator[None]:
     re-trace it on fake tensors to rewrite ops these partitions cannot contain (upsampling,
     SDPA, BatchNorm, conv1d, PReLU, clones, dim-order copies, channels-last layouts): most of
     the delegation's time. A partition with any other op (e.g. ``bench.xnnpack_elementwise``'s
-    extra ops) gets all the passes. The program is byte-identical (``tests/test_export_shortcuts.py``,
-    ``bench.export_time``).
+    extra ops), or any tensor not in contiguous dim order (channels-last), gets all the passes. The
+    program is byte-identical (``tests/test_export_shortcuts.py``, ``bench.export_time``).
     """
     import executorch.backends.xnnpack.xnnpack_preprocess as xnnpack_preprocess
     from executorch.backends.xnnpack import _passes
@@ -307,7 +308,12 @@ def _only_the_xnnpack_passes_needed() -> Iterator[None]:
             for node in exported_program.graph.nodes
             if node.op == "call_function"
         }
-        if passes is None and ops <= _PASS_FREE_OPS | _PASS_FOR_OP.keys():
+        contiguous = all(
+            in_contiguous_dim_order(node.meta.get("val"))
+            for node in exported_program.graph.nodes
+            if isinstance(node.meta.get("val"), torch.Tensor)
+        )
+        if passes is None and contiguous and ops <= _PASS_FREE_OPS | _PASS_FOR_OP.keys():
             needed = {_PASS_FOR_OP[op] for op in ops & _PASS_FOR_OP.keys()}
             if not needed:
                 return _NoPasses(exported_program)
@@ -328,7 +334,7 @@ def lower_training_program(
     max_batch: int,
     xnnpack: bool = True,
     phases: dict[str, float] | None = None,
-    fast_partitioning: bool = True,
+    shortcuts: bool = True,
 ) -> LoweredProgram:
     """Export ``step`` with a dynamic batch (2..max_batch) and its weights in a .ptd; with
     ``xnnpack``, its matrix products and exact element-wise and data-moving ops delegated to XNNPACK
@@ -339,7 +345,10 @@ def lower_training_program(
     without ``to_edge``'s own ``run_decompositions``: each extra pass re-traces the whole graph
     to change nothing (docs/PERFORMANCE.md). ``_generate_edge_program`` is the rest of
     ``to_edge``'s body in the pinned executorch 1.5.1. ``phases``, when given, receives each
-    phase's seconds (where an export's minutes go: docs/PERFORMANCE.md).
+    phase's seconds (where an export's minutes go: docs/PERFORMANCE.md). ``shortcuts``: the
+    delegation's (``delegate_to_xnnpack(fast_partitioning=True)``) and ExecuTorch's passes skipped
+    where they would change nothing (:func:`export.unchanging_passes.unchanging_passes_skipped`):
+    the same bytes, faster (``bench.export_time`` compares).
     """
     from executorch.exir import ExecutorchBackendConfig
     from executorch.exir.program._program import (
@@ -348,9 +357,11 @@ def lower_training_program(
         _generate_edge_program,
     )
 
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), contextlib.ExitStack() as skipping:
         warnings.simplefilter("ignore")
         logging.getLogger("torch").setLevel(logging.ERROR)
+        if shortcuts:
+            skipping.enter_context(unchanging_passes_skipped())
         table = {**_default_decomposition_table(), **DECOMPOSITIONS}
         for op in PRESERVED_OPS:
             table.pop(op, None)
@@ -364,7 +375,7 @@ def lower_training_program(
         edge = EdgeProgramManager({"forward": edge_program}, None, config)
         clock.lap("edge dialect")
         if xnnpack:
-            edge = delegate_to_xnnpack(edge, fast_partitioning=fast_partitioning)
+            edge = delegate_to_xnnpack(edge, fast_partitioning=shortcuts)
             clock.lap("XNNPACK delegation")
         manager = edge.to_executorch(ExecutorchBackendConfig(external_constants=True, external_mutable_weights=True))
         lowered = _split_files(manager)

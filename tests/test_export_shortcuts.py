@@ -1,13 +1,17 @@
-"""The export's partitioning shortcuts give the same program bytes as ExecuTorch's own code.
+"""The export's shortcuts give the same program bytes as ExecuTorch's own code.
 
 ``delegate_to_xnnpack(fast_partitioning=True)`` runs only the XNNPACK passes that rewrite an
 op a partition holds (matrix products, ``add``/``sub``/``mul``, ``cat``, ``permute``, ``relu``,
-``clamp``, ``ceil``), and skips the re-sort after a partition of consecutive nodes. The training graph's bytes are compared by ``bench.export_time`` (minutes); here,
-generated graphs of the same ops, mixed with ops XNNPACK is not given, are lowered both ways.
+``clamp``, ``ceil``), and skips the re-sort after a partition of consecutive nodes;
+``unchanging_passes_skipped`` skips three of ExecuTorch's edge and ``to_executorch`` passes on a
+graph holding nothing they rewrite. The training graph's bytes are compared by
+``bench.export_time`` (minutes); here, generated graphs of the same ops, mixed with ops XNNPACK
+is not given, are lowered both ways, and each skip is shown to run where it has work.
 """
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 
 import torch
@@ -15,6 +19,12 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from export.executorch_lowering import PRESERVED_OPS, delegate_to_xnnpack, edge_compile_config
+from export.unchanging_passes import (
+    has_plain_transpose,
+    has_reduction_on_permuted_layout,
+    has_view_op,
+    unchanging_passes_skipped,
+)
 
 SIZE = 4
 
@@ -22,6 +32,11 @@ SIZE = 4
 def _cat(*tensors: torch.Tensor) -> torch.Tensor:
     """A concatenation, cut back to [SIZE, SIZE] (the cut is not delegated)."""
     return torch.cat(tensors).narrow(0, SIZE, SIZE)
+
+
+def _column_sums(x: torch.Tensor) -> torch.Tensor:
+    """A reduction and an expand (two of ``LegalizePortableDimOrderPass``'s ops), back to [SIZE, SIZE]."""
+    return x.sum(0, keepdim=True).expand(SIZE, SIZE)
 
 
 # (name, arity): delegated to XNNPACK (mm, linear, add, sub, mul, cat, permute, relu, clamp, ceil)
@@ -39,6 +54,7 @@ OPS = {
     "relu": (1, torch.relu),
     "clamp": (1, lambda x: torch.clamp(x, 0.0, 1.0)),
     "ceil": (1, torch.ceil),
+    "sum": (1, _column_sums),
     "neg": (1, torch.neg),
     "exp": (1, torch.exp),
 }
@@ -68,13 +84,15 @@ def programs(draw: st.DrawFn) -> Generated:
     return Generated(steps, outputs)
 
 
-def _lowered(module: Generated, fast: bool) -> bytes:
+def _lowered(module: torch.nn.Module, fast: bool, inputs: tuple[torch.Tensor, ...] | None = None) -> bytes:
     from executorch.exir import to_edge
 
-    inputs = tuple(torch.randn(SIZE, SIZE) for _ in range(3))
+    inputs = inputs or tuple(torch.randn(SIZE, SIZE) for _ in range(3))
     config = edge_compile_config()  # as the export's
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), contextlib.ExitStack() as shortcuts:
         warnings.simplefilter("ignore")
+        if fast:
+            shortcuts.enter_context(unchanging_passes_skipped())
         edge = to_edge(torch.export.export(module, inputs, strict=False), compile_config=config)
         return bytes(delegate_to_xnnpack(edge, fast_partitioning=fast).to_executorch().buffer)
 
@@ -84,7 +102,7 @@ def _lowered(module: Generated, fast: bool) -> bytes:
 # The passes the shortcut keeps, each on an op it rewrites: an add's relu fused into it, a cat of six.
 @example(Generated([("add", (0, 1)), ("relu", (3,)), ("mul", (4, 2)), ("clamp", (5,)), ("ceil", (6,))], [7]))
 @example(Generated([("cat6", (0, 1, 2, 0, 1, 2)), ("t", (3,)), ("cat2", (4, 0)), ("mm", (5, 1))], [6]))
-def test_fast_partitioning_gives_the_same_program(module):
+def test_the_shortcuts_give_the_same_program(module):
     assert _lowered(module, fast=True) == _lowered(module, fast=False)
 
 
@@ -125,3 +143,41 @@ def test_lowerings_in_one_process_do_not_grow_the_preserved_ops():
         _lowered(module, fast=True)
     assert list(PRESERVED_OPS) == [torch.ops.aten.linear.default]
     assert edge_compile_config().preserve_ops == [torch.ops.aten.linear.default]
+
+
+class _Transposed(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.t() + 1
+
+
+class _SpatialSums(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (x * 2).sum(dim=[2, 3])
+
+
+def test_each_skipped_pass_runs_where_it_has_work():
+    """The skips are conditions, not removals: a graph with ``aten.t`` (a view op) before the
+    view-copy pass, and a reduction of a channels-last tensor, are seen as work."""
+    from executorch.exir import to_edge
+
+    x = torch.randn(SIZE, SIZE)
+    aten = torch.export.export(_Transposed(), (x,), strict=False).graph_module
+    assert has_plain_transpose(aten) and has_view_op(aten)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        edge = to_edge(torch.export.export(_Transposed(), (x,), strict=False)).exported_program().graph_module
+    assert not has_plain_transpose(edge) and not has_view_op(edge)  # the view-copy pass replaced them
+
+    images = torch.randn(2, 3, SIZE, SIZE)
+    for layout, expected in ((torch.contiguous_format, False), (torch.channels_last, True)):
+        inputs = (images.contiguous(memory_format=layout),)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            graph = to_edge(torch.export.export(_SpatialSums(), inputs, strict=False)).exported_program().graph_module
+        assert has_reduction_on_permuted_layout(graph) is expected, layout
+
+
+def test_a_channels_last_reduction_is_legalized_with_the_shortcuts():
+    """Where ``LegalizePortableDimOrderPass`` has work, the program is the same with the skips on."""
+    inputs = (torch.randn(2, 3, SIZE, SIZE).contiguous(memory_format=torch.channels_last),)
+    assert _lowered(_SpatialSums(), fast=True, inputs=inputs) == _lowered(_SpatialSums(), fast=False, inputs=inputs)
