@@ -39,14 +39,23 @@ from fedper import weights
 from fedper.atomic_write import atomic_write_bytes
 from fedper.manifest import Manifest, sha256_file
 from fedper.metrics import summarize
-from fedper.protocol import ErrorCode, Header, RoundInfo
+from fedper.protocol import RoundInfo
 from fedper.robust_aggregate import NonFiniteAggregateError, robust_aggregate
 from server import publish_check
 from server.clock import SteadyClock
 from server.cohort import Cohort
 from server.config import ServerConfig
 from server.disk_room import DiskRoom, out_of_space
-from server.errors import ProtocolError, conflict, not_found, run_finished, unauthorized
+from server.refusals import (
+    AlreadyReportedError,
+    DeviceRevokedError,
+    DrainingError,
+    NotInCohortError,
+    RoundNotOpenError,
+    RunFinishedError,
+    StaleBaseError,
+    UnknownVersionError,
+)
 from server.storage import Database, Round, RoundState, Slot, StoredUpdate
 from server.update_store import UpdateStore
 from server.upload_validation import Upload
@@ -216,12 +225,12 @@ class RoundManager:
         snap = self.snapshot
         return self.cohort.retry_after(snap.round, snap.opened_at, snap.deadline, self.clock())
 
-    def _not_in_cohort(self, number: int) -> ProtocolError:
+    def _not_in_cohort(self, number: int) -> NotInCohortError:
         message = (
             f"this device holds no slot of round {number}'s cohort (it never asked, or its slot expired); "
             "ask for a task again"
         )
-        return ProtocolError(409, ErrorCode.NOT_IN_COHORT, message, {Header.RETRY_AFTER: str(self.pace())})
+        return NotInCohortError(message, self.pace())
 
     # --- uploads ------------------------------------------------------------------------
 
@@ -246,13 +255,13 @@ class RoundManager:
         draining; the open round if none applies. A device without a slot of the open round is
         turned away here, so it never holds a place among the uploads in flight."""
         if self._finished():
-            raise run_finished()
+            raise RunFinishedError()
         if self.db.has_update(number, device_id):
-            raise conflict(ErrorCode.DUPLICATE_UPDATE, f"this device already has an accepted update in round {number}")
+            raise AlreadyReportedError(f"this device already has an accepted update in round {number}")
         current = self.db.latest_round()
         assert current is not None
         if number != current.round or current.state != RoundState.OPEN:
-            raise conflict(ErrorCode.ROUND_NOT_OPEN, f"round {number} is not open (the open round is {current.round})")
+            raise RoundNotOpenError(f"round {number} is not open (the open round is {current.round})")
         if not self.cohort.may_report(number, device_id, self.clock()):
             raise self._not_in_cohort(number)
         if self.draining is not None:
@@ -264,8 +273,7 @@ class RoundManager:
         base version against the round's (``stale_base_version``)."""
         version = self.check_admission(device_id, number).model_version
         if upload.base_version != version:
-            raise conflict(
-                ErrorCode.STALE_BASE_VERSION,
+            raise StaleBaseError(
                 f"round {number} trains model version {version}, the update is from version {upload.base_version}",
             )
 
@@ -279,7 +287,7 @@ class RoundManager:
         try:
             with self._lock:
                 if self.db.device_revoked(staged.device_id):
-                    raise unauthorized("this device has been revoked")
+                    raise DeviceRevokedError("this device has been revoked")
                 self.check_conflicts(staged.device_id, staged.round, staged.upload)
                 now = self.clock()
                 try:
@@ -433,7 +441,7 @@ class RoundManager:
         with self._lock:
             found = self.version_file(to)
             if found is None or not found[0].exists():
-                raise not_found(f"model version {to}")
+                raise UnknownVersionError(f"model version {to} does not exist")
             version = self.db.latest_version() + 1
             target = self.models_dir / f"v{version}.safetensors"
             atomic_write_bytes(target, found[0].read_bytes())
@@ -462,14 +470,14 @@ class RoundManager:
             log.error(json.dumps({"event": "draining", "reason": why, "what": what}))
         self.draining = why
 
-    def out_of_space(self, exc: BaseException) -> ProtocolError:
+    def out_of_space(self, exc: BaseException) -> DrainingError:
         """Drain, and the 503 for the request that met the full disk."""
         self._drain(f"a write failed: {exc}")
         return self.busy()
 
-    def busy(self) -> ProtocolError:
+    def busy(self) -> DrainingError:
         message = f"the server is draining ({self.draining}); nothing was stored, retry later"
-        return ProtocolError(503, ErrorCode.SERVER_BUSY, message, {Header.RETRY_AFTER: str(self.pace())})
+        return DrainingError(message, self.pace())
 
     def _check_disk(self) -> None:
         """Enter or leave draining, by the free space."""

@@ -119,3 +119,17 @@ def test_the_python_code_spells_no_protocol_name_outside_the_protocol_module() -
 def test_the_allowed_spellings_are_still_there() -> None:
     for (relative, value), _why in NOT_PROTOCOL.items():
         assert value in {v for _line, v in _string_literals(ROOT / relative)}, f"{relative} no longer spells {value!r}"
+
+
+def test_every_refusal_of_the_round_state_machine_has_its_answer() -> None:
+    """A refusal without a row in server.errors.REFUSALS would answer 500."""
+    from server.errors import REFUSALS, answer
+    from server.refusals import RefusalError, RunFinishedError
+
+    refusals = RefusalError.__subclasses__()
+    assert refusals and set(refusals) == set(REFUSALS)
+    for refusal in refusals:
+        error = answer(RunFinishedError() if refusal is RunFinishedError else refusal("why", 7))
+        assert 400 <= error.status < 500 or error.status == 503, refusal
+        assert error.code in {c.value for c in protocol.ErrorCode}, refusal
+        assert error.headers == ({} if refusal is RunFinishedError else {protocol.Header.RETRY_AFTER: "7"})
