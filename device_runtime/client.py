@@ -10,10 +10,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
+from pydantic import ValidationError
 
 from device_runtime.retry import Backoff, TransientError, with_retries
 from fedper.errors import FedperError
-from fedper.protocol import Enrolled, EnrollmentRequest, ErrorCode, Header, Route, Status, Task
+from fedper.protocol import Accepted, Enrolled, EnrollmentRequest, Error, ErrorCode, Header, Route, Status, Task
 
 
 class RunFinishedError(FedperError):
@@ -90,10 +91,10 @@ class ProtocolClient:
     @staticmethod
     def _refused(response: httpx.Response) -> RefusedError:
         try:
-            body = response.json()
-            return RefusedError(response.status_code, body.get("code", "?"), body.get("message", ""))
-        except ValueError:
+            error = Error.model_validate_json(response.content)
+        except ValidationError:  # not the protocol's error body (a proxy's page, say)
             return RefusedError(response.status_code, "?", response.text[:200])
+        return RefusedError(response.status_code, error.code, error.message)
 
     # --- endpoints ----------------------------------------------------------------------
 
@@ -150,7 +151,7 @@ class ProtocolClient:
             headers=self._headers({"Content-Type": Header.OCTET_STREAM}),
         )  # fmt: skip
         if r.status_code == 202:
-            return int(r.json()["received"])
+            return Accepted.model_validate_json(r.content).received
         if r.status_code == 410:
             raise RunFinishedError()
         if r.status_code == 408:

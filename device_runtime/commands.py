@@ -41,7 +41,7 @@ class DeviceConfig:
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    from device_runtime.fleet import FleetConfig
+    from device_runtime.fleet_config import FleetConfig
 
     add_command(
         sub, "device", device, [DataConfig, DeviceConfig], skip=("holdout_clients",),
@@ -105,7 +105,8 @@ def device(args: argparse.Namespace) -> int:
 
 def fleet(args: argparse.Namespace) -> int:
     from device_runtime.enrollment import enrollment_key
-    from device_runtime.fleet import FleetConfig, run_fleet
+    from device_runtime.fleet import run_fleet
+    from device_runtime.fleet_config import FleetConfig
 
     config = from_arguments(FleetConfig, args)
     data = from_arguments(DataConfig, args)

@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
-import torch
 
 from device_runtime.client import NoTask, NotInCohortError, ProtocolClient, RefusedError, RunFinishedError
 from device_runtime.device_storage import DeviceStorage
@@ -40,8 +39,8 @@ from device_runtime.events import (
 from device_runtime.local_data import LocalData
 from device_runtime.retry import TransientError
 from fedper import weights
+from fedper.client_round import Client, ClientRound, score_held, train_held
 from fedper.errors import FedperError
-from fedper.local_training import batch_order_rng, evaluate, train
 from fedper.manifest import MANIFEST_FILE, Manifest, read_manifest, sha256_file
 from fedper.protocol import ErrorCode, Metadata, Route, Task, TaskConfig
 from fedper.train_config import TrainConfig
@@ -93,7 +92,7 @@ class Device:
         self._lock = compute_lock
         self._sleep = sleep
         self._trainer_for: TrainerFactory = trainer_for if trainer_for is not None else self._own_trainer
-        self._trainers: dict[str, tuple[Manifest, Trainer, tuple[torch.Tensor, ...]]] = {}
+        self._trainers: dict[str, tuple[Manifest, Trainer, Client]] = {}
         self._skip_round: int | None = None
         self.device_id: str | None = None
 
@@ -187,19 +186,17 @@ class Device:
         if sha is None or head is None:
             return None
         status = self.client.status()
-        manifest, trainer, (_x, y, xt, yt) = self._prepare(sha, Route.ARTIFACT.format(name=MANIFEST_FILE))
+        manifest, trainer, client = self._prepare(sha, Route.ARTIFACT.format(name=MANIFEST_FILE))
         base = self._base(sha, status.model_version, Route.MODEL_BASE.format(version=status.model_version), manifest)
         with self._compute():
-            trainer.set_tensors(base)
-            trainer.set_tensors(head)
-            accuracy = score(trainer, xt, yt)
+            accuracy = score_held(trainer, (base, head), client)
         if accuracy is None:
             return None
-        self._emit(FinalEvaluated(status.round + 1, status.model_version, len(y), accuracy))
+        self._emit(FinalEvaluated(status.round + 1, status.model_version, client.num_samples, accuracy))
         return accuracy
 
     def run_round(self, task: Task) -> RoundReport:
-        manifest, trainer, (x, y, xt, yt) = self._prepare(task.manifest_sha256, task.manifest_url)
+        manifest, trainer, client = self._prepare(task.manifest_sha256, task.manifest_url)
         sha = task.manifest_sha256
         base = self._base(sha, task.model_version, task.base_url, manifest)
         head = self.storage.load_head(sha)
@@ -207,33 +204,27 @@ class Device:
             head = self._initial_head(sha, manifest)
         rng = random.Random(hash((self.options.seed, self.options.client_id, task.round)))
         with self._compute():
-            trainer.set_tensors(base)
-            trainer.set_tensors(head)
-            accuracy = score(trainer, xt, yt)
+            accuracy = score_held(trainer, (base, head), client)
         self._emit(Evaluated(task.round, accuracy))
         if rng.random() < self.options.dropout:
             self._skip_round = task.round
             self._emit(Dropped(task.round))
-            return RoundReport(task.round, task.model_version, len(y), accuracy, None, None, False, None)
+            return RoundReport(task.round, task.model_version, client.num_samples, accuracy, None, None, False, None)
+        # What `fedper simulate` runs for client `client_id` in this round: the same batch order.
         config = _train_config(manifest, task.config)
+        this_round = ClientRound(self.options.client_id, task.round, self.options.seed, True, config,
+                                 tuple(manifest.base_names), tuple(manifest.head_names))  # fmt: skip
         self._emit(Training(task.round))
         with self._compute():
-            # Loaded again: a trainer shared with other devices may hold theirs since the evaluation.
-            trainer.set_tensors(base)
-            trainer.set_tensors(head)
-            # The same batch order as `fedper simulate` gives client `client_id` in this round.
-            order = batch_order_rng(self.options.seed, task.round, self.options.client_id)
-            loss = train(trainer, x, y, config, order)
-            accuracy_after = score(trainer, xt, yt)
-            head_after = trainer.get_tensors(manifest.head_names)
-            update = trainer.get_tensors(manifest.base_names)
-        self.storage.stage_head(sha, head_after)  # committed once the server accepts the base
+            trained = train_held(trainer, (base, head), this_round, client)
+        loss, accuracy_after, update = trained.loss, trained.accuracy_after, trained.update
+        self.storage.stage_head(sha, trained.personal)  # committed once the server accepts the base
         if rng.random() < self.options.straggler:
             self._sleep(self.options.straggler_delay)
         metrics = {"accuracy": accuracy, "accuracy_after": accuracy_after, "train_loss": loss}
         body = weights.encode(
             update,
-            {Metadata.NUM_SAMPLES: str(len(y)), Metadata.BASE_VERSION: str(task.model_version),
+            {Metadata.NUM_SAMPLES: str(client.num_samples), Metadata.BASE_VERSION: str(task.model_version),
              **metric_metadata(metrics)},
         )  # fmt: skip
         try:
@@ -248,7 +239,7 @@ class Device:
             self._emit(Refused(task.round, "upload failed"))
             raise
         self.storage.commit_head(sha)  # 202, or duplicate_update: the server has this round's base
-        report = RoundReport(task.round, task.model_version, len(y), accuracy, accuracy_after,
+        report = RoundReport(task.round, task.model_version, client.num_samples, accuracy, accuracy_after,
                              None if np.isnan(loss) else loss, True, received)  # fmt: skip
         self._emit(Uploaded(report))
         return report
@@ -258,7 +249,7 @@ class Device:
     def _compute(self) -> Any:
         return self._lock if self._lock is not None else contextlib.nullcontext()
 
-    def _prepare(self, sha: str, manifest_url: str) -> tuple[Manifest, Trainer, tuple[torch.Tensor, ...]]:
+    def _prepare(self, sha: str, manifest_url: str) -> tuple[Manifest, Trainer, Client]:
         if sha in self._trainers:
             return self._trainers[sha]
         pinned = self.storage.pinned_manifest()
@@ -276,12 +267,12 @@ class Device:
         for name in set(manifest.artifacts.values()):
             path = directory / name
             if not path.exists() or sha256_file(path) != manifest.sha256[name]:
-                path.write_bytes(self.client.download_verified(f"/v1/artifacts/{name}", manifest.sha256[name]))
+                path.write_bytes(self.client.download_verified(Route.ARTIFACT.format(name=name), manifest.sha256[name]))
         with self._compute():  # the ExecuTorch runtime is not safe to load from two threads at once
             trainer = self._trainer_for(sha, directory, manifest)
         self.storage.pin_manifest(sha)  # only once a trainer of it loaded
         data = self._data_for(manifest)
-        prepared = (manifest, trainer, data.tensors(manifest))
+        prepared = (manifest, trainer, Client(*data.tensors(manifest)))
         self._trainers[sha] = prepared
         return prepared
 
@@ -295,11 +286,6 @@ class Device:
     def _initial_head(self, sha: str, manifest: Manifest) -> dict[str, np.ndarray]:
         path = self.storage.artifact_dir(sha) / manifest.artifacts["initial_head"]
         return weights.load_checked([path], manifest.layout("head"))
-
-
-def score(trainer: Trainer, x: torch.Tensor, y: torch.Tensor) -> float | None:
-    """Accuracy on the test split; None when it is empty (undefined, so never reported)."""
-    return evaluate(trainer, x, y) if len(y) else None
 
 
 def metric_metadata(metrics: Mapping[str, float | None]) -> dict[str, str]:

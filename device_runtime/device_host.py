@@ -9,19 +9,36 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from device_runtime.events import DeviceEvent, DeviceFailed, WorkerDone
+from device_runtime.fleet_config import FleetConfig
 from fedper.data import DataConfig
 from fedper.manifest import Manifest
 from fedper.trainer import Trainer
 
-if TYPE_CHECKING:
-    from device_runtime.fleet import FleetConfig
-
 # (client id or -1 for the host itself, event): what a host reports to the fleet.
 FleetEvent = DeviceEvent | DeviceFailed | WorkerDone
 Put = Callable[[tuple[int, FleetEvent]], None]
+
+
+class FleetWorkers(Protocol):
+    """Where a fleet's devices run (worker processes, Ray actors) and how their events come back."""
+
+    count: int  # hosts; each reports WorkerDone once its devices are done
+
+    def next_event(self, timeout: float) -> tuple[int, FleetEvent] | None:
+        """The next (client id, event), or None if none came within ``timeout`` seconds."""
+        ...
+
+    def running(self) -> bool:
+        """False once every host has ended (normally or not)."""
+        ...
+
+
+def shares(devices: int, hosts: int) -> list[list[int]]:
+    """Client ids dealt round-robin to ``hosts`` hosts."""
+    return [list(range(devices))[w::hosts] for w in range(hosts)]
 
 
 class SharedTrainers:

@@ -17,14 +17,13 @@ import queue
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from device_runtime.device_host import FleetEvent, SharedTrainers, host_devices
+from device_runtime.device_host import FleetEvent, FleetWorkers, SharedTrainers, host_devices, shares
 from device_runtime.events import (
     DeviceFailed,
     Dropped,
@@ -35,52 +34,14 @@ from device_runtime.events import (
     Uploaded,
     WorkerDone,
 )
+from device_runtime.fleet_config import FleetConfig
+from device_runtime.ray_fleet import ray_workers
 from fedper.baselines import per_client_accuracy
-from fedper.config_cli import nested, option
 from fedper.data import DataConfig, load_federated
 from fedper.environment import numeric_environment
-from fedper.errors import ConfigError
-from fedper.ray_cluster import RayConfig
 from fedper.results import ClientRecord, RunRecorder, config_json
 
 console = Console(stderr=True)
-
-
-@dataclass(frozen=True)
-class FleetConfig:
-    server: str = option("http://127.0.0.1:8000", "server URL")
-    devices: int = option(20, "emulated devices (each one client of the data partition)")
-    backend: str = option("processes", "where the devices run: worker processes on this machine, or Ray "
-                          "actors (many devices and one training program per actor; a local Ray or --ray-address)",
-                          choices=("processes", "ray"))  # fmt: skip
-    workers: int = option(0, "worker processes, or Ray actors with --backend ray "
-                          "(0 = one per core of this machine, or of the Ray cluster)")  # fmt: skip
-    ray: RayConfig = nested(RayConfig)
-    storage: Path = option(Path("fleet"), "root of the devices' storage directories")
-    engine: str = option("executorch", "training engine", choices=("executorch", "eager"))
-    evaluator: str = option("onnx", "exported model that scores the local test split (executorch engine)",
-                            choices=("onnx", "executorch"))  # fmt: skip
-    dropout: float = option(0.0, "chance per device per round of quitting mid-round")
-    straggler: float = option(0.0, "chance per device per round of uploading late")
-    straggler_delay: float = option(10.0, "seconds a straggler waits before uploading")
-    flaky_network: float = option(0.0, "chance that any request fails (and is retried)")
-    out: Path | None = option(None, "where to write results (default: STORAGE/results)")
-    label: str = option("fedper", "name of this run in results.json (e.g. fedper, fedavg)")
-    max_idle_wait: float = option(2.0, "longest wait between polls when there is no task")
-    threads: int = option(1, "compute threads of each worker process or Ray actor, torch's and ExecuTorch's "
-                          "(1: the workers share the cores)")  # fmt: skip
-    enrollment_key_file: Path | None = option(
-        None, "file holding the enrollment key (else FEDPER_ENROLLMENT_KEY)", metavar="FILE"
-    )
-
-    def __post_init__(self) -> None:
-        if self.devices < 1:
-            raise ConfigError("--devices must be at least 1")
-        if self.threads < 0:
-            raise ConfigError("--threads must be 0 (every core) or more")
-        for name in ("dropout", "straggler", "flaky_network"):
-            if not 0 <= getattr(self, name) < 1:
-                raise ConfigError(f"--{name.replace('_', '-')} must be in [0, 1)")
 
 
 def _worker(index: int, device_ids: list[int], fleet: FleetConfig, data: DataConfig, enrollment_key: str,
@@ -98,25 +59,6 @@ def _worker(index: int, device_ids: list[int], fleet: FleetConfig, data: DataCon
     # program per host, not per device (~170 MB of planned memory each with the ExecuTorch engine).
     host_devices(index, device_ids, fleet, data, enrollment_key, events.put,
                  SharedTrainers(fleet.engine, fleet.evaluator))  # fmt: skip
-
-
-class FleetWorkers(Protocol):
-    """Where a fleet's devices run (worker processes, Ray actors) and how their events come back."""
-
-    count: int  # hosts; each reports WorkerDone once its devices are done
-
-    def next_event(self, timeout: float) -> tuple[int, FleetEvent] | None:
-        """The next (client id, event), or None if none came within ``timeout`` seconds."""
-        ...
-
-    def running(self) -> bool:
-        """False once every host has ended (normally or not)."""
-        ...
-
-
-def shares(devices: int, hosts: int) -> list[list[int]]:
-    """Client ids dealt round-robin to ``hosts`` hosts."""
-    return [list(range(devices))[w::hosts] for w in range(hosts)]
 
 
 class _ProcessWorkers:
@@ -197,8 +139,6 @@ def run_fleet(fleet: FleetConfig, data: DataConfig, enrollment_key: str, recorde
     if not recorder.baselines:  # the devices' own split, scored as the devices score themselves
         recorder.baselines = per_client_accuracy(load_federated(data), data.seed)
     if fleet.backend == "ray":
-        from device_runtime.ray_fleet import ray_workers
-
         hosts = ray_workers(fleet, data, enrollment_key)
     else:
         hosts = _process_workers(fleet, data, enrollment_key)

@@ -15,8 +15,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from device_runtime.device_host import FleetEvent, SharedTrainers, host_devices
-from device_runtime.fleet import FleetConfig, FleetWorkers, console, shares
+from rich.console import Console
+
+from device_runtime.device_host import FleetEvent, FleetWorkers, SharedTrainers, host_devices, shares
+from device_runtime.fleet_config import FleetConfig
 from fedper.data import DataConfig
 from fedper.ray_cluster import cluster_cpus, ray_session
 
@@ -24,6 +26,7 @@ from fedper.ray_cluster import cluster_cpus, ray_session
 # hundreds of device threads each keep theirs: measured here, 14 MB per eager device with the
 # default, 7 MB with two arenas (50 devices in one process, 2 rounds).
 HOST_ENV = {"env_vars": {"MALLOC_ARENA_MAX": "2"}}
+console = Console(stderr=True)
 
 
 class DeviceHost:

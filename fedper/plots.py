@@ -5,7 +5,7 @@ held-out users) new users' accuracy against their number of rated photos."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import matplotlib
 
@@ -18,7 +18,21 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 from fedper.atomic_write import atomic_write_bytes
-from fedper.results import RunRecorder
+
+
+class RunView(Protocol):
+    """What the plots read of a run (:class:`fedper.results.RunRecorder` is one), so the results
+    module can draw its plots without the two importing each other."""
+
+    new_users: dict[str, Any]
+
+    @property
+    def algorithms(self) -> list[str]: ...
+
+    def rounds(self, algorithm: str) -> list[dict[str, Any]]: ...
+
+    def final(self, algorithm: str) -> dict[str, Any]: ...
+
 
 COLORS = {"fedper": "tab:blue", "fedavg": "tab:orange", "local": "tab:green"}
 ACCURACY_PLOT = "accuracy_per_round.png"
@@ -40,7 +54,7 @@ def _save(fig: Figure, path: Path) -> None:
     atomic_write_bytes(path, buf.getvalue())
 
 
-def plot_run(recorder: RunRecorder, out: Path, title: str = "") -> list[Path]:
+def plot_run(recorder: RunView, out: Path, title: str = "") -> list[Path]:
     """Write both plots into ``out``; returns their paths."""
     fig, ax = plt.subplots(figsize=(7, 4.2))
     for algorithm in recorder.algorithms:
@@ -116,5 +130,5 @@ def plot_new_users(new_users: dict[str, Any], path: Path) -> None:
     _save(fig, path)
 
 
-def _num_clients(recorder: RunRecorder) -> int:
+def _num_clients(recorder: RunView) -> int:
     return max((len(recorder.final(a).get("final_per_client", {})) for a in recorder.algorithms), default=1)

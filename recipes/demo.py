@@ -14,61 +14,30 @@ import os
 import secrets
 import shutil
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 
-from device_runtime.fleet import FleetConfig, run_fleet
+from device_runtime.fleet import run_fleet
+from device_runtime.fleet_config import FleetConfig
 from device_runtime.training_program import check_exported, median_step_ms
 from export.pipeline import ExportConfig, run_export
 from fedper.atomic_write import atomic_write_text
 from fedper.checkpoints import read_checkpoint
-from fedper.config_cli import nested, option
 from fedper.data import DataConfig, load_federated
-from fedper.errors import ConfigError
 from fedper.models import ModelConfig
-from fedper.models.heads import HEADS
-from fedper.pretrained import INIT_HELP, PACKAGED_BASE, PACKAGED_CARD, checkpoint_path
+from fedper.pretrained import PACKAGED_BASE, PACKAGED_CARD, checkpoint_path
 from fedper.protocol import Env
 from fedper.results import RunRecorder, config_json
-from fedper.train_config import TrainConfig
+from recipes.demo_config import DemoConfig
 from recipes.demo_report import compare, render_report
 from recipes.new_users import FINAL_BASE, new_user_curves
-from recipes.presets import SYNTH_HEAD, SYNTH_INIT, SYNTH_KP, SYNTH_LOCAL_EPOCHS, SYNTH_ROUNDS
 from server.process import ServerProcess
 
 console = Console(stderr=True)
 DEMO_ALPHA, DEMO_INPUT_SIZE = 0.25, 32  # the exported model: MobileNet-V1 width, pixels
-
-
-@dataclass(frozen=True)
-class DemoConfig:
-    out: Path = option(Path("demo-out"), "where the report and results go")
-    devices: int = option(10, "emulated devices (aesthetic-synth users)")
-    rounds: int = option(SYNTH_ROUNDS, "federated rounds per algorithm")
-    training: TrainConfig = nested(lambda: TrainConfig(local_epochs=SYNTH_LOCAL_EPOCHS), "as the server's tasks ask")
-    images_per_user: tuple[int, int] = option((100, 200), "images each user rated, N or MIN-MAX")
-    new_users: int = option(
-        3, "held-out users who never join a fleet; the report shows their accuracy against their number of "
-        "rated photos, from FedPer's and FedAvg's final models (0 = none)",
-    )  # fmt: skip
-    fine_tune_steps: int = option(50, "SGD steps each new user trains for, at every number of photos")
-    workers: int = option(0, "worker processes for the fleet (0 = one per core)")
-    engine: str = option("executorch", "device training engine", choices=("executorch", "eager"))
-    seed: int = option(0, "seed for data, initial weights and training order")
-    init: Path = option(SYNTH_INIT, f"the base's version 0: {INIT_HELP}", metavar="PATH")
-    head: str = option(SYNTH_HEAD, "the personal classifier: softmax or ordinal (for ratings)", choices=HEADS)
-    kp: int = option(SYNTH_KP, "FedPer's personal layers from the top (FedAvg's fleet has none)")
-
-    def __post_init__(self) -> None:
-        if self.devices < 1 or self.rounds < 1:
-            raise ConfigError(f"--devices and --rounds must be >= 1, got {self.devices} and {self.rounds}")
-        if self.new_users < 0 or self.fine_tune_steps < 1:
-            raise ConfigError(
-                f"--new-users must be >= 0 and --fine-tune-steps >= 1, got {self.new_users} and {self.fine_tune_steps}"
-            )
 
 
 def _server(artifacts: Path, data_dir: Path, log: Path, config: DemoConfig, keys: dict[str, str]) -> ServerProcess:

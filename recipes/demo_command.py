@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 
 from fedper.config_cli import add_command, from_arguments
-from recipes.demo import DemoConfig, run_demo
+from recipes.demo import run_demo
+from recipes.demo_config import DemoConfig
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

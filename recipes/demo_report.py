@@ -9,14 +9,12 @@ import statistics
 import string
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from fedper.baselines import DESCRIPTIONS
 from fedper.errors import FedperError
 from fedper.plots import NEW_USERS_PLOT
-
-if TYPE_CHECKING:
-    from recipes.demo import DemoConfig
+from recipes.demo_config import DemoConfig
 
 
 def compare(results: dict[str, Any]) -> dict[str, float]:

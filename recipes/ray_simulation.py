@@ -2,7 +2,7 @@
 
 Each client's data goes into Ray's object store once; each round puts the received base there
 once and runs one task per client (one CPU, one torch thread each), which returns what the
-serial simulation would compute for that client (:func:`recipes.client_round.client_round`).
+serial simulation would compute for that client (:func:`fedper.client_round.client_round`).
 """
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from typing import Any
 
 import torch
 
+from fedper.client_round import Client, ClientOutcome, ClientRound, client_round
 from fedper.eager_trainer import EagerTrainer
 from fedper.models import ModelConfig, build_model
-from recipes.client_round import Client, ClientOutcome, ClientRound, client_round
 
 # One trainer per model in each Ray worker process, reused by the tasks that process runs
 # (building a model per task would cost more than a small client's round).

@@ -24,6 +24,7 @@ import torch
 from fedper import weights
 from fedper.baselines import per_client_accuracy
 from fedper.checkpoints import Checkpoint, init_base, read_checkpoint
+from fedper.client_round import Client, ClientOutcome, ClientRound, client_round
 from fedper.config_cli import nested, option
 from fedper.data import DataConfig, FederatedData, labelled_tensors, load_federated
 from fedper.eager_trainer import EagerTrainer
@@ -37,7 +38,6 @@ from fedper.ray_cluster import RayConfig, ray_session
 from fedper.results import ClientRecord, RunRecorder, config_json
 from fedper.robust_aggregate import AggregationConfig, refusal, robust_aggregate
 from fedper.train_config import TrainConfig
-from recipes.client_round import Client, ClientOutcome, ClientRound, client_round
 from recipes.new_users import new_user_curves
 
 ALGORITHMS = ("fedper", "fedavg", "local")
@@ -243,8 +243,9 @@ def _run_algorithm(
                     sent = tamper(task.client_id, *sent, weights.to_numpy(global_shared))
                 if sent is not None and refusal(sent[0]) is None:  # what the server would accept
                     updates.append(sent)
-            recorder.add(ClientRecord(algorithm, rnd, task.client_id, client.num_samples, outcome.accuracy,
-                                      outcome.accuracy_after, outcome.loss))  # fmt: skip
+            if outcome.accuracy is not None:  # a client without test examples has no accuracy, as a device
+                recorder.add(ClientRecord(algorithm, rnd, task.client_id, client.num_samples, outcome.accuracy,
+                                          outcome.accuracy_after, outcome.loss))  # fmt: skip
         if shared and updates:  # none (every one refused): the base stays, as an abandoned round's
             aggregate, report = robust_aggregate(layout, weights.to_numpy(global_shared), partial(iter, updates),
                                                  sim.aggregation)  # fmt: skip
@@ -256,8 +257,9 @@ def _run_algorithm(
     final = [ClientRound(cid, sim.rounds + 1, seed, False, sim.training, shared, personal_names)
              for cid in range(len(clients))]  # fmt: skip
     for task, client, outcome in zip(final, clients, rounds.run(final, global_shared, personal), strict=True):
-        recorder.add(ClientRecord(algorithm, task.round, task.client_id, client.num_samples, outcome.accuracy,
-                                  final=True))  # fmt: skip
+        if outcome.accuracy is not None:
+            recorder.add(ClientRecord(algorithm, task.round, task.client_id, client.num_samples, outcome.accuracy,
+                                      final=True))  # fmt: skip
     _write_state(sim.out / algorithm, global_shared, personal)
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from fedper.config_cli import add_command, from_arguments, option
 from fedper.errors import FedperError
-from fedper.protocol import Env, RolledBack, Route, Stopped
+from fedper.protocol import Env, Header, RolledBack, Route, Stopped
 
 
 @dataclass(frozen=True)
@@ -63,7 +63,7 @@ def _post(config: AdminConfig, path: str) -> dict[str, object]:
 
     url = config.server.rstrip("/") + path
     try:
-        r = httpx.post(url, headers={"Authorization": f"Bearer {_token(config)}"}, timeout=config.timeout)
+        r = httpx.post(url, headers={Header.AUTHORIZATION: f"Bearer {_token(config)}"}, timeout=config.timeout)
     except httpx.HTTPError as exc:
         raise FedperError(f"cannot reach {url}: {exc}") from exc
     if r.status_code != 200:

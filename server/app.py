@@ -24,7 +24,9 @@ from server.errors import (
     ProtocolError,
     client_disconnected_handler,
     protocol_error_handler,
+    refusal_handler,
 )
+from server.refusals import RefusalError
 from server.routes import admin, devices, downloads, health, rounds
 from server.state import ServerState, open_state
 from server.storage import DatabaseBusyError
@@ -62,6 +64,7 @@ def create_app(config: ServerConfig, state: ServerState | None = None) -> FastAP
     )
     app.add_middleware(InternalErrorMiddleware)
     app.add_exception_handler(ProtocolError, protocol_error_handler)
+    app.add_exception_handler(RefusalError, refusal_handler)
     app.add_exception_handler(ClientDisconnectedError, client_disconnected_handler)
 
     @app.exception_handler(DatabaseBusyError)

@@ -71,12 +71,12 @@ def _bearer(request: Request) -> str:
 def caller(request: Request, state: State) -> Caller:
     token = _bearer(request)
     row = state.db.device_by_token_hash(token_hash(token))
-    if row is not None and not row["revoked"] and same_secret(row["token_hash"], token_hash(token)):
-        return Caller("device", str(row["id"]))
+    if row is not None and not row.revoked and same_secret(row.token_hash, token_hash(token)):
+        return Caller("device", row.id)
     check_not_throttled(request, state.auth_failures)
     if same_secret(token, state.secrets.admin_token):
         return Caller("operator")
-    if row is not None and row["revoked"]:
+    if row is not None and row.revoked:
         raise failed(request, state.auth_failures, "this device has been revoked")
     raise failed(request, state.auth_failures, "unknown token")
 

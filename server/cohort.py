@@ -27,7 +27,7 @@ import random
 import sqlite3
 
 from server.config import ServerConfig
-from server.storage import Database, Slot
+from server.storage import Database, RoundState, Slot
 
 MAX_RETRY_AFTER = 3600  # seconds; no device is told to wait longer than this
 
@@ -85,7 +85,7 @@ class Cohort:
         longer open). One transaction: the check and the claim cannot be split by another device."""
         with self.db.transaction() as conn:
             current = self.db.round(number)
-            if current is None or current.state != "open":
+            if current is None or current.state != RoundState.OPEN:
                 return None
             held = self.db.slot(number, device_id)
             if held is not None and self._held(held, now):

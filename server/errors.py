@@ -16,6 +16,17 @@ from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from fedper.protocol import Error, ErrorCode, Header
+from server.refusals import (
+    AlreadyReportedError,
+    DeviceRevokedError,
+    DrainingError,
+    NotInCohortError,
+    RefusalError,
+    RoundNotOpenError,
+    RunFinishedError,
+    StaleBaseError,
+    UnknownVersionError,
+)
 
 log = logging.getLogger("fedper.server")
 
@@ -69,9 +80,34 @@ def rate_limited(message: str, retry_after: int) -> ProtocolError:
     return ProtocolError(429, ErrorCode.RATE_LIMITED, message, {Header.RETRY_AFTER: str(retry_after)})
 
 
+# The round state machine's refusals (server/refusals.py) as the protocol answers them.
+REFUSALS: dict[type[RefusalError], tuple[int, ErrorCode]] = {
+    DeviceRevokedError: (401, ErrorCode.UNAUTHORIZED),
+    UnknownVersionError: (404, ErrorCode.NOT_FOUND),
+    AlreadyReportedError: (409, ErrorCode.DUPLICATE_UPDATE),
+    RoundNotOpenError: (409, ErrorCode.ROUND_NOT_OPEN),
+    NotInCohortError: (409, ErrorCode.NOT_IN_COHORT),
+    StaleBaseError: (409, ErrorCode.STALE_BASE_VERSION),
+    RunFinishedError: (410, ErrorCode.RUN_FINISHED),
+    DrainingError: (503, ErrorCode.SERVER_BUSY),
+}
+
+
+def answer(refusal: RefusalError) -> ProtocolError:
+    """The protocol's answer to a refusal of the round state machine."""
+    status, code = REFUSALS[type(refusal)]
+    headers = {Header.RETRY_AFTER: str(refusal.retry_after)} if refusal.retry_after is not None else None
+    return ProtocolError(status, code, refusal.message, headers)
+
+
 async def protocol_error_handler(_request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, ProtocolError)
     return JSONResponse({"code": exc.code, "message": exc.message}, status_code=exc.status, headers=exc.headers)
+
+
+async def refusal_handler(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RefusalError)
+    return await protocol_error_handler(request, answer(exc))
 
 
 async def client_disconnected_handler(request: Request, _exc: Exception) -> JSONResponse:

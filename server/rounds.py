@@ -39,15 +39,24 @@ from fedper import weights
 from fedper.atomic_write import atomic_write_bytes
 from fedper.manifest import Manifest, sha256_file
 from fedper.metrics import summarize
-from fedper.protocol import ErrorCode, Header, RoundInfo
+from fedper.protocol import RoundInfo
 from fedper.robust_aggregate import NonFiniteAggregateError, robust_aggregate
 from server import publish_check
 from server.clock import SteadyClock
 from server.cohort import Cohort
 from server.config import ServerConfig
 from server.disk_room import DiskRoom, out_of_space
-from server.errors import ProtocolError, conflict, not_found, run_finished, unauthorized
-from server.storage import Database, Round, Slot, StoredUpdate
+from server.refusals import (
+    AlreadyReportedError,
+    DeviceRevokedError,
+    DrainingError,
+    NotInCohortError,
+    RoundNotOpenError,
+    RunFinishedError,
+    StaleBaseError,
+    UnknownVersionError,
+)
+from server.storage import Database, Round, RoundState, Slot, StoredUpdate
 from server.update_store import UpdateStore
 from server.upload_validation import Upload
 
@@ -62,12 +71,16 @@ class Snapshot:
 
     finished: bool
     round: int
-    state: str  # of that round
+    state: RoundState  # of that round
     model_version: int
     deadline: float | None
     received: int
     rounds_closed: int
     opened_at: float = 0.0  # of that round
+
+    @property
+    def is_open(self) -> bool:
+        return self.state == RoundState.OPEN
 
 
 @dataclass(frozen=True)
@@ -99,7 +112,7 @@ class RoundManager:
         self.cohort = Cohort(config, db)
         self._lock = threading.RLock()
         self._bases: dict[int, dict[str, np.ndarray]] = {}  # model versions, for the update bound
-        self.snapshot = Snapshot(False, 0, "open", 0, None, 0, 0)
+        self.snapshot = Snapshot(False, 0, RoundState.OPEN, 0, None, 0, 0)
         self.aggregation_seconds = 0.0
         self.updates_clipped = 0  # by the norm bound, over the run (since this process started)
         self.updates_capped = 0  # by the weight cap
@@ -130,7 +143,7 @@ class RoundManager:
                 log.info(json.dumps({"event": "round_opened", "round": 1, "model_version": 0}))
             current = self.db.latest_round()
             assert current is not None
-            open_round = current.round if current.state == "open" and not self._finished() else None
+            open_round = current.round if current.state == RoundState.OPEN and not self._finished() else None
             if open_round is not None:
                 for _ in self._stored(open_round):  # quarantines what the loader refuses
                     pass
@@ -196,7 +209,7 @@ class RoundManager:
             state=current.state,
             model_version=current.model_version,
             deadline=current.deadline,
-            received=self.db.count_updates(current.round) if current.state == "open" else 0,
+            received=self.db.count_updates(current.round) if current.state == RoundState.OPEN else 0,
             rounds_closed=self.db.count_closed_rounds(),
             opened_at=current.opened_at,
         )
@@ -212,12 +225,12 @@ class RoundManager:
         snap = self.snapshot
         return self.cohort.retry_after(snap.round, snap.opened_at, snap.deadline, self.clock())
 
-    def _not_in_cohort(self, number: int) -> ProtocolError:
+    def _not_in_cohort(self, number: int) -> NotInCohortError:
         message = (
             f"this device holds no slot of round {number}'s cohort (it never asked, or its slot expired); "
             "ask for a task again"
         )
-        return ProtocolError(409, ErrorCode.NOT_IN_COHORT, message, {Header.RETRY_AFTER: str(self.pace())})
+        return NotInCohortError(message, self.pace())
 
     # --- uploads ------------------------------------------------------------------------
 
@@ -242,13 +255,13 @@ class RoundManager:
         draining; the open round if none applies. A device without a slot of the open round is
         turned away here, so it never holds a place among the uploads in flight."""
         if self._finished():
-            raise run_finished()
+            raise RunFinishedError()
         if self.db.has_update(number, device_id):
-            raise conflict(ErrorCode.DUPLICATE_UPDATE, f"this device already has an accepted update in round {number}")
+            raise AlreadyReportedError(f"this device already has an accepted update in round {number}")
         current = self.db.latest_round()
         assert current is not None
-        if number != current.round or current.state != "open":
-            raise conflict(ErrorCode.ROUND_NOT_OPEN, f"round {number} is not open (the open round is {current.round})")
+        if number != current.round or current.state != RoundState.OPEN:
+            raise RoundNotOpenError(f"round {number} is not open (the open round is {current.round})")
         if not self.cohort.may_report(number, device_id, self.clock()):
             raise self._not_in_cohort(number)
         if self.draining is not None:
@@ -260,8 +273,7 @@ class RoundManager:
         base version against the round's (``stale_base_version``)."""
         version = self.check_admission(device_id, number).model_version
         if upload.base_version != version:
-            raise conflict(
-                ErrorCode.STALE_BASE_VERSION,
+            raise StaleBaseError(
                 f"round {number} trains model version {version}, the update is from version {upload.base_version}",
             )
 
@@ -275,7 +287,7 @@ class RoundManager:
         try:
             with self._lock:
                 if self.db.device_revoked(staged.device_id):
-                    raise unauthorized("this device has been revoked")
+                    raise DeviceRevokedError("this device has been revoked")
                 self.check_conflicts(staged.device_id, staged.round, staged.upload)
                 now = self.clock()
                 try:
@@ -319,7 +331,7 @@ class RoundManager:
         """
         start = time.perf_counter()
         current = self.db.round(number)
-        assert current is not None and current.state == "open"
+        assert current is not None and current.state == RoundState.OPEN
         updates = self.db.updates(number)
 
         def stored() -> Iterator[tuple[dict[str, np.ndarray], int]]:
@@ -356,7 +368,7 @@ class RoundManager:
         try:
             with self.db.transaction() as conn:
                 self.db.insert_version(conn, version, sha256_file(target), target.name, now, number)
-                self.db.end_round(conn, number, "closed", now, version, metrics)
+                self.db.end_round(conn, number, RoundState.CLOSED, now, version, metrics)
                 self.db.set_meta(conn, STEPS_KEY, json.dumps(steps))
                 if finished:
                     self.db.set_meta(conn, "state", "finished")
@@ -413,7 +425,7 @@ class RoundManager:
         now = self.clock()
         try:
             with self.db.transaction() as conn:
-                self.db.end_round(conn, number, "abandoned", now)
+                self.db.end_round(conn, number, RoundState.ABANDONED, now)
                 self.db.open_round(conn, number + 1, version, now, self._deadline(now))
         finally:
             self._refresh()
@@ -429,7 +441,7 @@ class RoundManager:
         with self._lock:
             found = self.version_file(to)
             if found is None or not found[0].exists():
-                raise not_found(f"model version {to}")
+                raise UnknownVersionError(f"model version {to} does not exist")
             version = self.db.latest_version() + 1
             target = self.models_dir / f"v{version}.safetensors"
             atomic_write_bytes(target, found[0].read_bytes())
@@ -439,8 +451,8 @@ class RoundManager:
             try:
                 with self.db.transaction() as conn:
                     self.db.insert_version(conn, version, found[1], target.name, now, None)
-                    if current.state == "open":
-                        self.db.end_round(conn, current.round, "abandoned", now)
+                    if current.state == RoundState.OPEN:
+                        self.db.end_round(conn, current.round, RoundState.ABANDONED, now)
                     self.db.set_meta(conn, "state", "running")
                     self.db.open_round(conn, current.round + 1, version, now, self._deadline(now))
             finally:
@@ -458,14 +470,14 @@ class RoundManager:
             log.error(json.dumps({"event": "draining", "reason": why, "what": what}))
         self.draining = why
 
-    def out_of_space(self, exc: BaseException) -> ProtocolError:
+    def out_of_space(self, exc: BaseException) -> DrainingError:
         """Drain, and the 503 for the request that met the full disk."""
         self._drain(f"a write failed: {exc}")
         return self.busy()
 
-    def busy(self) -> ProtocolError:
+    def busy(self) -> DrainingError:
         message = f"the server is draining ({self.draining}); nothing was stored, retry later"
-        return ProtocolError(503, ErrorCode.SERVER_BUSY, message, {Header.RETRY_AFTER: str(self.pace())})
+        return DrainingError(message, self.pace())
 
     def _check_disk(self) -> None:
         """Enter or leave draining, by the free space."""
@@ -493,11 +505,11 @@ class RoundManager:
         snap = self.snapshot
         now = self.clock()
         due = snap.deadline is not None and now >= snap.deadline
-        if snap.finished or snap.state != "open" or not (due or snap.received >= self.config.target_clients):
+        if snap.finished or not snap.is_open or not (due or snap.received >= self.config.target_clients):
             return
         with self._lock:
             current = self.db.latest_round()
-            if current is None or current.state != "open" or self._finished():
+            if current is None or current.state != RoundState.OPEN or self._finished():
                 return
             received = self.db.count_updates(current.round)
             if received >= self.config.target_clients:
@@ -513,11 +525,11 @@ class RoundManager:
         with self._lock:
             current = self.db.latest_round()
             assert current is not None
-            stopped = current.state == "open" and not self._finished()
+            stopped = current.state == RoundState.OPEN and not self._finished()
             try:
                 with self.db.transaction() as conn:
                     if stopped:
-                        self.db.end_round(conn, current.round, "stopped", self.clock())
+                        self.db.end_round(conn, current.round, RoundState.STOPPED, self.clock())
                     self.db.set_meta(conn, "state", "finished")
             finally:
                 self._refresh()
@@ -530,7 +542,7 @@ class RoundManager:
         with self._lock:
             current = self.db.latest_round()
             assert current is not None
-            if current.state != "open":
+            if current.state != RoundState.OPEN:
                 return False
             if not self.db.has_update(current.round, device_id):
                 with self.db.transaction() as conn:
@@ -555,7 +567,7 @@ class RoundManager:
         row = self.db.model_version(version)
         if row is None:
             return None
-        return self.models_dir / row["file"], str(row["sha256"])
+        return self.models_dir / row.file, row.sha256
 
     def round_info(self, number: int) -> RoundInfo | None:
         r = self.db.round(number)

@@ -24,6 +24,7 @@ import urllib.parse
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -82,10 +83,33 @@ CREATE TABLE IF NOT EXISTS slots (
 """
 
 
+class RoundState(StrEnum):
+    """How a round stands (the ``rounds`` table's CHECK; the protocol's ``RoundInfo.state``)."""
+
+    OPEN = "open"
+    CLOSED = "closed"  # aggregated: it made a model version
+    ABANDONED = "abandoned"  # ended without enough updates, or by a restart or rollback
+    STOPPED = "stopped"  # the operator stopped the run while it was open
+
+
+@dataclass(frozen=True)
+class Device:
+    id: str
+    token_hash: str
+    revoked: bool
+
+
+@dataclass(frozen=True)
+class ModelVersion:
+    version: int
+    sha256: str
+    file: str
+
+
 @dataclass(frozen=True)
 class Round:
     round: int
-    state: str
+    state: RoundState
     model_version: int
     opened_at: float
     deadline: float | None
@@ -279,9 +303,9 @@ class Database:
         with self._lock:
             self._devices += 1
 
-    def device_by_token_hash(self, token_hash: str) -> sqlite3.Row | None:
-        rows = self.query("SELECT * FROM devices WHERE token_hash = ?", (token_hash,))
-        return rows[0] if rows else None
+    def device_by_token_hash(self, token_hash: str) -> Device | None:
+        rows = self.query("SELECT id, token_hash, revoked FROM devices WHERE token_hash = ?", (token_hash,))
+        return Device(str(rows[0]["id"]), str(rows[0]["token_hash"]), bool(rows[0]["revoked"])) if rows else None
 
     def revoke_device(self, device_id: str) -> bool:
         with self.transaction() as conn:
@@ -408,7 +432,7 @@ class Database:
         self,
         conn: sqlite3.Connection,
         number: int,
-        state: str,
+        state: RoundState,
         now: float,
         result_version: int | None = None,
         metrics: dict[str, Any] | None = None,
@@ -416,7 +440,7 @@ class Database:
         """Record how round ``number`` ended; its update files are no longer needed."""
         conn.execute(
             "UPDATE rounds SET state = ?, closed_at = ?, result_version = ?, metrics = ? WHERE round = ?",
-            (state, now, result_version, json.dumps(metrics) if metrics is not None else None, number),
+            (state.value, now, result_version, json.dumps(metrics) if metrics is not None else None, number),
         )
         conn.execute("UPDATE updates SET file = NULL WHERE round = ?", (number,))
         conn.execute("DELETE FROM slots WHERE round = ?", (number,))  # an ended round has no cohort
@@ -431,11 +455,11 @@ class Database:
             (version, sha256, file, now, from_round),
         )
 
-    def model_version(self, version: int) -> sqlite3.Row | None:
+    def model_version(self, version: int) -> ModelVersion | None:
         if not 0 <= version <= SQLITE_MAX:
             return None
-        rows = self.query("SELECT * FROM model_versions WHERE version = ?", (version,))
-        return rows[0] if rows else None
+        rows = self.query("SELECT version, sha256, file FROM model_versions WHERE version = ?", (version,))
+        return ModelVersion(int(rows[0]["version"]), str(rows[0]["sha256"]), str(rows[0]["file"])) if rows else None
 
     def versions(self) -> dict[int, str]:
         """Every recorded model version and its file's name, oldest first."""
@@ -463,7 +487,7 @@ _HELD = (
 def _round(row: sqlite3.Row) -> Round:
     return Round(
         round=row["round"],
-        state=row["state"],
+        state=RoundState(row["state"]),
         model_version=row["model_version"],
         opened_at=row["opened_at"],
         deadline=row["deadline"],

@@ -14,7 +14,7 @@ from fedper.config_cli import add_arguments, from_arguments, given, option, with
 from fedper.errors import ConfigError, FedperError
 from fedper.manifest import TrainingDefaults
 from fedper.train_config import TrainConfig
-from recipes.demo import DemoConfig
+from recipes.demo_config import DemoConfig
 from recipes.simulation import SimulationConfig
 from server.config import ServerConfig
 

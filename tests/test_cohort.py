@@ -22,7 +22,8 @@ from device_runtime.events import RoundReport
 from fedper.manifest import Manifest
 from fedper.protocol import Task
 from server.config import ServerConfig
-from server.errors import ProtocolError
+from server.errors import answer
+from server.refusals import RefusalError
 from server.state import open_state
 from server.upload_validation import Upload
 from tests.server_support import ADMIN, ENROLL, FakeClock, base_like, enroll, round_info, serve, update_body
@@ -257,7 +258,8 @@ def test_no_arrival_order_over_assigns_slots_or_refuses_a_slot_holder(
                     held = (number, device) in expiry and (expiry[(number, device)] or np.inf) > clock.now
                     try:
                         rounds.commit(rounds.stage(device, number, upload))
-                    except ProtocolError as exc:
+                    except RefusalError as refusal:
+                        exc = answer(refusal)
                         assert exc.code != "not_in_cohort" or not held, (device, exc.code)
                         assert held or exc.code in ("not_in_cohort", "duplicate_update"), (device, exc.code)
                     else:

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from device_runtime.fleet import FleetConfig
+from device_runtime.fleet_config import FleetConfig
 from fedper.cli import main
 from fedper.errors import ConfigError
 

@@ -11,7 +11,8 @@ import pytest
 from fedper.errors import FedperError
 from fedper.pretrained import PACKAGED_CARD
 from fedper.results import ClientRecord, RunRecorder
-from recipes.demo import DemoConfig, base_source
+from recipes.demo import base_source
+from recipes.demo_config import DemoConfig
 from recipes.demo_report import compare, render_report
 
 

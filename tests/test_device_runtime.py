@@ -21,10 +21,11 @@ import torch
 
 from device_runtime.client import ProtocolClient, RefusedError
 from device_runtime.device import Device, DeviceOptions, make_trainer, metric_metadata
-from device_runtime.device_host import SharedTrainers, host_devices
+from device_runtime.device_host import FleetEvent, SharedTrainers, host_devices
 from device_runtime.device_storage import DeviceStorage
 from device_runtime.events import DeviceEvent, DeviceFailed, FinalEvaluated, Finished, Refused, RoundReport, WorkerDone
-from device_runtime.fleet import FleetConfig, FleetEvent, _collect, run_fleet
+from device_runtime.fleet import _collect, run_fleet
+from device_runtime.fleet_config import FleetConfig
 from device_runtime.local_data import LocalData, share
 from device_runtime.network_faults import RecordingTransport
 from fedper import weights

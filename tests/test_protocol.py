@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 import runpy
@@ -63,3 +64,72 @@ def test_every_server_error_code_is_in_the_enum() -> None:
         for code in re.findall(r"ProtocolError\(\s*\d+,\s*\"([a-z_]+)\"", text):
             assert code in known, (source.name, code)
         assert not re.search(r"(bad_request|unprocessable|conflict)\(\s*\"", text), source.name
+
+
+# The same names spelled for another purpose: a results column, the updates table's columns, a
+# class attribute. Each is checked to be what it says, so a new protocol literal cannot hide here.
+NOT_PROTOCOL = {
+    ("fedper/results.py", "num_samples"): "metrics.csv's column",
+    ("server/storage.py", "num_samples"): "the updates table's column",
+    ("server/storage.py", "base_version"): "the updates table's column",
+    ("server/http_protocol.py", "header_timeout"): "the HTTP layer's attribute (the code is ErrorCode's)",
+}
+
+
+def _string_literals(source: Path) -> list[tuple[int, str]]:
+    """String constants of a module, f-strings' literal parts included, docstrings excluded."""
+    tree = ast.parse(source.read_text())
+    docstrings = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+        and isinstance(node.body[0].value, ast.Constant)
+    }
+    return [
+        (node.lineno, node.value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings
+    ]
+
+
+def test_the_python_code_spells_no_protocol_name_outside_the_protocol_module() -> None:
+    fedper = protocol.schema()["x-fedper"]
+    names = set(fedper["error_codes"]) | {
+        v for group in ("paths", "metadata", "headers", "env") for v in fedper[group].values() if isinstance(v, str)
+    }
+    found = []
+    for package in ("fedper", "server", "device_runtime", "export", "recipes"):
+        for source in sorted((ROOT / package).rglob("*.py")):
+            relative = source.relative_to(ROOT).as_posix()
+            if relative == "fedper/protocol.py":
+                continue
+            for line, value in _string_literals(source):
+                if (value in names or value.startswith(protocol.PREFIX + "/")) and (
+                    relative,
+                    value,
+                ) not in NOT_PROTOCOL:
+                    found.append(f"{relative}:{line}: {value!r}")
+    assert not found, (
+        "protocol names spelled outside fedper/protocol.py (use Route, Header, ErrorCode...):\n" + "\n".join(found)
+    )
+
+
+def test_the_allowed_spellings_are_still_there() -> None:
+    for (relative, value), _why in NOT_PROTOCOL.items():
+        assert value in {v for _line, v in _string_literals(ROOT / relative)}, f"{relative} no longer spells {value!r}"
+
+
+def test_every_refusal_of_the_round_state_machine_has_its_answer() -> None:
+    """A refusal without a row in server.errors.REFUSALS would answer 500."""
+    from server.errors import REFUSALS, answer
+    from server.refusals import RefusalError, RunFinishedError
+
+    refusals = RefusalError.__subclasses__()
+    assert refusals and set(refusals) == set(REFUSALS)
+    for refusal in refusals:
+        error = answer(RunFinishedError() if refusal is RunFinishedError else refusal("why", 7))
+        assert 400 <= error.status < 500 or error.status == 503, refusal
+        assert error.code in {c.value for c in protocol.ErrorCode}, refusal
+        assert error.headers == ({} if refusal is RunFinishedError else {protocol.Header.RETRY_AFTER: "7"})

@@ -10,7 +10,8 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from device_runtime.fleet import FleetConfig, run_fleet
+from device_runtime.fleet import run_fleet
+from device_runtime.fleet_config import FleetConfig
 from fedper.cli import main
 from fedper.data import DataConfig
 from fedper.ray_cluster import INSTALL_HINT, LOCAL_OBJECT_STORE_BYTES

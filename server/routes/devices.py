@@ -95,7 +95,7 @@ def task(device_id: DeviceId, state: State) -> Response:
     snap = rounds.snapshot
     if snap.finished:
         raise run_finished()
-    if snap.state != "open" or rounds.draining is not None:
+    if not snap.is_open or rounds.draining is not None:
         return Response(status_code=204, headers={Header.RETRY_AFTER: str(state.config.retry_after)})
     slot = None if state.db.has_update(snap.round, device_id) else rounds.assign(snap.round, device_id)
     if slot is None:  # reported already, or every slot is held: come back when the round may have moved on

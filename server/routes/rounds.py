@@ -14,7 +14,8 @@ from fastapi import APIRouter, Request
 from fedper.protocol import Accepted, ErrorCode, Header, RoundInfo, Route
 from server.auth import AnyCaller, DeviceId, State
 from server.disk_room import out_of_space
-from server.errors import ProtocolError, conflict, not_found, run_finished
+from server.errors import ProtocolError, answer, conflict, not_found, run_finished
+from server.refusals import RefusalError
 from server.request_body import BodyPace, streamed_to_file
 from server.routes.responses import ERRORS, OCTETS
 from server.state import ServerState
@@ -81,18 +82,25 @@ async def upload(round_number: int, request: Request, device_id: DeviceId, state
     except (OSError, sqlite3.OperationalError) as exc:
         if not out_of_space(exc):
             raise
-        error = rounds.out_of_space(exc)
+        error = answer(rounds.out_of_space(exc))
         state.metrics.reject(error.code)
         raise error from exc
+    except RefusalError as exc:
+        raise _rejected(state, device_id, round_number, answer(exc)) from exc
     except ProtocolError as exc:
-        state.metrics.reject(exc.code)
-        log.info(json.dumps({"event": "upload_rejected", "device": device_id,
-                             "round": round_number, "code": exc.code}))  # fmt: skip
-        raise
+        raise _rejected(state, device_id, round_number, exc) from exc.__cause__
     state.metrics.accept(size)
     log.info(json.dumps({"event": "update_accepted", "device": device_id,
                          "round": round_number, "received": received}))  # fmt: skip
     return Accepted(round=round_number, accepted=True, received=received)
+
+
+def _rejected(state: ServerState, device_id: str, round_number: int, error: ProtocolError) -> ProtocolError:
+    """Count and log a refused upload; returns its answer."""
+    state.metrics.reject(error.code)
+    log.info(json.dumps({"event": "upload_rejected", "device": device_id,
+                         "round": round_number, "code": error.code}))  # fmt: skip
+    return error
 
 
 @router.get(Route.ROUND, response_model=RoundInfo, responses=ERRORS)
