@@ -110,11 +110,12 @@ class Health(_Body):
 
 
 MAX_ATTESTATION_LENGTH = 16 * 1024
+MAX_PLATFORM_LENGTH = 128
 
 
 class EnrollmentRequest(_Body):
     enrollment_key: str
-    platform: str | None = Field(default=None, max_length=128)
+    platform: str | None = Field(default=None, max_length=MAX_PLATFORM_LENGTH)
     # Since revision 1.4: the platform's integrity token (e.g. Play Integrity), for a server
     # configured to verify one (docs/SERVER.md, "Device attestation").
     attestation: str | None = Field(default=None, max_length=MAX_ATTESTATION_LENGTH)

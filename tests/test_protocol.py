@@ -41,6 +41,15 @@ def test_the_java_core_spells_no_protocol_name_of_its_own() -> None:
         assert not [s for s in literals if s.startswith(protocol.PREFIX + "/")], f"{source.name} spells a path"
 
 
+def test_the_java_client_reads_and_writes_bodies_through_generated_names() -> None:
+    """ProtocolClient.java builds the enrollment and reads the enrollment's, the upload's and the
+    errors' answers: their field names come from Protocol.Body, not from literals."""
+    models = {m.__name__: m for m in protocol.MODELS}
+    fields = {f for m in ("EnrollmentRequest", "Enrolled", "Accepted", "Error") for f in models[m].model_fields}
+    literals = set(re.findall(r'"((?:[^"\\]|\\.)*)"', (JAVA / "ProtocolClient.java").read_text()))
+    assert not literals & fields, f"ProtocolClient.java spells {sorted(literals & fields)}: use Protocol.Body.*"
+
+
 def test_the_java_task_reads_only_fields_of_the_task_body() -> None:
     fields = set(re.findall(r'm\.[a-zA-Z]+\("([a-z0-9_]+)"', (JAVA / "Task.java").read_text()))
     assert fields and fields <= set(protocol.Task.model_fields), fields - set(protocol.Task.model_fields)

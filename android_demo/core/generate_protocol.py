@@ -1,5 +1,6 @@
 """Write the Java core's ``Protocol.java`` from ``docs/protocol.schema.json``, so the Android
-app names the protocol's paths, codes, metadata keys and headers exactly as the server does.
+app names the protocol's paths, codes, metadata keys, headers and JSON bodies' fields exactly as
+the server does.
 
 Usage: python android_demo/core/generate_protocol.py   (tests/test_protocol.py fails when stale)
 """
@@ -42,6 +43,14 @@ def render(schema: dict) -> str:
             java_type, literal = _literal(constants[key])
             lines.append(f"    public static final {java_type} {key} = {literal};")
         lines.append("  }")
+    # Each JSON body's field names, so the client reads them by name: Protocol.Body.Enrolled.TOKEN.
+    lines += ["", "  public static final class Body {", "    private Body() {}"]
+    for model in sorted(schema["$defs"]):
+        lines += ["", f"    public static final class {model} {{", f"      private {model}() {{}}", ""]
+        for field in sorted(schema["$defs"][model]["properties"]):
+            lines.append(f"      public static final String {field.upper()} = {json.dumps(field)};")
+        lines.append("    }")
+    lines.append("  }")
     lines.append("}")
     return "\n".join(lines) + "\n"
 

@@ -12,7 +12,16 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 
 from fedper.manifest import MANIFEST_FILE
-from fedper.protocol import MAX_ATTESTATION_LENGTH, Enrolled, ErrorCode, Header, Route, Task, TaskConfig
+from fedper.protocol import (
+    MAX_ATTESTATION_LENGTH,
+    MAX_PLATFORM_LENGTH,
+    Enrolled,
+    ErrorCode,
+    Header,
+    Route,
+    Task,
+    TaskConfig,
+)
 from server import strict_json
 from server.auth import DeviceId, State, failed, limit_key
 from server.credentials import new_token, same_secret, token_hash
@@ -23,7 +32,6 @@ from server.routes.responses import ERRORS
 from server.state import ServerState
 
 JSON_LIMIT = 64 * 1024
-MAX_PLATFORM_LENGTH = 128
 ENROLLMENT_KEY = "enrollment key"  # the one key all enrollments count under
 
 log = logging.getLogger("fedper.server")

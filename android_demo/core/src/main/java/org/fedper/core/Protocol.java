@@ -85,4 +85,125 @@ public final class Protocol {
     public static final String WRONG_DTYPE = "wrong_dtype";
     public static final String WRONG_SHAPE = "wrong_shape";
   }
+
+  public static final class Body {
+    private Body() {}
+
+    public static final class Accepted {
+      private Accepted() {}
+
+      public static final String ACCEPTED = "accepted";
+      public static final String RECEIVED = "received";
+      public static final String ROUND = "round";
+    }
+
+    public static final class Enrolled {
+      private Enrolled() {}
+
+      public static final String DEVICE_ID = "device_id";
+      public static final String TOKEN = "token";
+    }
+
+    public static final class EnrollmentRequest {
+      private EnrollmentRequest() {}
+
+      public static final String ATTESTATION = "attestation";
+      public static final String ENROLLMENT_KEY = "enrollment_key";
+      public static final String PLATFORM = "platform";
+    }
+
+    public static final class Error {
+      private Error() {}
+
+      public static final String CODE = "code";
+      public static final String MESSAGE = "message";
+      public static final String REQUEST_ID = "request_id";
+    }
+
+    public static final class Health {
+      private Health() {}
+
+      public static final String PROTOCOL = "protocol";
+      public static final String STATUS = "status";
+    }
+
+    public static final class MetricSummary {
+      private MetricSummary() {}
+
+      public static final String COUNT = "count";
+      public static final String MEAN = "mean";
+      public static final String STD = "std";
+      public static final String WEIGHTED_MEAN = "weighted_mean";
+    }
+
+    public static final class Revoked {
+      private Revoked() {}
+
+      public static final String DEVICE_ID = "device_id";
+      public static final String REVOKED = "revoked";
+      public static final String UPDATE_WITHDRAWN = "update_withdrawn";
+    }
+
+    public static final class RolledBack {
+      private RolledBack() {}
+
+      public static final String MODEL_VERSION = "model_version";
+      public static final String ROLLED_BACK_TO = "rolled_back_to";
+      public static final String ROUND = "round";
+    }
+
+    public static final class RoundInfo {
+      private RoundInfo() {}
+
+      public static final String DEADLINE = "deadline";
+      public static final String METRICS = "metrics";
+      public static final String MIN_CLIENTS = "min_clients";
+      public static final String MODEL_VERSION = "model_version";
+      public static final String RECEIVED = "received";
+      public static final String RESULT_VERSION = "result_version";
+      public static final String ROUND = "round";
+      public static final String STATE = "state";
+      public static final String TARGET_CLIENTS = "target_clients";
+    }
+
+    public static final class Status {
+      private Status() {}
+
+      public static final String DEVICES = "devices";
+      public static final String DRAINING = "draining";
+      public static final String MODEL_VERSION = "model_version";
+      public static final String ROUND = "round";
+      public static final String ROUNDS_CLOSED = "rounds_closed";
+      public static final String ROUNDS_TOTAL = "rounds_total";
+      public static final String STATE = "state";
+    }
+
+    public static final class Stopped {
+      private Stopped() {}
+
+      public static final String STATE = "state";
+    }
+
+    public static final class Task {
+      private Task() {}
+
+      public static final String BASE_URL = "base_url";
+      public static final String CONFIG = "config";
+      public static final String DEADLINE = "deadline";
+      public static final String MANIFEST_SHA256 = "manifest_sha256";
+      public static final String MANIFEST_URL = "manifest_url";
+      public static final String MODEL_VERSION = "model_version";
+      public static final String REPORT_BY = "report_by";
+      public static final String ROUND = "round";
+    }
+
+    public static final class TaskConfig {
+      private TaskConfig() {}
+
+      public static final String BATCH_SIZE = "batch_size";
+      public static final String LEARNING_RATE = "learning_rate";
+      public static final String LOCAL_EPOCHS = "local_epochs";
+      public static final String MOMENTUM = "momentum";
+    }
+  }
 }

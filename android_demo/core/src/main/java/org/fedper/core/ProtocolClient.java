@@ -79,8 +79,8 @@ public final class ProtocolClient {
   public String[] enroll(String enrollmentKey, String platform) throws ProtocolException, InterruptedException {
     JSONObject req = new JSONObject();
     try {
-      req.put("enrollment_key", enrollmentKey);
-      req.put("platform", platform);
+      req.put(Protocol.Body.EnrollmentRequest.ENROLLMENT_KEY, enrollmentKey);
+      req.put(Protocol.Body.EnrollmentRequest.PLATFORM, platform);
     } catch (JSONException ex) {
       throw new IllegalArgumentException("enrollment key or platform is null", ex);
     }
@@ -94,8 +94,8 @@ public final class ProtocolClient {
     if (r.status != 201) {
       throw refused(r);
     }
-    String[] ids = answer(r, "POST " + Protocol.Path.DEVICES,
-        body -> new String[] {body.string("device_id"), body.string("token")});
+    String[] ids = answer(r, "POST " + Protocol.Path.DEVICES, body -> new String[] {
+        body.string(Protocol.Body.Enrolled.DEVICE_ID), body.string(Protocol.Body.Enrolled.TOKEN)});
     token = ids[1];
     return ids;
   }
@@ -149,7 +149,7 @@ public final class ProtocolClient {
     headers.put("Content-Type", Protocol.Header.OCTET_STREAM);
     HttpTransport.Response r = send("POST", Protocol.Path.UPDATES.replace("{round_number}", Long.toString(round)), headers, body);
     if (r.status == 202) {
-      return answer(r, "POST " + Protocol.Path.UPDATES, answer -> answer.integer("received"));
+      return answer(r, "POST " + Protocol.Path.UPDATES, answer -> answer.integer(Protocol.Body.Accepted.RECEIVED));
     }
     if (r.status == 410) {
       throw new ProtocolException.RunFinished();
@@ -210,8 +210,8 @@ public final class ProtocolClient {
     String message;
     try {
       JsonFields body = JsonFields.parse(text(r), "the server's error answer");
-      code = body.string("code", "?");
-      message = body.string("message", "");
+      code = body.string(Protocol.Body.Error.CODE, "?");
+      message = body.string(Protocol.Body.Error.MESSAGE, "");
     } catch (IllegalArgumentException ex) {
       String t = text(r);
       code = "?";
