@@ -88,7 +88,8 @@ async def upload(round_number: int, request: Request, device_id: DeviceId, state
     except RefusalError as exc:
         raise _rejected(state, device_id, round_number, answer(exc)) from exc
     except ProtocolError as exc:
-        raise _rejected(state, device_id, round_number, exc) from exc.__cause__
+        _rejected(state, device_id, round_number, exc)
+        raise
     state.metrics.accept(size)
     log.info(json.dumps({"event": "update_accepted", "device": device_id,
                          "round": round_number, "received": received}))  # fmt: skip
