@@ -16,17 +16,17 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from device_runtime.client import NotInCohortError, ProtocolClient, RunFinishedError
-from device_runtime.device import Device, DeviceOptions
-from device_runtime.device_storage import DeviceStorage
-from device_runtime.events import RoundReport
+from fedper.device_runtime.client import NotInCohortError, ProtocolClient, RunFinishedError
+from fedper.device_runtime.device import Device, DeviceOptions
+from fedper.device_runtime.device_storage import DeviceStorage
+from fedper.device_runtime.events import RoundReport
 from fedper.manifest import Manifest
 from fedper.protocol import Task
-from server.config import ServerConfig
-from server.errors import answer
-from server.refusals import RefusalError
-from server.state import open_state
-from server.upload_validation import Upload
+from fedper.server.config import ServerConfig
+from fedper.server.errors import answer
+from fedper.server.refusals import RefusalError
+from fedper.server.state import open_state
+from fedper.server.upload_validation import Upload
 from tests.server_support import ADMIN, ENROLL, FakeClock, base_like, enroll, round_info, serve, update_body
 
 FLEET, COHORT = 200, 20

@@ -374,7 +374,7 @@ def test_the_server_process_limits_malloc_arenas_unless_the_operator_set_them(mo
     glibc's default arenas, 18-41 MB with 2 (server/malloc_arenas.py)."""
     import platform
 
-    from server.malloc_arenas import limit_malloc_arenas
+    from fedper.server.malloc_arenas import limit_malloc_arenas
 
     monkeypatch.setenv("MALLOC_ARENA_MAX", "4")
     assert limit_malloc_arenas() is False  # the operator's setting stands

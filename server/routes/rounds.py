@@ -12,14 +12,14 @@ from anyio import to_thread
 from fastapi import APIRouter, Request
 
 from fedper.protocol import Accepted, ErrorCode, Header, RoundInfo, Route
-from server.auth import AnyCaller, DeviceId, State
-from server.disk_room import out_of_space
-from server.errors import ProtocolError, answer, conflict, not_found, run_finished
-from server.refusals import RefusalError
-from server.request_body import BodyPace, streamed_to_file
-from server.routes.responses import ERRORS, OCTETS
-from server.state import ServerState
-from server.upload_validation import validate
+from fedper.server.auth import AnyCaller, DeviceId, State
+from fedper.server.disk_room import out_of_space
+from fedper.server.errors import ProtocolError, answer, conflict, not_found, run_finished
+from fedper.server.refusals import RefusalError
+from fedper.server.request_body import BodyPace, streamed_to_file
+from fedper.server.routes.responses import ERRORS, OCTETS
+from fedper.server.state import ServerState
+from fedper.server.upload_validation import validate
 
 log = logging.getLogger("fedper.server")
 router = APIRouter()
