@@ -56,16 +56,16 @@ test-portable: $(INSTALLED)
 # Every table of docs/RESULTS.md, on 3 seeds, written into it (runs reused from runs/results).
 results: $(INSTALLED)
 	$(BIN)/python docs/scripts/data_figure.py docs/img/synth_users.png
-	$(BIN)/python -m recipes.results_suite --out runs/results --write docs/RESULTS.md
+	$(BIN)/python -m fedper._recipes.results_suite --out runs/results --write docs/RESULTS.md
 
 # The poisoning table of docs/SERVER.md: one hostile device against each aggregation option.
 poisoning: $(INSTALLED)
-	$(BIN)/python -m recipes.poisoning --out runs/poisoning --write docs/SERVER.md
+	$(BIN)/python -m fedper._recipes.poisoning --out runs/poisoning --write docs/SERVER.md
 
 # The BatchNorm table of docs/RESULTS.md: FedPer with the base's statistics shared (validated by the
 # robust aggregation) or kept on each device (FedBN), paired per client; 12 runs, one at a time.
 bn-sharing: $(INSTALLED)
-	$(BIN)/python -m recipes.bn_sharing --out runs/bn_sharing --write docs/RESULTS.md
+	$(BIN)/python -m fedper._recipes.bn_sharing --out runs/bn_sharing --write docs/RESULTS.md
 
 bench: $(BENCH_INSTALLED)
 	$(BIN)/python -m bench

@@ -45,8 +45,8 @@ def main() -> None:
     warnings.simplefilter("ignore")
     from torch.fx.passes.infra import pass_base
 
-    from export.executorch_lowering import lower_training_program
-    from export.training_graph import training_step
+    from fedper.export.executorch_lowering import lower_training_program
+    from fedper.export.training_graph import training_step
     from fedper.models import ModelConfig, build_model
 
     seconds: collections.Counter[str] = collections.Counter()

@@ -10,7 +10,7 @@ import tempfile
 from pathlib import Path
 
 from bench.common import write_results
-from export.pipeline import ExportConfig, run_export
+from fedper.export.pipeline import ExportConfig, run_export
 
 
 def main() -> None:

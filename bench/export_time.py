@@ -26,15 +26,15 @@ import warnings
 import torch
 
 from bench.common import write_results
-from export.executorch_lowering import (
+from fedper.export.executorch_lowering import (
     drop_aliases,
     edge_compile_config,
     lower_training_program,
     trace_joint,
     use_linear_for_transposed_matmul,
 )
-from export.fast_ops import DECOMPOSITIONS
-from export.training_graph import training_step
+from fedper.export.fast_ops import DECOMPOSITIONS
+from fedper.export.training_graph import training_step
 from fedper.models import ModelConfig, build_model
 
 MAX_BATCH = 64

@@ -37,7 +37,7 @@ from typing import Any
 import httpx
 
 from bench.common import write_results
-from server.process import ServerProcess
+from fedper.server.process import ServerProcess
 
 ADMIN = "bench-admin-token-0123456789abcdef"
 ENROLL = "bench-enrollment-key"

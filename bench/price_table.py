@@ -42,8 +42,8 @@ _EXPORT = """
 import json, sys, time, warnings
 from pathlib import Path
 warnings.simplefilter("ignore")
-from export.executorch_lowering import lower_training_program
-from export.training_graph import training_step
+from fedper.export.executorch_lowering import lower_training_program
+from fedper.export.training_graph import training_step
 from fedper.models import ModelConfig, build_model
 alpha, size, batch, out = float(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), Path(sys.argv[4])
 model = build_model(ModelConfig(alpha=alpha, input_size=size), seed=0)
@@ -79,7 +79,7 @@ def export_in(tree: Path, alpha: float, size: int, out: Path) -> dict[str, Any]:
 
 
 def planned_child(pte: str) -> dict[str, float]:
-    from export.program_memory import planned_memory
+    from fedper.export.program_memory import planned_memory
 
     memory = planned_memory(Path(pte).read_bytes())
     return {"planned_mib": memory.total / MIB, "liveness_peak_mib": memory.liveness_peak / MIB}

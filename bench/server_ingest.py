@@ -34,7 +34,7 @@ import httpx
 import numpy as np
 
 from bench.common import write_results
-from server.process import ServerProcess, free_port, wait_until_answering
+from fedper.server.process import ServerProcess, free_port, wait_until_answering
 
 ADMIN, ENROLL = "bench-admin-token-0123456789abcdefghij", "bench-enroll"
 
@@ -82,8 +82,8 @@ def _run_uploads(url: str, devices: list[dict[str, str]], body: bytes, concurren
 
 
 def measure(n: int, uploads: int, workdir: Path, serve_args: list[str], alpha: float = 1.0) -> dict[str, object]:
-    from export.pipeline import write_server_only_export
     from fedper import weights
+    from fedper.export.pipeline import write_server_only_export
     from fedper.manifest import read_manifest
 
     artifacts = workdir / f"artifacts-{alpha}-{n}"
@@ -148,12 +148,12 @@ def per_upload_phases(workdir: Path, uploads: int = 20) -> dict[str, dict[str, f
     and those of all commits together, the closing one included (work under the round lock)."""
     import os
 
-    from export.pipeline import write_server_only_export
     from fedper import weights
+    from fedper.export.pipeline import write_server_only_export
     from fedper.manifest import read_manifest
-    from server.config import ServerConfig
-    from server.state import open_state
-    from server.upload_validation import validate
+    from fedper.server.config import ServerConfig
+    from fedper.server.state import open_state
+    from fedper.server.upload_validation import validate
 
     os.environ.setdefault("FEDPER_ADMIN_TOKEN", ADMIN)
     os.environ.setdefault("FEDPER_ENROLLMENT_KEY", ENROLL)

@@ -33,9 +33,9 @@ def export_child(kind: str, alpha: float, out: Path) -> dict[str, Any]:
     from torch.export.experimental import _copy_graph_module_and_signature, _remove_detach_pass
     from torch.export.exported_program import _decompose_exported_program
 
-    import export.executorch_lowering as lowering
-    from export.program_memory import planned_memory
-    from export.training_graph import training_step
+    import fedper.export.executorch_lowering as lowering
+    from fedper.export.program_memory import planned_memory
+    from fedper.export.training_graph import training_step
     from fedper.models import ModelConfig, build_model
 
     warnings.simplefilter("ignore")

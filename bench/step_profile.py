@@ -53,7 +53,7 @@ def profile_child(
     from executorch.devtools import Inspector
     from executorch.extension.pybindings.portable_lib import _load_for_executorch
 
-    from device_runtime.compute_threads import set_compute_threads
+    from fedper.device_runtime.compute_threads import set_compute_threads
 
     set_compute_threads(threads)  # before loading: an XNNPACK delegate keeps the pool it loads with
     module = _load_for_executorch(pte, data_path=ptd, enable_etdump=True)
@@ -84,8 +84,8 @@ def profile_child(
 
 
 def measure(alpha: float, size: int, batch: int, threads: list[int], steps: int, workdir: Path) -> dict[str, Any]:
-    from export.executorch_lowering import lower_training_program
-    from export.training_graph import training_step
+    from fedper.export.executorch_lowering import lower_training_program
+    from fedper.export.training_graph import training_step
     from fedper.models import ModelConfig, build_model
 
     model = build_model(ModelConfig(alpha=alpha, input_size=size), seed=0)

@@ -32,7 +32,7 @@ MIB = 2**20
 
 
 def _model_and_step(alpha: float, size: int) -> tuple[torch.nn.Module, torch.nn.Module]:
-    from export.training_graph import training_step
+    from fedper.export.training_graph import training_step
     from fedper.models import ModelConfig, build_model
 
     model = build_model(ModelConfig(alpha=alpha, input_size=size), seed=0)
@@ -40,8 +40,8 @@ def _model_and_step(alpha: float, size: int) -> tuple[torch.nn.Module, torch.nn.
 
 
 def export_child(alpha: float, size: int, batch: int, out: Path) -> dict[str, object]:
-    from export.executorch_lowering import lower_training_program
-    from export.program_memory import planned_memory
+    from fedper.export.executorch_lowering import lower_training_program
+    from fedper.export.program_memory import planned_memory
 
     _, step = _model_and_step(alpha, size)
     phases: dict[str, float] = {}
@@ -56,8 +56,8 @@ def export_child(alpha: float, size: int, batch: int, out: Path) -> dict[str, ob
 
 
 def bound_child(alpha: float, size: int, batch: int) -> dict[str, object]:
-    from export.executorch_lowering import example_inputs
-    from export.program_memory import step_lower_bound
+    from fedper.export.executorch_lowering import example_inputs
+    from fedper.export.program_memory import step_lower_bound
 
     _, step = _model_and_step(alpha, size)
     bound = step_lower_bound(step, example_inputs(step, size, batch))
@@ -70,7 +70,7 @@ def device_child(alpha: float, size: int, batch: int, out: Path) -> dict[str, ob
     from executorch.extension.pybindings.portable_lib import _load_for_executorch
     from executorch.extension.training import TrainingModule, get_sgd_optimizer
 
-    from export.executorch_lowering import example_inputs
+    from fedper.export.executorch_lowering import example_inputs
 
     _, step = _model_and_step(alpha, size)
     inputs = example_inputs(step, size, batch)

@@ -77,7 +77,7 @@ def run_et(pte: str, ptd: str, stats_json: str, size: int, batch: int, steps: in
     from executorch.extension.pybindings.portable_lib import _load_for_executorch
     from executorch.extension.training import TrainingModule, get_sgd_optimizer
 
-    from device_runtime.compute_threads import set_compute_threads
+    from fedper.device_runtime.compute_threads import set_compute_threads
 
     set_compute_threads(threads)  # before loading: an XNNPACK delegate keeps the pool it loads with
     module = TrainingModule(_load_for_executorch(pte, data_path=ptd))
@@ -112,8 +112,8 @@ def measure(
     threads: list[int],
     repeats: int = 1,
 ) -> dict[str, object]:
-    from export.executorch_lowering import lower_inference_program, lower_training_program
-    from export.training_graph import training_step
+    from fedper.export.executorch_lowering import lower_inference_program, lower_training_program
+    from fedper.export.training_graph import training_step
     from fedper.models import ModelConfig, build_model
 
     model = build_model(ModelConfig(alpha=alpha, input_size=size), seed=0)

@@ -39,8 +39,8 @@ ALPHA, SIZE, BATCH = 0.25, 32, 32
 def export(out: Path, ops: list[str]) -> None:
     from executorch.backends.xnnpack.partition.config import generic_node_configs
 
-    import export.executorch_lowering as lowering
-    from export.training_graph import training_step
+    import fedper.export.executorch_lowering as lowering
+    from fedper.export.training_graph import training_step
     from fedper.models import ModelConfig, build_model
 
     already = set(lowering.XNNPACK_CONFIGS)  # XNNPACK's partitioner refuses a config given twice

@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 from pydantic import ValidationError
 
-from device_runtime.retry import Backoff, TransientError, with_retries
+from fedper.device_runtime.retry import Backoff, TransientError, with_retries
 from fedper.errors import FedperError
 from fedper.protocol import Accepted, Enrolled, EnrollmentRequest, Error, ErrorCode, Header, Route, Status, Task
 

@@ -41,7 +41,7 @@ class DeviceConfig:
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    from device_runtime.fleet_config import FleetConfig
+    from fedper.device_runtime.fleet_config import FleetConfig
 
     add_command(
         sub, "device", device, [DataConfig, DeviceConfig], skip=("holdout_clients",),
@@ -60,14 +60,14 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
 
 
 def device(args: argparse.Namespace) -> int:
-    from device_runtime.client import ProtocolClient, RefusedError
-    from device_runtime.compute_threads import set_compute_threads
-    from device_runtime.device import Device, DeviceOptions
-    from device_runtime.device_storage import DeviceStorage
-    from device_runtime.enrollment import enrollment_key
-    from device_runtime.events import DeviceEvent, describe
-    from device_runtime.local_data import LocalData, from_folder, share
-    from device_runtime.retry import TransientError
+    from fedper.device_runtime.client import ProtocolClient, RefusedError
+    from fedper.device_runtime.compute_threads import set_compute_threads
+    from fedper.device_runtime.device import Device, DeviceOptions
+    from fedper.device_runtime.device_storage import DeviceStorage
+    from fedper.device_runtime.enrollment import enrollment_key
+    from fedper.device_runtime.events import DeviceEvent, describe
+    from fedper.device_runtime.local_data import LocalData, from_folder, share
+    from fedper.device_runtime.retry import TransientError
     from fedper.manifest import Manifest
 
     config = from_arguments(DeviceConfig, args)
@@ -104,9 +104,9 @@ def device(args: argparse.Namespace) -> int:
 
 
 def fleet(args: argparse.Namespace) -> int:
-    from device_runtime.enrollment import enrollment_key
-    from device_runtime.fleet import run_fleet
-    from device_runtime.fleet_config import FleetConfig
+    from fedper.device_runtime.enrollment import enrollment_key
+    from fedper.device_runtime.fleet import run_fleet
+    from fedper.device_runtime.fleet_config import FleetConfig
 
     config = from_arguments(FleetConfig, args)
     data = from_arguments(DataConfig, args)

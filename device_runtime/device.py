@@ -23,9 +23,11 @@ from typing import Any, Literal
 
 import numpy as np
 
-from device_runtime.client import NoTask, NotInCohortError, ProtocolClient, RefusedError, RunFinishedError
-from device_runtime.device_storage import DeviceStorage
-from device_runtime.events import (
+from fedper import weights
+from fedper.client_round import Client, ClientRound, score_held, train_held
+from fedper.device_runtime.client import NoTask, NotInCohortError, ProtocolClient, RefusedError, RunFinishedError
+from fedper.device_runtime.device_storage import DeviceStorage
+from fedper.device_runtime.events import (
     Dropped,
     Evaluated,
     Event,
@@ -36,10 +38,8 @@ from device_runtime.events import (
     Training,
     Uploaded,
 )
-from device_runtime.local_data import LocalData
-from device_runtime.retry import TransientError
-from fedper import weights
-from fedper.client_round import Client, ClientRound, score_held, train_held
+from fedper.device_runtime.local_data import LocalData
+from fedper.device_runtime.retry import TransientError
 from fedper.errors import FedperError
 from fedper.manifest import MANIFEST_FILE, Manifest, read_manifest, sha256_file
 from fedper.protocol import ErrorCode, Metadata, Route, Task, TaskConfig
@@ -301,7 +301,7 @@ def metric_metadata(metrics: Mapping[str, float | None]) -> dict[str, str]:
 def make_trainer(engine: Engine, directory: Any, manifest: Manifest, evaluator: Evaluator = "onnx") -> Trainer:
     """The exported program in the ExecuTorch runtime, or the same model and step in eager PyTorch."""
     if engine == "executorch":
-        from device_runtime.training_program import TrainingProgram
+        from fedper.device_runtime.training_program import TrainingProgram
 
         return TrainingProgram(directory, manifest, evaluator=evaluator)
     from fedper.eager_trainer import EagerTrainer

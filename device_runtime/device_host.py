@@ -11,9 +11,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
-from device_runtime.events import DeviceEvent, DeviceFailed, WorkerDone
-from device_runtime.fleet_config import FleetConfig
 from fedper.data import DataConfig
+from fedper.device_runtime.events import DeviceEvent, DeviceFailed, WorkerDone
+from fedper.device_runtime.fleet_config import FleetConfig
 from fedper.manifest import Manifest
 from fedper.trainer import Trainer
 
@@ -52,7 +52,7 @@ class SharedTrainers:
         self._lock = threading.Lock()
 
     def __call__(self, sha: str, directory: Path, manifest: Manifest) -> Trainer:
-        from device_runtime.device import make_trainer
+        from fedper.device_runtime.device import make_trainer
 
         with self._lock:
             if sha not in self._trainers:
@@ -81,12 +81,12 @@ def host_devices(
     trainers: SharedTrainers,
 ) -> None:
     """Run devices ``device_ids`` until each has finished (or failed), then report WorkerDone."""
-    from device_runtime.client import ProtocolClient
-    from device_runtime.device import Device, DeviceOptions
-    from device_runtime.device_storage import DeviceStorage
-    from device_runtime.local_data import LocalData
-    from device_runtime.network_faults import FlakyTransport
     from fedper.data import load_federated
+    from fedper.device_runtime.client import ProtocolClient
+    from fedper.device_runtime.device import Device, DeviceOptions
+    from fedper.device_runtime.device_storage import DeviceStorage
+    from fedper.device_runtime.local_data import LocalData
+    from fedper.device_runtime.network_faults import FlakyTransport
 
     fed = load_federated(data)
     lock = threading.Lock()

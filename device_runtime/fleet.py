@@ -23,8 +23,10 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from device_runtime.device_host import FleetEvent, FleetWorkers, SharedTrainers, host_devices, shares
-from device_runtime.events import (
+from fedper.baselines import per_client_accuracy
+from fedper.data import DataConfig, load_federated
+from fedper.device_runtime.device_host import FleetEvent, FleetWorkers, SharedTrainers, host_devices, shares
+from fedper.device_runtime.events import (
     DeviceFailed,
     Dropped,
     FinalEvaluated,
@@ -34,10 +36,8 @@ from device_runtime.events import (
     Uploaded,
     WorkerDone,
 )
-from device_runtime.fleet_config import FleetConfig
-from device_runtime.ray_fleet import ray_workers
-from fedper.baselines import per_client_accuracy
-from fedper.data import DataConfig, load_federated
+from fedper.device_runtime.fleet_config import FleetConfig
+from fedper.device_runtime.ray_fleet import ray_workers
 from fedper.environment import numeric_environment
 from fedper.results import ClientRecord, RunRecorder, config_json
 
@@ -52,7 +52,7 @@ def _worker(index: int, device_ids: list[int], fleet: FleetConfig, data: DataCon
     log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     os.dup2(log_fd, 1)
     os.dup2(log_fd, 2)
-    from device_runtime.compute_threads import set_compute_threads
+    from fedper.device_runtime.compute_threads import set_compute_threads
 
     set_compute_threads(fleet.threads)
     # One trainer per manifest for the process's devices, as in a Ray actor: one loaded training

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from device_runtime.weights_file import encode_ptd
+from fedper.device_runtime.weights_file import encode_ptd
 from fedper.errors import FedperError
 
 

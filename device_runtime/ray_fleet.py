@@ -17,9 +17,9 @@ from typing import Any
 
 from rich.console import Console
 
-from device_runtime.device_host import FleetEvent, FleetWorkers, SharedTrainers, host_devices, shares
-from device_runtime.fleet_config import FleetConfig
 from fedper.data import DataConfig
+from fedper.device_runtime.device_host import FleetEvent, FleetWorkers, SharedTrainers, host_devices, shares
+from fedper.device_runtime.fleet_config import FleetConfig
 from fedper.ray_cluster import cluster_cpus, ray_session
 
 # glibc gives each thread that allocates its own malloc arena (up to 8 per core), and a host's
@@ -33,7 +33,7 @@ class DeviceHost:
     """A Ray actor's body: one compute thread, one set of shared trainers, many devices."""
 
     def __init__(self, engine: str, evaluator: str, threads: int) -> None:
-        from device_runtime.compute_threads import set_compute_threads
+        from fedper.device_runtime.compute_threads import set_compute_threads
 
         set_compute_threads(threads)  # as in a worker process: the actors share the node's cores
         self.trainers = SharedTrainers(engine, evaluator)

@@ -19,8 +19,8 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from device_runtime.inference_runtime import ExecuTorchInference, OnnxInference
 from fedper import weights
+from fedper.device_runtime.inference_runtime import ExecuTorchInference, OnnxInference
 from fedper.errors import FedperError
 from fedper.manifest import Manifest, read_manifest
 

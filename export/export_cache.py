@@ -21,8 +21,8 @@ from pathlib import Path
 
 import torch
 
-import export
 import fedper
+from fedper import export
 from fedper.atomic_write import atomic_directory, atomic_write_text
 from fedper.manifest import sha256_file
 from fedper.models import ModelConfig
@@ -31,6 +31,8 @@ ENTRY_FILE = "entry.json"
 KEY_FORMAT = "fedper-export-cache/1"
 # Packages whose versions the programs depend on (the lowering, the ONNX exporter).
 LIBRARIES = ("torch", "executorch", "onnx", "onnxscript")
+# The namespace's application packages (only ``export`` of them builds programs).
+APPLICATIONS = ("server", "device_runtime", "export", "_recipes")
 
 
 def default_cache_dir() -> Path:
@@ -48,6 +50,8 @@ def source_digest() -> str:
     for package in (export, fedper):
         root = Path(package.__file__).parent  # type: ignore[arg-type]
         for path in sorted(root.rglob("*.py")):
+            if package is fedper and path.relative_to(root).parts[0] in APPLICATIONS:
+                continue  # in a wheel these are folders; in the repository, links rglob does not follow
             digest.update(str(path.relative_to(root.parent)).encode() + b"\0")
             digest.update(path.read_bytes() + b"\0")
     return digest.hexdigest()

@@ -14,7 +14,7 @@ from typing import cast
 import torch
 from torch import nn
 
-from export.fast_ops import batch_norm_relu, depthwise3x3, depthwise3x3_s2, stem_conv
+from fedper.export.fast_ops import batch_norm_relu, depthwise3x3, depthwise3x3_s2, stem_conv
 from fedper.models.mobilenet_v1 import ConvBN, DepthwiseSeparable, MobileNetV1
 from fedper.models.split import running_stat_names
 

@@ -18,7 +18,7 @@ import onnx
 import torch
 from torch import nn
 
-from export.executorch_lowering import without_batch_counters
+from fedper.export.executorch_lowering import without_batch_counters
 
 INPUT_NAME = "input"
 OUTPUT_NAME = "logits"

@@ -12,10 +12,6 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from export.executorch_lowering import lower_inference_program, lower_training_program
-from export.export_cache import ExportCache, default_cache_dir, program_key
-from export.onnx_export import ONNX_OPSET, export_onnx
-from export.training_graph import VARIANTS, Variant, resolve_variant, training_step
 from fedper import __version__, weights
 from fedper.atomic_write import atomic_directory
 from fedper.checkpoints import init_base, read_checkpoint
@@ -23,6 +19,10 @@ from fedper.config_cli import nested, option
 from fedper.data import dataset_info
 from fedper.data.dataset import DEFAULT_MEAN, DEFAULT_STD
 from fedper.errors import ConfigError
+from fedper.export.executorch_lowering import lower_inference_program, lower_training_program
+from fedper.export.export_cache import ExportCache, default_cache_dir, program_key
+from fedper.export.onnx_export import ONNX_OPSET, export_onnx
+from fedper.export.training_graph import VARIANTS, Variant, resolve_variant, training_step
 from fedper.manifest import (
     ARTIFACT_FILES,
     MANIFEST_FILE,

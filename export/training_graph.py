@@ -15,8 +15,8 @@ from typing import Literal
 import torch
 from torch import nn
 
-from export.fast_mobilenet import FastMobileNetStep, downsampling
 from fedper.errors import ConfigError
+from fedper.export.fast_mobilenet import FastMobileNetStep, downsampling
 from fedper.models import StagedModel, exchanged_names
 from fedper.models.mobilenet_v1 import MobileNetV1
 from fedper.models.split import running_stat_names

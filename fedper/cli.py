@@ -25,16 +25,16 @@ def build_parser(only_serve: bool = False) -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"fedper {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    from server import admin_command, serve_command
+    from fedper.server import admin_command, serve_command
 
     if only_serve:
         serve_command.add_parser(sub)
         admin_command.add_parser(sub)
         return parser
-    from device_runtime import commands as device_commands
-    from device_runtime.training_program import check_exported
-    from export import export_command
-    from recipes import demo_command, pretrain_command, probe_check, report_command, simulate_command
+    from fedper._recipes import demo_command, pretrain_command, probe_check, report_command, simulate_command
+    from fedper.device_runtime import commands as device_commands
+    from fedper.device_runtime.training_program import check_exported
+    from fedper.export import export_command
 
     simulate_command.add_parser(sub)
     export_command.add_parser(sub)

@@ -6,7 +6,7 @@ baseline evaluates without ``model.eval()``, i.e. in training mode: each test ba
 normalized with its own statistics. This scores every client's final model (a finished
 ``fedper simulate`` run's final_base + heads) both ways on the client's test split.
 
-Usage: .venv/bin/python -m recipes.bn_modes RUN_DIR [RUN_DIR ...]  (make results runs it on the synth runs)
+Usage: .venv/bin/python -m fedper._recipes.bn_modes RUN_DIR [RUN_DIR ...]  (make results runs it on the synth runs)
 """
 
 from __future__ import annotations

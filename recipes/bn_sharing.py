@@ -27,9 +27,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from fedper.atomic_write import atomic_write_text
-from recipes.doc_block import write_block
-from recipes.results_suite import (
+from fedper._recipes.doc_block import write_block
+from fedper._recipes.results_suite import (
     DIGITS,
     FEDPER,
     SEEDS,
@@ -40,6 +39,7 @@ from recipes.results_suite import (
     paired_difference,
     run_one,
 )
+from fedper.atomic_write import atomic_write_text
 
 BEGIN, END = "<!-- bn-sharing:begin (make bn-sharing) -->", "<!-- bn-sharing:end -->"
 MODES = ("shared", "local")
@@ -102,7 +102,7 @@ def write_into(doc: Path, text: str) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m recipes.bn_sharing", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m fedper._recipes.bn_sharing", description=__doc__)
     p.add_argument("--out", type=Path, default=Path("runs/bn_sharing"), help="where the runs go (reused)")
     p.add_argument("--fedper", default=str(Path(sys.executable).with_name("fedper")), help="the fedper command")
     p.add_argument("--write", type=Path, default=None, help="replace the bn-sharing block of this markdown file")

@@ -15,7 +15,7 @@ If even this stays at the majority baseline, the limit is the model and the data
 federated algorithm. Each client is scored on its own test split after every epoch, in eval
 mode; the baselines of ``fedper.baselines`` are computed on the same splits.
 
-Usage: .venv/bin/python -m recipes.centralized_bound [--seeds 0 1 2] [--epochs 20] [--out FILE]
+Usage: .venv/bin/python -m fedper._recipes.centralized_bound [--seeds 0 1 2] [--epochs 20] [--out FILE]
 """
 
 from __future__ import annotations

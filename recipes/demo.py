@@ -20,21 +20,21 @@ from typing import Any
 
 from rich.console import Console
 
-from device_runtime.fleet import run_fleet
-from device_runtime.fleet_config import FleetConfig
-from device_runtime.training_program import check_exported, median_step_ms
-from export.pipeline import ExportConfig, run_export
+from fedper._recipes.demo_config import DemoConfig
+from fedper._recipes.demo_report import compare, render_report
+from fedper._recipes.new_users import FINAL_BASE, new_user_curves
 from fedper.atomic_write import atomic_write_text
 from fedper.checkpoints import read_checkpoint
 from fedper.data import DataConfig, load_federated
+from fedper.device_runtime.fleet import run_fleet
+from fedper.device_runtime.fleet_config import FleetConfig
+from fedper.device_runtime.training_program import check_exported, median_step_ms
+from fedper.export.pipeline import ExportConfig, run_export
 from fedper.models import ModelConfig
 from fedper.pretrained import PACKAGED_BASE, PACKAGED_CARD, checkpoint_path
 from fedper.protocol import Env
 from fedper.results import RunRecorder, config_json
-from recipes.demo_config import DemoConfig
-from recipes.demo_report import compare, render_report
-from recipes.new_users import FINAL_BASE, new_user_curves
-from server.process import ServerProcess
+from fedper.server.process import ServerProcess
 
 console = Console(stderr=True)
 DEMO_ALPHA, DEMO_INPUT_SIZE = 0.25, 32  # the exported model: MobileNet-V1 width, pixels

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import argparse
 
+from fedper._recipes.demo import run_demo
+from fedper._recipes.demo_config import DemoConfig
 from fedper.config_cli import add_command, from_arguments
-from recipes.demo import run_demo
-from recipes.demo_config import DemoConfig
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

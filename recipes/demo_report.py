@@ -11,10 +11,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from fedper._recipes.demo_config import DemoConfig
 from fedper.baselines import DESCRIPTIONS
 from fedper.errors import FedperError
 from fedper.plots import NEW_USERS_PLOT
-from recipes.demo_config import DemoConfig
 
 
 def compare(results: dict[str, Any]) -> dict[str, float]:

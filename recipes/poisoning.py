@@ -19,12 +19,12 @@ from pathlib import Path
 
 import numpy as np
 
+from fedper._recipes.doc_block import write_block
+from fedper._recipes.simulation import Arrays, SimulationConfig, run
 from fedper.atomic_write import atomic_write_text
 from fedper.data import DataConfig
 from fedper.robust_aggregate import BATCHNORM_VARIANCE, AggregationConfig
 from fedper.train_config import TrainConfig
-from recipes.doc_block import write_block
-from recipes.simulation import Arrays, SimulationConfig, run
 
 HOSTILE = 0  # the attacker's client index
 BEGIN, END = "<!-- poisoning:begin (make poisoning) -->", "<!-- poisoning:end -->"
@@ -110,7 +110,7 @@ def write_into(doc: Path, text: str) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m recipes.poisoning", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m fedper._recipes.poisoning", description=__doc__)
     p.add_argument("--out", type=Path, default=Path("runs/poisoning"), help="where the runs go (reused)")
     p.add_argument("--jobs", type=int, default=2, help="runs at a time (each one torch thread)")
     p.add_argument("--write", type=Path, default=None, help="replace the poisoning block of this markdown file")

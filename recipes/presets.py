@@ -12,10 +12,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from fedper._recipes.simulation import SimulationConfig
 from fedper.config_cli import from_arguments, given, with_defaults
 from fedper.data import DataConfig
 from fedper.pretrained import PRETRAINED
-from recipes.simulation import SimulationConfig
 
 # Flower's FedPer baseline at adap/flower fdef7afb1dca3030553be302366cfd285ed6632c.
 FLOWER_FEDPER = "adap/flower baselines/fedper/fedper"

@@ -15,8 +15,8 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
+from fedper._recipes.pretrain import BASE, CARD, PretrainConfig, run_pretrain
 from fedper.config_cli import add_command, from_arguments
-from recipes.pretrain import BASE, CARD, PretrainConfig, run_pretrain
 
 console = Console(stderr=True)
 

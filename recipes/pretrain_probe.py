@@ -16,7 +16,7 @@ the same probes on a random base (``build_model``'s initial weights for the data
   (the looks, bad exposure, the content categories), fitted on every user's training photos and
   scored (R²) on their test photos: which cues the base carries and which it does not.
 
-Usage: .venv/bin/python -m recipes.pretrain_probe --base pretrained/base.safetensors
+Usage: .venv/bin/python -m fedper._recipes.pretrain_probe --base pretrained/base.safetensors
        [--size 32] [--seeds 0 1 2] [--out probe.json]
 """
 

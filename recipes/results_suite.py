@@ -26,11 +26,11 @@ from typing import Any
 
 import numpy as np
 
+from fedper._recipes import bn_modes, pretrain_probe
+from fedper._recipes.doc_block import write_block
 from fedper.atomic_write import atomic_write_text
 from fedper.errors import FedperError
 from fedper.pretrained import PACKAGED_BASE
-from recipes import bn_modes, pretrain_probe
-from recipes.doc_block import write_block
 
 SEEDS = (0, 1, 2)
 BEGIN, END = "<!-- results:begin (make results) -->", "<!-- results:end -->"
@@ -334,7 +334,7 @@ def write_into(doc: Path, text: str) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m recipes.results_suite", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m fedper._recipes.results_suite", description=__doc__)
     p.add_argument("--out", type=Path, default=Path("runs/results"), help="where the runs go")
     p.add_argument("--jobs", type=int, default=2, help="runs at a time (each one torch thread)")
     p.add_argument("--fedper", default=str(Path(sys.executable).with_name("fedper")), help="the fedper command")

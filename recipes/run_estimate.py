@@ -5,7 +5,7 @@ steps after a warm-up) and multiplied by the steps the run makes: the clients' b
 their local epochs, per round, per algorithm. Evaluation is not counted: it adds a forward
 pass over each client's test split once or twice a round.
 
-``python -m recipes.run_estimate`` takes ``fedper simulate``'s options (a dataset's preset
+``python -m fedper._recipes.run_estimate`` takes ``fedper simulate``'s options (a dataset's preset
 included) and prints the step time alone, without loading any data.
 """
 
@@ -19,14 +19,14 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from fedper._recipes.presets import help_text, setting
+from fedper._recipes.simulation import SimulationConfig, model_config
 from fedper.config_cli import add_arguments
 from fedper.data import DataConfig, dataset_info
 from fedper.eager_trainer import EagerTrainer
 from fedper.local_training import batches
 from fedper.models import ModelConfig, build_model
 from fedper.train_config import TrainConfig
-from recipes.presets import help_text, setting
-from recipes.simulation import SimulationConfig, model_config
 
 WARMUP_STEPS, TIMED_STEPS = 1, 3
 
@@ -92,7 +92,7 @@ def duration(seconds: float) -> str:
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
-        prog="python -m recipes.run_estimate",
+        prog="python -m fedper._recipes.run_estimate",
         description="Time one eager training step of the model `fedper simulate` would train with "
         "these options. " + help_text(),
     )

@@ -10,12 +10,12 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from fedper._recipes.presets import Setting, help_text, setting
+from fedper._recipes.run_estimate import RunEstimate, measure_step, steps_per_round
+from fedper._recipes.simulation import SimulationConfig, clients_per_round, run
 from fedper.config_cli import add_command
 from fedper.data import DataConfig
 from fedper.models import ModelConfig
-from recipes.presets import Setting, help_text, setting
-from recipes.run_estimate import RunEstimate, measure_step, steps_per_round
-from recipes.simulation import SimulationConfig, clients_per_round, run
 
 console = Console(stderr=True)
 

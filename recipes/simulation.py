@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from fedper import weights
+from fedper._recipes.new_users import new_user_curves
 from fedper.baselines import per_client_accuracy
 from fedper.checkpoints import Checkpoint, init_base, read_checkpoint
 from fedper.client_round import Client, ClientOutcome, ClientRound, client_round
@@ -38,7 +39,6 @@ from fedper.ray_cluster import RayConfig, ray_session
 from fedper.results import ClientRecord, RunRecorder, config_json
 from fedper.robust_aggregate import AggregationConfig, refusal, robust_aggregate
 from fedper.train_config import TrainConfig
-from recipes.new_users import new_user_curves
 
 ALGORITHMS = ("fedper", "fedavg", "local")
 
@@ -224,7 +224,7 @@ def _run_algorithm(
     if ray is None:
         rounds = _SerialRounds(EagerTrainer(model), clients)
     else:
-        from recipes.ray_simulation import RayRounds
+        from fedper._recipes.ray_simulation import RayRounds
 
         rounds = RayRounds(ray, mcfg, seed, clients)
     rng = np.random.default_rng([seed, 20])

@@ -17,8 +17,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from fedper import __version__
 from fedper.protocol import ErrorCode, Header
-from server.config import ServerConfig
-from server.errors import (
+from fedper.server.config import ServerConfig
+from fedper.server.errors import (
     ClientDisconnectedError,
     InternalErrorMiddleware,
     ProtocolError,
@@ -26,10 +26,10 @@ from server.errors import (
     protocol_error_handler,
     refusal_handler,
 )
-from server.refusals import RefusalError
-from server.routes import admin, devices, downloads, health, rounds
-from server.state import ServerState, open_state
-from server.storage import DatabaseBusyError
+from fedper.server.refusals import RefusalError
+from fedper.server.routes import admin, devices, downloads, health, rounds
+from fedper.server.state import ServerState, open_state
+from fedper.server.storage import DatabaseBusyError
 
 log = logging.getLogger("fedper.server")
 

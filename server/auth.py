@@ -17,10 +17,10 @@ from typing import Annotated, Literal
 
 from fastapi import Depends, Request
 
-from server.credentials import same_secret, token_hash
-from server.errors import forbidden, rate_limited, unauthorized
-from server.rate_limit import RateLimiter, address_key
-from server.state import ServerState
+from fedper.server.credentials import same_secret, token_hash
+from fedper.server.errors import forbidden, rate_limited, unauthorized
+from fedper.server.rate_limit import RateLimiter, address_key
+from fedper.server.state import ServerState
 
 
 def get_state(request: Request) -> ServerState:

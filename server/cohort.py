@@ -26,8 +26,8 @@ import math
 import random
 import sqlite3
 
-from server.config import ServerConfig
-from server.storage import Database, RoundState, Slot
+from fedper.server.config import ServerConfig
+from fedper.server.storage import Database, RoundState, Slot
 
 MAX_RETRY_AFTER = 3600  # seconds; no device is told to wait longer than this
 

@@ -9,8 +9,8 @@ from pathlib import Path
 from fedper.config_cli import nested, option
 from fedper.errors import ConfigError
 from fedper.robust_aggregate import AggregationConfig
+from fedper.server.publish_check import PublishConfig
 from fedper.train_config import TrainConfig
-from server.publish_check import PublishConfig
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from fedper.protocol import Error, ErrorCode, Header
-from server.refusals import (
+from fedper.server.refusals import (
     AlreadyReportedError,
     DeviceRevokedError,
     DrainingError,

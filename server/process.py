@@ -17,7 +17,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from fedper.protocol import Route
-from server.metrics_registry import METRICS_PATH
+from fedper.server.metrics_registry import METRICS_PATH
 
 
 def free_port() -> int:

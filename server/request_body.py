@@ -21,8 +21,8 @@ from fastapi import Request
 from starlette.requests import ClientDisconnect
 
 from fedper.protocol import ErrorCode
-from server.errors import ClientDisconnectedError, ProtocolError, too_large
-from server.update_store import UpdateStore
+from fedper.server.errors import ClientDisconnectedError, ProtocolError, too_large
+from fedper.server.update_store import UpdateStore
 
 
 def _check_length(request: Request, limit: int) -> None:

@@ -41,12 +41,12 @@ from fedper.manifest import Manifest, sha256_file
 from fedper.metrics import summarize
 from fedper.protocol import RoundInfo
 from fedper.robust_aggregate import NonFiniteAggregateError, robust_aggregate
-from server import publish_check
-from server.clock import SteadyClock
-from server.cohort import Cohort
-from server.config import ServerConfig
-from server.disk_room import DiskRoom, out_of_space
-from server.refusals import (
+from fedper.server import publish_check
+from fedper.server.clock import SteadyClock
+from fedper.server.cohort import Cohort
+from fedper.server.config import ServerConfig
+from fedper.server.disk_room import DiskRoom, out_of_space
+from fedper.server.refusals import (
     AlreadyReportedError,
     DeviceRevokedError,
     DrainingError,
@@ -56,9 +56,9 @@ from server.refusals import (
     StaleBaseError,
     UnknownVersionError,
 )
-from server.storage import Database, Round, RoundState, Slot, StoredUpdate
-from server.update_store import UpdateStore
-from server.upload_validation import Upload
+from fedper.server.storage import Database, Round, RoundState, Slot, StoredUpdate
+from fedper.server.update_store import UpdateStore
+from fedper.server.upload_validation import Upload
 
 log = logging.getLogger("fedper.server")
 Clock = Callable[[], float]

@@ -7,7 +7,7 @@ import logging
 import sys
 
 from fedper.config_cli import add_command, from_arguments
-from server.config import ServerConfig
+from fedper.server.config import ServerConfig
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -26,11 +26,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
 def serve(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from server.app import create_app
-    from server.http_protocol import protocol_class
-    from server.log_throttle import throttle_root_handlers
-    from server.malloc_arenas import limit_malloc_arenas
-    from server.state import open_state
+    from fedper.server.app import create_app
+    from fedper.server.http_protocol import protocol_class
+    from fedper.server.log_throttle import throttle_root_handlers
+    from fedper.server.malloc_arenas import limit_malloc_arenas
+    from fedper.server.state import open_state
 
     config = from_arguments(ServerConfig, args)
     limit_malloc_arenas()  # before any worker thread allocates

@@ -11,15 +11,15 @@ from pathlib import Path
 
 from fedper.errors import FedperError
 from fedper.manifest import MANIFEST_FILE, Manifest, ManifestError, read_manifest
-from server.attestation import Verifier, load_verifier
-from server.clock import SteadyClock
-from server.config import ServerConfig
-from server.credentials import Secrets, load_or_create
-from server.disk_room import DiskRoom, round_reserve
-from server.metrics_registry import MetricsRegistry
-from server.rate_limit import RateLimiter
-from server.rounds import Clock, RoundManager
-from server.storage import Database
+from fedper.server.attestation import Verifier, load_verifier
+from fedper.server.clock import SteadyClock
+from fedper.server.config import ServerConfig
+from fedper.server.credentials import Secrets, load_or_create
+from fedper.server.disk_room import DiskRoom, round_reserve
+from fedper.server.metrics_registry import MetricsRegistry
+from fedper.server.rate_limit import RateLimiter
+from fedper.server.rounds import Clock, RoundManager
+from fedper.server.storage import Database
 
 log = logging.getLogger("fedper.server")
 

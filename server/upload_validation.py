@@ -24,8 +24,8 @@ from safetensors import SafetensorError, safe_open
 from fedper.manifest import Manifest
 from fedper.protocol import ErrorCode, Metadata
 from fedper.robust_aggregate import negative_variance
-from server import strict_json
-from server.errors import ProtocolError, bad_request, unprocessable
+from fedper.server import strict_json
+from fedper.server.errors import ProtocolError, bad_request, unprocessable
 
 MAX_HEADER_BYTES = 1 << 20  # a MobileNet or ResNet base needs ~10-20 KiB; parsing more costs memory
 DTYPE_SIZES = {

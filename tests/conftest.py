@@ -26,7 +26,7 @@ def pytest_configure(config: pytest.Config) -> None:
     global _session_threads
     threads = os.environ.get("FEDPER_TEST_THREADS")
     if threads:
-        from device_runtime.compute_threads import set_compute_threads
+        from fedper.device_runtime.compute_threads import set_compute_threads
 
         set_compute_threads(int(threads))
     _session_threads = torch.get_num_threads()
@@ -131,7 +131,7 @@ def plain_artifacts() -> Path:
 def server_artifacts(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """What the server needs of an export (the real manifest and weights of MobileNet-V1 width
     0.25, placeholder program files it serves as opaque bytes), in a second, not minutes."""
-    from export.pipeline import write_server_only_export
+    from fedper.export.pipeline import write_server_only_export
 
     return write_server_only_export(tmp_path_factory.mktemp("server-export") / "artifacts", alpha=0.25)
 

@@ -11,7 +11,7 @@ import numpy as np
 
 from fedper import weights
 from fedper.manifest import Manifest
-from server import process as server_process
+from fedper.server import process as server_process
 
 ADMIN = "admin-token-for-tests-0123456789abcdef"
 ENROLL = "enrollment-key-for-tests"
@@ -93,8 +93,8 @@ def decode_update(body: bytes) -> tuple[dict[str, np.ndarray], dict[str, str]]:
 def open_in_process(artifacts: Path, data: Path, clock: object = None, free: object = None, **options: object):  # type: ignore[no-untyped-def]
     """A server's state in this process (``round_timeout`` 0 unless given); the caller closes its
     database. The secrets come from the environment (the tests' ``secrets_env`` fixtures)."""
-    from server.config import ServerConfig
-    from server.state import open_state
+    from fedper.server.config import ServerConfig
+    from fedper.server.state import open_state
 
     config = ServerConfig(artifacts=artifacts, data_dir=data, **{"round_timeout": 0, **options})  # type: ignore[arg-type]
     return open_state(config, clock, free)  # type: ignore[arg-type]
@@ -105,7 +105,7 @@ async def http_in_process(state: object, address: str = "10.0.0.1") -> AsyncIter
     """The app over ``state``, called over ASGI from ``address`` (no socket, no lifespan: the
     deadline clock does not tick; call ``state.rounds.tick()``). Request bodies stream: an async
     generator's chunks reach the app as they are produced."""
-    from server.app import create_app
+    from fedper.server.app import create_app
 
     app = create_app(state.config, state)  # type: ignore[attr-defined]
     app.state.fedper = state

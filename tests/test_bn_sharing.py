@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from fedper._recipes import bn_sharing
+from fedper._recipes.bn_sharing import EXPERIMENTS, table, write_into
 from fedper.errors import FedperError
-from recipes import bn_sharing
-from recipes.bn_sharing import EXPERIMENTS, table, write_into
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 

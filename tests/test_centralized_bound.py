@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from fedper._recipes.centralized_bound import summary, train_pooled
 from fedper.data import DataConfig
-from recipes.centralized_bound import summary, train_pooled
 
 
 def test_pooled_training_scores_every_client_and_reports_majority() -> None:

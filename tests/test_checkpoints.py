@@ -172,9 +172,9 @@ def test_any_damaged_checkpoint_is_refused_cleanly_and_changes_nothing(tmp_path,
 def test_simulate_init_starts_every_algorithm_from_the_checkpoint(tmp_path):
     """At a learning rate of 1e-9 the weights stay where they started: the final convolutions are
     the checkpoint's (FedPer's and FedAvg's alike), and results.json says where they came from."""
+    from fedper._recipes.simulation import SimulationConfig, run
     from fedper.data import DataConfig
     from fedper.train_config import TrainConfig
-    from recipes.simulation import SimulationConfig, run
 
     config = ModelConfig(num_classes=10, input_size=32)
     pretrained = exchanged_state(build_model(config, seed=7))
@@ -219,7 +219,7 @@ def test_simulate_with_a_checkpoint_of_another_model_fails_before_training(tmp_p
 def test_export_init_writes_the_checkpoints_base_and_a_fresh_head(tmp_path):
     """What `fedper export --init` exports as initial weights (the server's version 0): the
     checkpoint's base, the seed's head. (The lowering that follows is the same as without --init.)"""
-    from export.pipeline import ExportConfig, ExportConfigError, load_initial_weights
+    from fedper.export.pipeline import ExportConfig, ExportConfigError, load_initial_weights
 
     config = ModelConfig(num_classes=5, input_size=32)
     pretrained = exchanged_state(build_model(config, seed=7))

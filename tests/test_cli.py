@@ -8,15 +8,15 @@ import dataclasses
 
 import pytest
 
-from export.pipeline import ExportConfig
 from fedper import cli
+from fedper._recipes.demo_config import DemoConfig
+from fedper._recipes.simulation import SimulationConfig
 from fedper.config_cli import add_arguments, from_arguments, given, option, with_defaults
 from fedper.errors import ConfigError, FedperError
+from fedper.export.pipeline import ExportConfig
 from fedper.manifest import TrainingDefaults
+from fedper.server.config import ServerConfig
 from fedper.train_config import TrainConfig
-from recipes.demo_config import DemoConfig
-from recipes.simulation import SimulationConfig
-from server.config import ServerConfig
 
 HOLDERS = [ServerConfig, ExportConfig, SimulationConfig, DemoConfig]
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import httpx
@@ -15,17 +16,17 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from device_runtime.client import NotInCohortError, ProtocolClient, RunFinishedError
-from device_runtime.device import Device, DeviceOptions
-from device_runtime.device_storage import DeviceStorage
-from device_runtime.events import RoundReport
+from fedper.device_runtime.client import NotInCohortError, ProtocolClient, RunFinishedError
+from fedper.device_runtime.device import Device, DeviceOptions
+from fedper.device_runtime.device_storage import DeviceStorage
+from fedper.device_runtime.events import RoundReport
 from fedper.manifest import Manifest
 from fedper.protocol import Task
-from server.config import ServerConfig
-from server.errors import answer
-from server.refusals import RefusalError
-from server.state import open_state
-from server.upload_validation import Upload
+from fedper.server.config import ServerConfig
+from fedper.server.errors import answer
+from fedper.server.refusals import RefusalError
+from fedper.server.state import open_state
+from fedper.server.upload_validation import Upload
 from tests.server_support import ADMIN, ENROLL, FakeClock, base_like, enroll, round_info, serve, update_body
 
 FLEET, COHORT = 200, 20
@@ -36,11 +37,28 @@ def _stored(data: Path) -> list[str]:
     return sorted(str(p.relative_to(data)) for d in ("updates", "tmp") for p in (data / d).rglob("*"))
 
 
+async def _reconnecting(send: Callable[[], Awaitable[httpx.Response]], attempts: int = 3) -> httpx.Response:
+    """``send()`` again when the server closed a pooled keep-alive connection just as it was reused.
+
+    Closing an idle connection is the server's right (uvicorn's keep-alive timeout), and a stalled
+    host can make a pooled connection look idle; a real device retries such a transport error
+    (``device_runtime.retry``), so these devices do too rather than fail the round on it."""
+    for attempt in range(1, attempts + 1):
+        try:
+            return await send()
+        except httpx.RemoteProtocolError:
+            if attempt == attempts:
+                raise
+    raise AssertionError("unreachable")
+
+
 async def _enroll_all(url: str, count: int) -> list[dict[str, str]]:
     async with httpx.AsyncClient(base_url=url, timeout=60) as http:
 
         async def one() -> dict[str, str]:
-            r = await http.post("/v1/devices", json={"enrollment_key": ENROLL, "platform": "python"})
+            r = await _reconnecting(
+                lambda: http.post("/v1/devices", json={"enrollment_key": ENROLL, "platform": "python"})
+            )
             assert r.status_code == 201, r.text
             return {"Authorization": f"Bearer {r.json()['token']}"}
 
@@ -50,7 +68,11 @@ async def _enroll_all(url: str, count: int) -> list[dict[str, str]]:
 async def _ask_all(url: str, devices: list[dict[str, str]]) -> list[httpx.Response]:
     limits = httpx.Limits(max_connections=50)
     async with httpx.AsyncClient(base_url=url, timeout=60, limits=limits) as http:
-        return list(await asyncio.gather(*(http.get("/v1/task", headers=h) for h in devices)))
+
+        async def ask(headers: dict[str, str]) -> httpx.Response:
+            return await _reconnecting(lambda: http.get("/v1/task", headers=headers))
+
+        return list(await asyncio.gather(*(ask(h) for h in devices)))
 
 
 async def _upload_all(url: str, number: int, bodies: list[tuple[dict[str, str], bytes]]) -> list[httpx.Response]:

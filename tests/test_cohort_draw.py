@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from fedper.manifest import read_manifest
-from server.state import ServerState
-from server.upload_validation import Upload
+from fedper.server.state import ServerState
+from fedper.server.upload_validation import Upload
 from tests.server_support import FakeClock, base_like, open_in_process
 
 SYBILS = [f"sybil-{i}" for i in range(7)]

@@ -9,15 +9,15 @@ import sys
 
 import pytest
 
-from device_runtime.fleet_config import FleetConfig
 from fedper.cli import main
+from fedper.device_runtime.fleet_config import FleetConfig
 from fedper.errors import ConfigError
 
 PROBE = """
 import json, sys
 import torch
 from executorch.extension.pybindings.portable_lib import _threadpool_get_thread_count
-from device_runtime.compute_threads import set_compute_threads
+from fedper.device_runtime.compute_threads import set_compute_threads
 applied = set_compute_threads(int(sys.argv[1]))
 print(json.dumps([applied, torch.get_num_threads(), _threadpool_get_thread_count()]))
 """

@@ -8,12 +8,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from fedper._recipes.demo import base_source
+from fedper._recipes.demo_config import DemoConfig
+from fedper._recipes.demo_report import compare, render_report
 from fedper.errors import FedperError
 from fedper.pretrained import PACKAGED_CARD
 from fedper.results import ClientRecord, RunRecorder
-from recipes.demo import base_source
-from recipes.demo_config import DemoConfig
-from recipes.demo_report import compare, render_report
 
 
 def test_demo_report_is_self_contained_and_says_what_the_numbers_mean(tmp_path):

@@ -19,23 +19,31 @@ import numpy as np
 import pytest
 import torch
 
-from device_runtime.client import ProtocolClient, RefusedError
-from device_runtime.device import Device, DeviceOptions, make_trainer, metric_metadata
-from device_runtime.device_host import FleetEvent, SharedTrainers, host_devices
-from device_runtime.device_storage import DeviceStorage
-from device_runtime.events import DeviceEvent, DeviceFailed, FinalEvaluated, Finished, Refused, RoundReport, WorkerDone
-from device_runtime.fleet import _collect, run_fleet
-from device_runtime.fleet_config import FleetConfig
-from device_runtime.local_data import LocalData, share
-from device_runtime.network_faults import RecordingTransport
 from fedper import weights
+from fedper._recipes.simulation import SimulationConfig
+from fedper._recipes.simulation import run as simulate
 from fedper.data import DataConfig
+from fedper.device_runtime.client import ProtocolClient, RefusedError
+from fedper.device_runtime.device import Device, DeviceOptions, make_trainer, metric_metadata
+from fedper.device_runtime.device_host import FleetEvent, SharedTrainers, host_devices
+from fedper.device_runtime.device_storage import DeviceStorage
+from fedper.device_runtime.events import (
+    DeviceEvent,
+    DeviceFailed,
+    FinalEvaluated,
+    Finished,
+    Refused,
+    RoundReport,
+    WorkerDone,
+)
+from fedper.device_runtime.fleet import _collect, run_fleet
+from fedper.device_runtime.fleet_config import FleetConfig
+from fedper.device_runtime.local_data import LocalData, share
+from fedper.device_runtime.network_faults import RecordingTransport
 from fedper.manifest import Manifest, read_manifest, sha256_file
 from fedper.results import RunRecorder
 from fedper.train_config import TrainConfig
 from fedper.trainer import Trainer
-from recipes.simulation import SimulationConfig
-from recipes.simulation import run as simulate
 from tests.server_support import ENROLL, admin, decode_update, serve
 
 # Three clients of the digits, two classes each: small, strongly non-IID, real images.
@@ -473,7 +481,7 @@ def test_the_devices_of_a_fleet_host_share_one_loaded_training_program(artifacts
     """Three devices hosted by one process (as in a worker process or a Ray actor) train with the
     ExecuTorch engine through one loaded program: a program per device is ~170 MB of planned
     memory, which ran a 1000-device fleet out of memory."""
-    import device_runtime.device as device_module
+    import fedper.device_runtime.device as device_module
 
     loads: list[str] = []
     make_trainer = device_module.make_trainer
@@ -500,7 +508,7 @@ def test_metric_metadata_leaves_out_undefined_and_non_finite_values():
 
 def _accuracy(artifacts: Path, base: dict[str, np.ndarray], head: dict[str, np.ndarray], client: int = 0) -> float:
     """A client's test accuracy with this base and head, in eager PyTorch."""
-    from device_runtime.device import make_trainer
+    from fedper.device_runtime.device import make_trainer
     from fedper.local_training import evaluate
 
     manifest = read_manifest(artifacts)

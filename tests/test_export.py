@@ -7,16 +7,16 @@ import numpy as np
 import pytest
 import torch
 
-from device_runtime.training_program import (
+from fedper import weights
+from fedper.cli import main
+from fedper.device_runtime.training_program import (
     TrainingProgram,
     TrainingProgramError,
     check_exported,
     check_training_metadata,
 )
-from export.pipeline import PROGRAM_FILES, ExportConfig, ExportConfigError, run_export
-from fedper import weights
-from fedper.cli import main
 from fedper.eager_trainer import EagerTrainer
+from fedper.export.pipeline import PROGRAM_FILES, ExportConfig, ExportConfigError, run_export
 from fedper.manifest import ManifestError, read_manifest
 from fedper.models import ModelConfig, build_model, exchanged_state, split
 

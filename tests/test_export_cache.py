@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from export.export_cache import ENTRY_FILE, ExportCache, program_key
+from fedper.export.export_cache import ENTRY_FILE, ExportCache, program_key
 from fedper.models import ModelConfig, build_model
 
 NAMES = ("train.pte", "train.ptd")

@@ -18,8 +18,8 @@ import torch
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from export.executorch_lowering import PRESERVED_OPS, delegate_to_xnnpack, edge_compile_config
-from export.unchanging_passes import (
+from fedper.export.executorch_lowering import PRESERVED_OPS, delegate_to_xnnpack, edge_compile_config
+from fedper.export.unchanging_passes import (
     has_plain_transpose,
     has_reduction_on_permuted_layout,
     has_view_op,

@@ -9,9 +9,9 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from export.executorch_lowering import drop_aliases, use_linear_for_transposed_matmul
-from export.fast_ops import batch_norm_relu, depthwise3x3, depthwise3x3_s2, stem_conv
-from export.training_graph import resolve_variant, training_step
+from fedper.export.executorch_lowering import drop_aliases, use_linear_for_transposed_matmul
+from fedper.export.fast_ops import batch_norm_relu, depthwise3x3, depthwise3x3_s2, stem_conv
+from fedper.export.training_graph import resolve_variant, training_step
 from fedper.models import ModelConfig, build_model
 
 torch.manual_seed(0)

@@ -17,10 +17,10 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from export.executorch_lowering import lower_inference_program, lower_training_program
-from export.onnx_export import INPUT_NAME, export_onnx
-from export.training_graph import TrainingStep, training_step
 from fedper.errors import ConfigError
+from fedper.export.executorch_lowering import lower_inference_program, lower_training_program
+from fedper.export.onnx_export import INPUT_NAME, export_onnx
+from fedper.export.training_graph import TrainingStep, training_step
 from fedper.models import ModelConfig, build_model, exchanged_names, exchanged_state, split
 from fedper.models.heads import OrdinalHead, classifier
 from fedper.models.mobilenet_v1 import ConvBN

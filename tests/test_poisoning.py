@@ -3,11 +3,11 @@
 import numpy as np
 import pytest
 
+from fedper._recipes import poisoning
+from fedper._recipes.simulation import SimulationConfig, run
 from fedper.data import DataConfig
 from fedper.robust_aggregate import group_norms
 from fedper.train_config import TrainConfig
-from recipes import poisoning
-from recipes.simulation import SimulationConfig, run
 
 DATA = DataConfig(dataset="digits", num_clients=3, classes_per_client=4, seed=1)
 

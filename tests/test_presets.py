@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 
 from fedper import cli
+from fedper._recipes.presets import PRESETS, setting
+from fedper._recipes.simulation import SimulationConfig
 from fedper.data import DataConfig
 from fedper.errors import ConfigError
 from fedper.train_config import TrainConfig
-from recipes.presets import PRESETS, setting
-from recipes.simulation import SimulationConfig
 
 
 def _setting(*argv: str):

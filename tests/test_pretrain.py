@@ -9,12 +9,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from fedper._recipes.pretrain import BASE, CARD, PretrainConfig, run_pretrain
 from fedper.checkpoints import init_base, read_checkpoint
 from fedper.data import aesthetic_synth, pretext
 from fedper.errors import ConfigError
 from fedper.models import ModelConfig, build_model
 from fedper.pretrained import PACKAGED_BASE, PACKAGED_CARD, PRETRAINED, SCRATCH, checkpoint_path
-from recipes.pretrain import BASE, CARD, PretrainConfig, run_pretrain
 
 
 def _tiny(out: Path, **kw: object) -> PretrainConfig:
@@ -83,8 +83,8 @@ def test_pretraining_teaches_the_base_what_photos_show(tmp_path, claim):
 
 
 def test_the_probe_scores_each_user_and_each_generator_feature(tmp_path):
+    from fedper._recipes.pretrain_probe import probe_seed, summary, user_probe
     from fedper.data.aesthetic_synth import FEATURES
-    from recipes.pretrain_probe import probe_seed, summary, user_probe
 
     run_pretrain(_tiny(tmp_path / "p"))
     result = probe_seed(tmp_path / "p" / BASE, 32, seed=1, users=3, images_per_user=(30, 30))

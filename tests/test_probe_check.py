@@ -7,8 +7,8 @@ import json
 import numpy as np
 
 from fedper import cli, weights
+from fedper._recipes.probe_check import probe_accuracy
 from fedper.data import DataConfig
-from recipes.probe_check import probe_accuracy
 
 DATA = ["--dataset", "digits", "--clients", "3", "--classes-per-client", "4", "--seed", "5"]
 

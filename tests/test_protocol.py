@@ -132,8 +132,8 @@ def test_the_allowed_spellings_are_still_there() -> None:
 
 def test_every_refusal_of_the_round_state_machine_has_its_answer() -> None:
     """A refusal without a row in server.errors.REFUSALS would answer 500."""
-    from server.errors import REFUSALS, answer
-    from server.refusals import RefusalError, RunFinishedError
+    from fedper.server.errors import REFUSALS, answer
+    from fedper.server.refusals import RefusalError, RunFinishedError
 
     refusals = RefusalError.__subclasses__()
     assert refusals and set(refusals) == set(REFUSALS)

@@ -10,15 +10,15 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from device_runtime.fleet import run_fleet
-from device_runtime.fleet_config import FleetConfig
+from fedper._recipes.simulation import SimulationConfig
+from fedper._recipes.simulation import run as simulate
 from fedper.cli import main
 from fedper.data import DataConfig
+from fedper.device_runtime.fleet import run_fleet
+from fedper.device_runtime.fleet_config import FleetConfig
 from fedper.ray_cluster import INSTALL_HINT, LOCAL_OBJECT_STORE_BYTES
 from fedper.results import ClientRecord
 from fedper.train_config import TrainConfig
-from recipes.simulation import SimulationConfig
-from recipes.simulation import run as simulate
 from tests.server_support import ENROLL, admin, serve
 
 ray = pytest.importorskip("ray")

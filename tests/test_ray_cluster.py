@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from server.process import free_port
+from fedper.server.process import free_port
 from tests.server_support import ENROLL, admin, serve
 
 pytest.importorskip("ray")

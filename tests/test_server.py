@@ -326,7 +326,7 @@ def test_fifty_concurrent_width1_devices(tmp_path):
 
     from safetensors.numpy import load as st_load
 
-    from export.pipeline import write_server_only_export
+    from fedper.export.pipeline import write_server_only_export
     from fedper.manifest import read_manifest
 
     artifacts = write_server_only_export(tmp_path / "artifacts", alpha=1.0)

@@ -22,9 +22,9 @@ from safetensors.numpy import load as st_load
 
 from fedper.aggregate import FedAvg
 from fedper.manifest import Manifest, read_manifest
-from server.config import ServerConfig
-from server.state import open_state
-from server.upload_validation import Upload
+from fedper.server.config import ServerConfig
+from fedper.server.state import open_state
+from fedper.server.upload_validation import Upload
 from tests.server_support import ADMIN, ENROLL, ask, base_like, enroll, serve, update_body
 
 Update = tuple[dict[str, np.ndarray], int]

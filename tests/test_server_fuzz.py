@@ -18,9 +18,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fedper.manifest import read_manifest
-from server.app import create_app
-from server.config import ServerConfig
-from server.state import ServerState, open_state
+from fedper.server.app import create_app
+from fedper.server.config import ServerConfig
+from fedper.server.state import ServerState, open_state
 from tests.server_support import ADMIN, ENROLL, base_like, update_body
 
 STALE = 7  # the fuzzed device's valid body claims this base version; round 1 trains version 0

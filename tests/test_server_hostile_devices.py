@@ -18,12 +18,12 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from device_runtime.client import NoTask
-from server.clock import SteadyClock
-from server.errors import ProtocolError
-from server.log_throttle import RepeatedLogFilter
-from server.rate_limit import address_key
-from server.upload_validation import check_metadata
+from fedper.device_runtime.client import NoTask
+from fedper.server.clock import SteadyClock
+from fedper.server.errors import ProtocolError
+from fedper.server.log_throttle import RepeatedLogFilter
+from fedper.server.rate_limit import address_key
+from fedper.server.upload_validation import check_metadata
 from tests.server_support import (
     ENROLL,
     admin,
@@ -291,7 +291,7 @@ def test_deadlines_ignore_a_jump_of_the_wall_clock(server_artifacts, server_mani
     state = open_in_process(server_artifacts, tmp_path / "data", clock, round_timeout=600, target_clients=3)
     try:
         state.db.add_device("d-1", "h-1", "test")
-        from server.upload_validation import Upload
+        from fedper.server.upload_validation import Upload
 
         state.rounds.assign(1, "d-1")
         staged = state.rounds.stage("d-1", 1, Upload(base_like(server_manifest), 10, 0, {}))
@@ -309,7 +309,7 @@ def test_deadlines_ignore_a_jump_of_the_wall_clock(server_artifacts, server_mani
 
 def test_keep_versions_prunes_old_versions(server_artifacts, server_manifest, tmp_path):
     """Before: versions were never pruned (8.7 GB per 1,000 rounds at width 1.0)."""
-    from server.upload_validation import Upload
+    from fedper.server.upload_validation import Upload
 
     data = tmp_path / "data"
     state = open_in_process(server_artifacts, data, target_clients=1, min_clients=1, keep_versions=2)
@@ -400,8 +400,8 @@ def test_a_full_disk_drains_instead_of_failing(server_artifacts, server_manifest
 def test_a_database_that_cannot_be_opened_for_writing_on_a_full_disk_is_served_read_only(
     server_artifacts, tmp_path, monkeypatch
 ):
-    from server import state as state_module
-    from server.storage import Database
+    from fedper.server import state as state_module
+    from fedper.server.storage import Database
 
     data = tmp_path / "data"
     open_in_process(server_artifacts, data).db.close()
@@ -462,7 +462,7 @@ def test_the_python_device_waits_out_its_own_upload_still_arriving(server_artifa
     it lost, still arriving at the server) is retried after a backoff, not a failed round."""
     import socket
 
-    from device_runtime.client import ProtocolClient
+    from fedper.device_runtime.client import ProtocolClient
 
     with serve(server_artifacts, tmp_path / "data") as s:
         sockets: list[socket.socket] = []

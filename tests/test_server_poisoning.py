@@ -14,10 +14,10 @@ import pytest
 from fedper import weights
 from fedper.manifest import read_manifest
 from fedper.robust_aggregate import AggregationConfig, delta_norm, group_norms
-from server.config import ServerConfig
-from server.errors import ProtocolError
-from server.state import open_state
-from server.upload_validation import Upload, validate
+from fedper.server.config import ServerConfig
+from fedper.server.errors import ProtocolError
+from fedper.server.state import open_state
+from fedper.server.upload_validation import Upload, validate
 from tests.server_support import update_body
 
 PLAIN = AggregationConfig(clip_factor=0, weight_cap=0)

@@ -13,11 +13,11 @@ import pytest
 from fedper import cli, weights
 from fedper.manifest import sha256_file
 from fedper.robust_aggregate import AggregationConfig, NonFiniteAggregateError
-from server import rounds as rounds_module
-from server.publish_check import PublishConfig
-from server.refusals import UnknownVersionError
-from server.state import ServerState
-from server.upload_validation import Upload
+from fedper.server import rounds as rounds_module
+from fedper.server.publish_check import PublishConfig
+from fedper.server.refusals import UnknownVersionError
+from fedper.server.state import ServerState
+from fedper.server.upload_validation import Upload
 from tests.server_support import open_in_process, serve
 
 PLAIN = AggregationConfig(clip_factor=0, weight_cap=0)

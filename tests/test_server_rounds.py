@@ -11,12 +11,12 @@ import pytest
 
 from fedper import weights
 from fedper.manifest import read_manifest
-from server import update_store
-from server.config import ServerConfig
-from server.refusals import DeviceRevokedError, RoundNotOpenError, RunFinishedError
-from server.rounds import RoundManager, Staged
-from server.state import ServerState, open_state
-from server.upload_validation import Upload
+from fedper.server import update_store
+from fedper.server.config import ServerConfig
+from fedper.server.refusals import DeviceRevokedError, RoundNotOpenError, RunFinishedError
+from fedper.server.rounds import RoundManager, Staged
+from fedper.server.state import ServerState, open_state
+from fedper.server.upload_validation import Upload
 from tests.server_support import FakeClock, base_like
 
 pytestmark = pytest.mark.usefixtures("server_secrets")

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from fedper import weights
+from fedper._recipes.simulation import SimulationConfig, run
 from fedper.cli import main
 from fedper.data import DataConfig, load_federated, to_tensor
 from fedper.eager_trainer import EagerTrainer
@@ -15,7 +16,6 @@ from fedper.local_training import evaluate
 from fedper.models import ModelConfig, build_model, split
 from fedper.models.split import exchanged_names
 from fedper.train_config import TrainConfig
-from recipes.simulation import SimulationConfig, run
 
 # The learning run: five clients of the digits, two classes each. From random weights this
 # MobileNet scores about its clients' majority class for the first rounds, then takes off:
@@ -214,7 +214,7 @@ def test_cli_reports_bad_options_without_a_traceback(tmp_path, capsys):
 
 
 def test_report_table_lists_the_baselines_under_the_algorithms(strongly_non_iid_run):
-    from recipes.report_command import markdown_table
+    from fedper._recipes.report_command import markdown_table
 
     out, results = strongly_non_iid_run
     rows = markdown_table([out]).splitlines()

@@ -38,7 +38,7 @@ def ptd_tensors() -> dict[str, np.ndarray]:
 
 
 def make(out: Path) -> None:
-    from export.pipeline import write_server_only_export
+    from fedper.export.pipeline import write_server_only_export
     from fedper.manifest import read_manifest, write_manifest
 
     out.mkdir(parents=True, exist_ok=True)
@@ -57,7 +57,7 @@ def make(out: Path) -> None:
     save_file(tensors, str(out / "python_written.safetensors"), metadata={"note": "written by python", "n": "7"})
     import torch
 
-    from device_runtime.weights_file import encode_ptd
+    from fedper.device_runtime.weights_file import encode_ptd
 
     (out / "python_written.ptd").write_bytes(encode_ptd({k: torch.from_numpy(v) for k, v in ptd_tensors().items()}))
 
@@ -66,7 +66,7 @@ def onnx_inputs(out: Path) -> None:
     import onnx
     import onnxruntime
 
-    from export.onnx_export import export_onnx
+    from fedper.export.onnx_export import export_onnx
     from fedper.manifest import read_manifest
     from fedper.models import ModelConfig, build_model
 
@@ -83,7 +83,7 @@ def onnx_inputs(out: Path) -> None:
 
 
 def verify_ptd(path: Path) -> int:
-    from device_runtime.weights_file import decode_ptd
+    from fedper.device_runtime.weights_file import decode_ptd
 
     got = decode_ptd(path.read_bytes())
     for name, value in ptd_tensors().items():

@@ -20,10 +20,10 @@ from pathlib import Path
 
 import torch
 
+from fedper._recipes.simulation import SimulationConfig, run
 from fedper.data import DataConfig
 from fedper.results import RunRecorder
 from fedper.train_config import TrainConfig
-from recipes.simulation import SimulationConfig, run
 
 
 def main() -> None:

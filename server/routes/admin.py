@@ -8,9 +8,9 @@ import logging
 from fastapi import APIRouter, Request, Response
 
 from fedper.protocol import Revoked, RolledBack, Route, Stopped
-from server.auth import Operator, State
-from server.errors import not_found
-from server.routes.responses import ERRORS, OCTETS, file_response
+from fedper.server.auth import Operator, State
+from fedper.server.errors import not_found
+from fedper.server.routes.responses import ERRORS, OCTETS, file_response
 
 log = logging.getLogger("fedper.server")
 router = APIRouter()

@@ -22,14 +22,14 @@ from fedper.protocol import (
     Task,
     TaskConfig,
 )
-from server import strict_json
-from server.auth import DeviceId, State, failed, limit_key
-from server.credentials import new_token, same_secret, token_hash
-from server.errors import ProtocolError, bad_request, rate_limited, run_finished
-from server.request_body import read_small
-from server.rounds import iso_time
-from server.routes.responses import ERRORS
-from server.state import ServerState
+from fedper.server import strict_json
+from fedper.server.auth import DeviceId, State, failed, limit_key
+from fedper.server.credentials import new_token, same_secret, token_hash
+from fedper.server.errors import ProtocolError, bad_request, rate_limited, run_finished
+from fedper.server.request_body import read_small
+from fedper.server.rounds import iso_time
+from fedper.server.routes.responses import ERRORS
+from fedper.server.state import ServerState
 
 JSON_LIMIT = 64 * 1024
 ENROLLMENT_KEY = "enrollment key"  # the one key all enrollments count under

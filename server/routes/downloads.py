@@ -5,9 +5,9 @@ from __future__ import annotations
 from fastapi import APIRouter, Request, Response
 
 from fedper.protocol import Route
-from server.auth import AnyCaller, State
-from server.errors import not_found
-from server.routes.responses import ERRORS, OCTETS, file_response
+from fedper.server.auth import AnyCaller, State
+from fedper.server.errors import not_found
+from fedper.server.routes.responses import ERRORS, OCTETS, file_response
 
 router = APIRouter()
 

@@ -7,9 +7,9 @@ from fastapi.responses import PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from fedper.protocol import Health, Route, Status
-from server.auth import State
-from server.metrics_registry import METRICS_PATH
-from server.routes.responses import ERRORS
+from fedper.server.auth import State
+from fedper.server.metrics_registry import METRICS_PATH
+from fedper.server.routes.responses import ERRORS
 
 router = APIRouter()
 

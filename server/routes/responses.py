@@ -9,7 +9,7 @@ from fastapi import Request, Response
 from fastapi.responses import FileResponse
 
 from fedper.protocol import Header
-from server.state import ServerState
+from fedper.server.state import ServerState
 
 OCTETS = Header.OCTET_STREAM
 

@@ -12,14 +12,14 @@ from anyio import to_thread
 from fastapi import APIRouter, Request
 
 from fedper.protocol import Accepted, ErrorCode, Header, RoundInfo, Route
-from server.auth import AnyCaller, DeviceId, State
-from server.disk_room import out_of_space
-from server.errors import ProtocolError, answer, conflict, not_found, run_finished
-from server.refusals import RefusalError
-from server.request_body import BodyPace, streamed_to_file
-from server.routes.responses import ERRORS, OCTETS
-from server.state import ServerState
-from server.upload_validation import validate
+from fedper.server.auth import AnyCaller, DeviceId, State
+from fedper.server.disk_room import out_of_space
+from fedper.server.errors import ProtocolError, answer, conflict, not_found, run_finished
+from fedper.server.refusals import RefusalError
+from fedper.server.request_body import BodyPace, streamed_to_file
+from fedper.server.routes.responses import ERRORS, OCTETS
+from fedper.server.state import ServerState
+from fedper.server.upload_validation import validate
 
 log = logging.getLogger("fedper.server")
 router = APIRouter()
@@ -88,7 +88,8 @@ async def upload(round_number: int, request: Request, device_id: DeviceId, state
     except RefusalError as exc:
         raise _rejected(state, device_id, round_number, answer(exc)) from exc
     except ProtocolError as exc:
-        raise _rejected(state, device_id, round_number, exc) from exc.__cause__
+        _rejected(state, device_id, round_number, exc)
+        raise
     state.metrics.accept(size)
     log.info(json.dumps({"event": "update_accepted", "device": device_id,
                          "round": round_number, "received": received}))  # fmt: skip
