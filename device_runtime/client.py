@@ -12,9 +12,9 @@ from typing import Any
 import httpx
 from pydantic import ValidationError
 
+from fedper.common.errors import FedperError
+from fedper.common.protocol import Accepted, Enrolled, EnrollmentRequest, Error, ErrorCode, Header, Route, Status, Task
 from fedper.device_runtime.retry import Backoff, TransientError, with_retries
-from fedper.errors import FedperError
-from fedper.protocol import Accepted, Enrolled, EnrollmentRequest, Error, ErrorCode, Header, Route, Status, Task
 
 
 class RunFinishedError(FedperError):

@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.text import Text
 
 from fedper import __version__
-from fedper.errors import FedperError
+from fedper.common.errors import FedperError
 
 console = Console(stderr=True)
 Command = Callable[[argparse.Namespace], int]

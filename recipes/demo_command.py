@@ -6,7 +6,7 @@ import argparse
 
 from fedper._recipes.demo import run_demo
 from fedper._recipes.demo_config import DemoConfig
-from fedper.config_cli import add_command, from_arguments
+from fedper.common.config_cli import add_command, from_arguments
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

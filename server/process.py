@@ -16,7 +16,7 @@ from typing import IO
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from fedper.protocol import Route
+from fedper.common.protocol import Route
 from fedper.server.metrics_registry import METRICS_PATH
 
 

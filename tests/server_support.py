@@ -10,8 +10,8 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-from fedper import weights
-from fedper.manifest import Manifest
+from fedper.common import weights
+from fedper.common.manifest import Manifest
 from fedper.server import process as server_process
 
 ADMIN = "admin-token-for-tests-0123456789abcdef"

@@ -8,7 +8,7 @@ import re
 import runpy
 from pathlib import Path
 
-from fedper import protocol
+from fedper.common import protocol
 
 ROOT = Path(__file__).resolve().parent.parent
 JAVA = ROOT / "android_demo" / "core" / "src" / "main" / "java" / "org" / "fedper" / "core"
@@ -16,7 +16,7 @@ JAVA = ROOT / "android_demo" / "core" / "src" / "main" / "java" / "org" / "fedpe
 
 def test_the_schema_file_is_generated_from_the_code() -> None:
     assert protocol.SCHEMA_FILE.read_text() == protocol.schema_text(), (
-        "docs/protocol.schema.json is stale: run python -m fedper.protocol"
+        "docs/protocol.schema.json is stale: run python -m fedper.common.protocol"
     )
 
 
@@ -66,7 +66,7 @@ def test_the_spec_names_every_error_code_and_metadata_key() -> None:
 
 
 def test_every_server_error_code_is_in_the_enum() -> None:
-    """No error code is spelled outside fedper/protocol.py on the server side."""
+    """No error code is spelled outside fedper/common/protocol.py on the server side."""
     known = {c.value for c in protocol.ErrorCode}
     for source in (ROOT / "server").glob("*.py"):
         text = source.read_text()
@@ -112,7 +112,7 @@ def test_the_python_code_spells_no_protocol_name_outside_the_protocol_module() -
     for package in ("fedper", "server", "device_runtime", "export", "recipes"):
         for source in sorted((ROOT / package).rglob("*.py")):
             relative = source.relative_to(ROOT).as_posix()
-            if relative == "fedper/protocol.py":
+            if relative == "fedper/common/protocol.py":
                 continue
             for line, value in _string_literals(source):
                 if (value in names or value.startswith(protocol.PREFIX + "/")) and (
@@ -121,7 +121,8 @@ def test_the_python_code_spells_no_protocol_name_outside_the_protocol_module() -
                 ) not in NOT_PROTOCOL:
                     found.append(f"{relative}:{line}: {value!r}")
     assert not found, (
-        "protocol names spelled outside fedper/protocol.py (use Route, Header, ErrorCode...):\n" + "\n".join(found)
+        "protocol names spelled outside fedper/common/protocol.py (use Route, Header, ErrorCode...):\n"
+        + "\n".join(found)
     )
 
 

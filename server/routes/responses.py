@@ -8,7 +8,7 @@ from typing import Any
 from fastapi import Request, Response
 from fastapi.responses import FileResponse
 
-from fedper.protocol import Header
+from fedper.common.protocol import Header
 from fedper.server.state import ServerState
 
 OCTETS = Header.OCTET_STREAM

@@ -8,7 +8,7 @@ import java.util.Map;
 
 /**
  * The parts of an export's manifest.json (format fedper-manifest/1) a device needs, as typed
- * fields. Optional fields take the defaults of the Python schema (fedper/manifest.py); a
+ * fields. Optional fields take the defaults of the Python schema (fedper/common/manifest.py); a
  * missing or malformed required field is an IllegalArgumentException naming it.
  */
 public final class Manifest {

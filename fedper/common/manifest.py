@@ -15,9 +15,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from fedper.atomic_write import atomic_write_text
-from fedper.errors import FedperError
-from fedper.train_config import TrainConfig
+from fedper.common.atomic_write import atomic_write_text
+from fedper.common.errors import FedperError
+from fedper.common.train_config import TrainConfig
 
 FORMAT = "fedper-manifest/1"
 MANIFEST_FILE = "manifest.json"
