@@ -8,7 +8,7 @@ import re
 import runpy
 from pathlib import Path
 
-from fedper.common import protocol
+from fedper.common import manifest, protocol
 
 ROOT = Path(__file__).resolve().parent.parent
 JAVA = ROOT / "android_demo" / "core" / "src" / "main" / "java" / "org" / "fedper" / "core"
@@ -26,6 +26,27 @@ def test_the_java_constants_are_generated_from_the_schema() -> None:
     assert (JAVA / "Protocol.java").read_text() == expected, (
         "Protocol.java is stale: run python android_demo/core/generate_protocol.py"
     )
+
+
+def test_the_manifest_schema_and_its_java_names_are_generated_from_the_code() -> None:
+    assert manifest.SCHEMA_FILE.read_text() == manifest.schema_text(), (
+        "docs/manifest.schema.json is stale: run python -m fedper.common.manifest"
+    )
+    generator = runpy.run_path(str(ROOT / "android_demo" / "core" / "generate_protocol.py"))
+    expected = generator["render_manifest"](json.loads(manifest.SCHEMA_FILE.read_text()))
+    assert (JAVA / "ManifestKeys.java").read_text() == expected, (
+        "ManifestKeys.java is stale: run python android_demo/core/generate_protocol.py"
+    )
+
+
+def test_the_java_manifest_reads_fields_through_generated_names() -> None:
+    """Manifest.java names no manifest field with a literal (ManifestKeys.*), nor a task config key
+    (Protocol.Body.TaskConfig.*)."""
+    schema = manifest.schema()
+    fields = set(schema["properties"]) | {f for model in schema["$defs"].values() for f in model["properties"]}
+    fields |= set(protocol.TaskConfig.model_fields)
+    literals = set(re.findall(r'"((?:[^"\\]|\\.)*)"', (JAVA / "Manifest.java").read_text()))
+    assert not literals & fields, f"Manifest.java spells {sorted(literals & fields)}: use ManifestKeys.*"
 
 
 def test_the_java_core_spells_no_protocol_name_of_its_own() -> None:

@@ -89,6 +89,8 @@ class Metadata:
 
 class Header:
     AUTHORIZATION = "Authorization"
+    CONTENT_TYPE = "Content-Type"
+    JSON = "application/json"
     RETRY_AFTER = "Retry-After"
     ETAG = "ETag"
     IF_NONE_MATCH = "If-None-Match"
