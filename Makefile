@@ -15,11 +15,11 @@ install: $(INSTALLED)
 $(INSTALLED): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[test,ray]'
+	$(BIN)/python -m pip install --quiet -e '.[all,test]'
 	touch $@
 
 $(BENCH_INSTALLED): $(INSTALLED)
-	$(BIN)/python -m pip install --quiet -e '.[test,ray,bench]'
+	$(BIN)/python -m pip install --quiet -e '.[all,test,bench]'
 	touch $@
 
 demo: $(INSTALLED)

@@ -1,6 +1,6 @@
 """Streaming FedAvg over K MobileNet-V1 width-1.0 base updates, against Flower's and memcpy.
 
-For K = 10, 100, 1000: updates/s and bytes/s of ``fedper.aggregate.FedAvg``, of Flower's
+For K = 10, 100, 1000: updates/s and bytes/s of ``fedper.common.aggregate.FedAvg``, of Flower's
 ``flwr.server.strategy.aggregate.aggregate`` on the same updates, and of a numpy copy of
 the same float32 bytes (the machine's memory bandwidth, measured in the same run); peak
 RSS of each, measured in a fresh process. Updates cycle through a pool of 8 distinct
@@ -69,7 +69,7 @@ def _work(
     weights: list[int],
 ) -> None:
     if kind == "fedper":
-        from fedper.aggregate import FedAvg
+        from fedper.common.aggregate import FedAvg
 
         agg = FedAvg(layout)
         for i in range(k):

@@ -11,7 +11,7 @@ import json
 import numpy as np
 
 from bench.common import write_results
-from fedper import weights
+from fedper.common import weights
 from fedper.models import ModelConfig, build_model, exchanged_state, split
 
 

@@ -82,9 +82,9 @@ def _run_uploads(url: str, devices: list[dict[str, str]], body: bytes, concurren
 
 
 def measure(n: int, uploads: int, workdir: Path, serve_args: list[str], alpha: float = 1.0) -> dict[str, object]:
-    from fedper import weights
+    from fedper.common import weights
+    from fedper.common.manifest import read_manifest
     from fedper.export.pipeline import write_server_only_export
-    from fedper.manifest import read_manifest
 
     artifacts = workdir / f"artifacts-{alpha}-{n}"
     if not artifacts.exists():
@@ -148,9 +148,9 @@ def per_upload_phases(workdir: Path, uploads: int = 20) -> dict[str, dict[str, f
     and those of all commits together, the closing one included (work under the round lock)."""
     import os
 
-    from fedper import weights
+    from fedper.common import weights
+    from fedper.common.manifest import read_manifest
     from fedper.export.pipeline import write_server_only_export
-    from fedper.manifest import read_manifest
     from fedper.server.config import ServerConfig
     from fedper.server.state import open_state
     from fedper.server.upload_validation import validate

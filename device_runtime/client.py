@@ -12,9 +12,9 @@ from typing import Any
 import httpx
 from pydantic import ValidationError
 
+from fedper.common.errors import FedperError
+from fedper.common.protocol import Accepted, Enrolled, EnrollmentRequest, Error, ErrorCode, Header, Route, Status, Task
 from fedper.device_runtime.retry import Backoff, TransientError, with_retries
-from fedper.errors import FedperError
-from fedper.protocol import Accepted, Enrolled, EnrollmentRequest, Error, ErrorCode, Header, Route, Status, Task
 
 
 class RunFinishedError(FedperError):
@@ -148,7 +148,7 @@ class ProtocolClient:
         Raises :class:`NotInCohortError` when the round's cohort has no slot for this device."""
         r = self._request(
             "POST", Route.UPDATES.format(round_number=round_number), content=body,
-            headers=self._headers({"Content-Type": Header.OCTET_STREAM}),
+            headers=self._headers({Header.CONTENT_TYPE: Header.OCTET_STREAM}),
         )  # fmt: skip
         if r.status_code == 202:
             return Accepted.model_validate_json(r.content).received

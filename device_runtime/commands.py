@@ -8,9 +8,9 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from fedper.config_cli import add_command, from_arguments, option
+from fedper.common.config_cli import add_command, from_arguments, option
+from fedper.common.errors import ConfigError, FedperError
 from fedper.data import DataConfig
-from fedper.errors import ConfigError, FedperError
 
 
 @dataclass(frozen=True)
@@ -60,6 +60,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
 
 
 def device(args: argparse.Namespace) -> int:
+    from fedper.common.manifest import Manifest
     from fedper.device_runtime.client import ProtocolClient, RefusedError
     from fedper.device_runtime.compute_threads import set_compute_threads
     from fedper.device_runtime.device import Device, DeviceOptions
@@ -68,7 +69,6 @@ def device(args: argparse.Namespace) -> int:
     from fedper.device_runtime.events import DeviceEvent, describe
     from fedper.device_runtime.local_data import LocalData, from_folder, share
     from fedper.device_runtime.retry import TransientError
-    from fedper.manifest import Manifest
 
     config = from_arguments(DeviceConfig, args)
     data = from_arguments(DataConfig, args)

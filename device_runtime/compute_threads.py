@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 
-from fedper.errors import ConfigError
+from fedper.common.errors import ConfigError
 
 
 def set_compute_threads(threads: int) -> int:

@@ -23,8 +23,12 @@ from typing import Any, Literal
 
 import numpy as np
 
-from fedper import weights
 from fedper.client_round import Client, ClientRound, score_held, train_held
+from fedper.common import weights
+from fedper.common.errors import FedperError
+from fedper.common.manifest import MANIFEST_FILE, Manifest, read_manifest, sha256_file
+from fedper.common.protocol import ErrorCode, Metadata, Route, Task, TaskConfig
+from fedper.common.train_config import TrainConfig
 from fedper.device_runtime.client import NoTask, NotInCohortError, ProtocolClient, RefusedError, RunFinishedError
 from fedper.device_runtime.device_storage import DeviceStorage
 from fedper.device_runtime.events import (
@@ -40,10 +44,6 @@ from fedper.device_runtime.events import (
 )
 from fedper.device_runtime.local_data import LocalData
 from fedper.device_runtime.retry import TransientError
-from fedper.errors import FedperError
-from fedper.manifest import MANIFEST_FILE, Manifest, read_manifest, sha256_file
-from fedper.protocol import ErrorCode, Metadata, Route, Task, TaskConfig
-from fedper.train_config import TrainConfig
 from fedper.trainer import Trainer
 
 Engine = Literal["executorch", "eager"]

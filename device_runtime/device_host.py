@@ -11,10 +11,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
+from fedper.common.manifest import Manifest
 from fedper.data import DataConfig
 from fedper.device_runtime.events import DeviceEvent, DeviceFailed, WorkerDone
 from fedper.device_runtime.fleet_config import FleetConfig
-from fedper.manifest import Manifest
 from fedper.trainer import Trainer
 
 # (client id or -1 for the host itself, event): what a host reports to the fleet.

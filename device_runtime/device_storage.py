@@ -23,8 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from fedper import weights
-from fedper.atomic_write import atomic_write_bytes, atomic_write_text
+from fedper.common import weights
+from fedper.common.atomic_write import atomic_write_bytes, atomic_write_text
 
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 

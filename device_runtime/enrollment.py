@@ -6,8 +6,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from fedper.errors import FedperError
-from fedper.protocol import Env
+from fedper.common.errors import FedperError
+from fedper.common.protocol import Env
 
 
 class MissingEnrollmentKeyError(FedperError, ValueError):

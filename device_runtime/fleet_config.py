@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from fedper.config_cli import nested, option
-from fedper.errors import ConfigError
+from fedper.common.config_cli import nested, option
+from fedper.common.errors import ConfigError
 from fedper.ray_cluster import RayConfig
 
 

@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from fedper.common.errors import FedperError
 from fedper.device_runtime.weights_file import encode_ptd
-from fedper.errors import FedperError
 
 
 class OnnxContractError(FedperError, ValueError):

@@ -8,10 +8,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from fedper.common.manifest import Manifest
 from fedper.data import DataConfig, DatasetError, ImageDataset, load_federated, to_tensor
 from fedper.data.imaging import read_photo, resize
 from fedper.data.partition import train_test
-from fedper.manifest import Manifest
 
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".webp"}
 

@@ -10,7 +10,7 @@ from typing import TypeVar
 
 import httpx
 
-from fedper.errors import FedperError
+from fedper.common.errors import FedperError
 
 T = TypeVar("T")
 

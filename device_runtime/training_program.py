@@ -19,10 +19,10 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from fedper import weights
+from fedper.common import weights
+from fedper.common.errors import FedperError
+from fedper.common.manifest import Manifest, read_manifest
 from fedper.device_runtime.inference_runtime import ExecuTorchInference, OnnxInference
-from fedper.errors import FedperError
-from fedper.manifest import Manifest, read_manifest
 
 Evaluator = Literal["executorch", "onnx"]
 

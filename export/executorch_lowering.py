@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from executorch.exir import EdgeCompileConfig, EdgeProgramManager
     from torch.fx.passes.infra.partitioner import Partition
 
-from fedper.errors import FedperError
+from fedper.common.errors import FedperError
 from fedper.export.fast_ops import DECOMPOSITIONS
 from fedper.export.unchanging_passes import in_contiguous_dim_order, unchanging_passes_skipped
 

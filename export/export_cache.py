@@ -23,8 +23,8 @@ import torch
 
 import fedper
 from fedper import export
-from fedper.atomic_write import atomic_directory, atomic_write_text
-from fedper.manifest import sha256_file
+from fedper.common.atomic_write import atomic_directory, atomic_write_text
+from fedper.common.manifest import sha256_file
 from fedper.models import ModelConfig
 
 ENTRY_FILE = "entry.json"

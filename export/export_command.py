@@ -7,7 +7,7 @@ import argparse
 from rich.console import Console
 from rich.table import Table
 
-from fedper.config_cli import add_command, from_arguments
+from fedper.common.config_cli import add_command, from_arguments
 from fedper.export.pipeline import ExportConfig, run_export
 
 console = Console(stderr=True)

@@ -12,18 +12,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fedper import __version__, weights
-from fedper.atomic_write import atomic_directory
+from fedper import __version__
 from fedper.checkpoints import init_base, read_checkpoint
-from fedper.config_cli import nested, option
-from fedper.data import dataset_info
-from fedper.data.dataset import DEFAULT_MEAN, DEFAULT_STD
-from fedper.errors import ConfigError
-from fedper.export.executorch_lowering import lower_inference_program, lower_training_program
-from fedper.export.export_cache import ExportCache, default_cache_dir, program_key
-from fedper.export.onnx_export import ONNX_OPSET, export_onnx
-from fedper.export.training_graph import VARIANTS, Variant, resolve_variant, training_step
-from fedper.manifest import (
+from fedper.common import weights
+from fedper.common.atomic_write import atomic_directory
+from fedper.common.config_cli import nested, option
+from fedper.common.errors import ConfigError
+from fedper.common.manifest import (
     ARTIFACT_FILES,
     MANIFEST_FILE,
     InferenceProgramSpec,
@@ -41,10 +36,16 @@ from fedper.manifest import (
     sha256_file,
     write_manifest,
 )
+from fedper.common.train_config import TrainConfig
+from fedper.data import dataset_info
+from fedper.data.dataset import DEFAULT_MEAN, DEFAULT_STD
+from fedper.export.executorch_lowering import lower_inference_program, lower_training_program
+from fedper.export.export_cache import ExportCache, default_cache_dir, program_key
+from fedper.export.onnx_export import ONNX_OPSET, export_onnx
+from fedper.export.training_graph import VARIANTS, Variant, resolve_variant, training_step
 from fedper.models import MODEL_NAMES, ModelConfig, StagedModel, build_model, exchanged_state, split
 from fedper.models.heads import HEADS
 from fedper.pretrained import INIT_HELP, checkpoint_path
-from fedper.train_config import TrainConfig
 
 PROGRAM_ROLES = (
     "training_program",

@@ -15,7 +15,7 @@ from typing import Literal
 import torch
 from torch import nn
 
-from fedper.errors import ConfigError
+from fedper.common.errors import ConfigError
 from fedper.export.fast_mobilenet import FastMobileNetStep, downsampling
 from fedper.models import StagedModel, exchanged_names
 from fedper.models.mobilenet_v1 import MobileNetV1

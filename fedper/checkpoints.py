@@ -27,8 +27,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fedper import weights
-from fedper.errors import FedperError
+from fedper.common import weights
+from fedper.common.errors import FedperError
 from fedper.models.mobilenet_v1 import BLOCKS
 from fedper.models.split import exchanged_names, split
 from fedper.models.staged import StagedModel

@@ -5,20 +5,28 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable, Sequence
+from functools import partial
 
 from rich.console import Console
 from rich.text import Text
 
 from fedper import __version__
-from fedper.errors import FedperError
+from fedper.common.errors import FedperError
 
 console = Console(stderr=True)
 Command = Callable[[argparse.Namespace], int]
 
 
+# The extra each command that needs the training stack comes with (pyproject.toml).
+NEEDS_EXTRA = {"simulate": "device", "export": "export", "device": "device", "fleet": "device", "demo": "all",
+               "pretrain": "device", "report": "device", "probe-check": "device"}  # fmt: skip
+
+
 def build_parser(only_serve: bool = False) -> argparse.ArgumentParser:
     """Every subcommand; with ``only_serve``, just ``serve``, whose process must not import the
-    training stack (torch: ~1 GB and seconds at start) that the other commands' modules import."""
+    training stack (torch: ~1 GB and seconds at start) that the other commands' modules import.
+    Where that stack is not installed (``pip install 'fedper[server]'``), its commands are still
+    listed, and say which extra they need."""
     parser = argparse.ArgumentParser(
         prog="fedper",
         description="Personalized federated learning (FedPer) for on-device models.",
@@ -31,10 +39,16 @@ def build_parser(only_serve: bool = False) -> argparse.ArgumentParser:
         serve_command.add_parser(sub)
         admin_command.add_parser(sub)
         return parser
-    from fedper._recipes import demo_command, pretrain_command, probe_check, report_command, simulate_command
-    from fedper.device_runtime import commands as device_commands
-    from fedper.device_runtime.training_program import check_exported
-    from fedper.export import export_command
+    try:
+        from fedper._recipes import demo_command, pretrain_command, probe_check, report_command, simulate_command
+        from fedper.device_runtime import commands as device_commands
+        from fedper.device_runtime.training_program import check_exported
+        from fedper.export import export_command
+    except ModuleNotFoundError as exc:
+        if (exc.name or "fedper").split(".")[0] == "fedper":
+            raise
+        _add_uninstalled(sub, exc.name or "", serve_command.add_parser, admin_command.add_parser)
+        return parser
 
     simulate_command.add_parser(sub)
     export_command.add_parser(sub)
@@ -50,6 +64,25 @@ def build_parser(only_serve: bool = False) -> argparse.ArgumentParser:
     return parser
 
 
+def _add_uninstalled(
+    sub: argparse._SubParsersAction[argparse.ArgumentParser],
+    missing: str,
+    *installed: Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], None],
+) -> None:
+    """``serve`` and ``admin``, and in their place the commands whose modules import ``missing``:
+    each accepts any arguments (``main`` does not refuse them) and fails with the extra to install."""
+    for name, extra in NEEDS_EXTRA.items():
+        command = sub.add_parser(name, help=f"not installed: needs {missing} (pip install 'fedper[{extra}]')")
+        message = f"`fedper {name}` needs {missing}, which is not installed: pip install 'fedper[{extra}]'"
+        command.set_defaults(run=partial(_uninstalled, message), any_arguments=True)
+    for add_parser in installed:
+        add_parser(sub)
+
+
+def _uninstalled(message: str, _args: argparse.Namespace) -> int:
+    raise FedperError(message)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command. An expected failure prints one line and exits 2: a :class:`FedperError`
     (bad option or input file, a refused request, an unreachable server) or an ``OSError`` (a
@@ -58,7 +91,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     command = next((a for a in argv if not a.startswith("-")), None)
     parser = build_parser(only_serve=command in ("serve", "admin"))
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown and not getattr(args, "any_arguments", False):
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     run: Command = args.run
     try:
         return run(args)

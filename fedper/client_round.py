@@ -15,8 +15,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from fedper.common.train_config import TrainConfig
 from fedper.local_training import batch_order_rng, evaluate, train
-from fedper.train_config import TrainConfig
 from fedper.trainer import Trainer
 
 Held = Sequence[Mapping[str, torch.Tensor | np.ndarray]]  # what the client holds, loaded in order

@@ -25,15 +25,15 @@ from typing import Any
 import numpy as np
 import torch
 
+from fedper.common.errors import ConfigError
+from fedper.common.metrics import summarize
+from fedper.common.train_config import TrainConfig
+from fedper.common.weights import WeightsError
 from fedper.eager_trainer import EagerTrainer
-from fedper.errors import ConfigError
 from fedper.local_training import MIN_BATCH, batches, evaluate
-from fedper.metrics import summarize
 from fedper.models import ModelConfig, build_model, exchanged_names
 from fedper.models.heads import rating_prior
 from fedper.models.split import ModelSplit
-from fedper.train_config import TrainConfig
-from fedper.weights import WeightsError
 
 FINE_TUNING_SIZES: tuple[int, ...] = (0, 5, 10, 20, 50, 100)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from fedper.train_config import TrainConfig
+from fedper.common.train_config import TrainConfig
 from fedper.trainer import Trainer
 
 MIN_BATCH = 2  # BatchNorm cannot train on one example

@@ -17,7 +17,7 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from fedper.atomic_write import atomic_write_bytes
+from fedper.common.atomic_write import atomic_write_bytes
 
 
 class RunView(Protocol):

@@ -13,8 +13,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from fedper.config_cli import option
-from fedper.errors import ConfigError
+from fedper.common.config_cli import option
+from fedper.common.errors import ConfigError
 
 INSTALL_HINT = "pip install 'fedper[ray]'"
 JOIN_HINT = (

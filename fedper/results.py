@@ -22,8 +22,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from fedper.atomic_write import atomic_write_text
-from fedper.metrics import summarize
+from fedper.common.atomic_write import atomic_write_text
+from fedper.common.metrics import summarize
 
 CSV_FIELDS = (
     "algorithm",
@@ -74,7 +74,7 @@ class RunRecorder:
         self.baselines: dict[str, list[float]] = {}
         # new users' accuracy against their number of photos (recipes/new_users.py), if measured
         self.new_users: dict[str, Any] = {}
-        # algorithm -> per round, what robust aggregation did (fedper.robust_aggregate.AggregationReport)
+        # algorithm -> per round, what robust aggregation did (fedper.common.robust_aggregate.AggregationReport)
         self.aggregation: dict[str, list[dict[str, Any]]] = defaultdict(list)
         self._records: dict[str, list[ClientRecord]] = defaultdict(list)
 

@@ -29,3 +29,8 @@ class Trainer(Protocol):
 
     def predict(self, x: torch.Tensor) -> torch.Tensor:
         """Logits of the eval-mode model with the current weights."""
+
+
+def to_torch(tensors: Mapping[str, np.ndarray]) -> dict[str, torch.Tensor]:
+    """Arrays from the weights codec (``fedper.common.weights``) as tensors a trainer takes (copies)."""
+    return {name: torch.from_numpy(np.array(a, copy=True)) for name, a in tensors.items()}

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from fedper import weights
+from fedper.common import weights
 from fedper.data import DataConfig, load_federated, to_tensor
 from fedper.local_training import accuracy
 from fedper.models import ModelConfig, build_model

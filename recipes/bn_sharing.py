@@ -39,7 +39,7 @@ from fedper._recipes.results_suite import (
     paired_difference,
     run_one,
 )
-from fedper.atomic_write import atomic_write_text
+from fedper.common.atomic_write import atomic_write_text
 
 BEGIN, END = "<!-- bn-sharing:begin (make bn-sharing) -->", "<!-- bn-sharing:end -->"
 MODES = ("shared", "local")

@@ -23,8 +23,9 @@ from rich.console import Console
 from fedper._recipes.demo_config import DemoConfig
 from fedper._recipes.demo_report import compare, render_report
 from fedper._recipes.new_users import FINAL_BASE, new_user_curves
-from fedper.atomic_write import atomic_write_text
 from fedper.checkpoints import read_checkpoint
+from fedper.common.atomic_write import atomic_write_text
+from fedper.common.protocol import Env
 from fedper.data import DataConfig, load_federated
 from fedper.device_runtime.fleet import run_fleet
 from fedper.device_runtime.fleet_config import FleetConfig
@@ -32,7 +33,6 @@ from fedper.device_runtime.training_program import check_exported, median_step_m
 from fedper.export.pipeline import ExportConfig, run_export
 from fedper.models import ModelConfig
 from fedper.pretrained import PACKAGED_BASE, PACKAGED_CARD, checkpoint_path
-from fedper.protocol import Env
 from fedper.results import RunRecorder, config_json
 from fedper.server.process import ServerProcess
 

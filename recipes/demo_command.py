@@ -6,7 +6,8 @@ import argparse
 
 from fedper._recipes.demo import run_demo
 from fedper._recipes.demo_config import DemoConfig
-from fedper.config_cli import add_command, from_arguments
+from fedper.common.config_cli import add_command, from_arguments
+from fedper.run_log import third_party_output_to
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -20,5 +21,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
 
 
 def demo(args: argparse.Namespace) -> int:
-    run_demo(from_arguments(DemoConfig, args))
+    config = from_arguments(DemoConfig, args)
+    # torch's and ExecuTorch's own lines go to OUT/demo.log; the terminal keeps the demo's.
+    with third_party_output_to(config.out / "demo.log"):
+        run_demo(config)
     return 0

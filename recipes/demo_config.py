@@ -6,11 +6,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fedper._recipes.presets import SYNTH_HEAD, SYNTH_INIT, SYNTH_KP, SYNTH_LOCAL_EPOCHS, SYNTH_ROUNDS
-from fedper.config_cli import nested, option
-from fedper.errors import ConfigError
+from fedper.common.config_cli import nested, option
+from fedper.common.errors import ConfigError
+from fedper.common.train_config import TrainConfig
 from fedper.models.heads import HEADS
 from fedper.pretrained import INIT_HELP
-from fedper.train_config import TrainConfig
 
 
 @dataclass(frozen=True)

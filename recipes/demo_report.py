@@ -13,7 +13,7 @@ from typing import Any
 
 from fedper._recipes.demo_config import DemoConfig
 from fedper.baselines import DESCRIPTIONS
-from fedper.errors import FedperError
+from fedper.common.errors import FedperError
 from fedper.plots import NEW_USERS_PLOT
 
 

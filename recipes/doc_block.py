@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fedper.atomic_write import atomic_write_text
-from fedper.errors import FedperError
+from fedper.common.atomic_write import atomic_write_text
+from fedper.common.errors import FedperError
 
 
 def write_block(doc: Path, begin: str, end: str, text: str) -> None:

@@ -24,7 +24,8 @@ from typing import Any
 
 import torch
 
-from fedper import weights
+from fedper.common import weights
+from fedper.common.train_config import TrainConfig
 from fedper.data import FederatedData, labelled_tensors
 from fedper.fine_tuning import (
     FINE_TUNING_SIZES,
@@ -36,7 +37,6 @@ from fedper.fine_tuning import (
     with_base,
 )
 from fedper.models import ModelConfig, build_model, exchanged_state, split
-from fedper.train_config import TrainConfig
 
 FINAL_BASE = "final_base.safetensors"
 ProgressFn = Callable[[str, int, int], None]

@@ -21,10 +21,10 @@ import numpy as np
 
 from fedper._recipes.doc_block import write_block
 from fedper._recipes.simulation import Arrays, SimulationConfig, run
-from fedper.atomic_write import atomic_write_text
+from fedper.common.atomic_write import atomic_write_text
+from fedper.common.robust_aggregate import BATCHNORM_VARIANCE, AggregationConfig
+from fedper.common.train_config import TrainConfig
 from fedper.data import DataConfig
-from fedper.robust_aggregate import BATCHNORM_VARIANCE, AggregationConfig
-from fedper.train_config import TrainConfig
 
 HOSTILE = 0  # the attacker's client index
 BEGIN, END = "<!-- poisoning:begin (make poisoning) -->", "<!-- poisoning:end -->"

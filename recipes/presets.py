@@ -1,7 +1,7 @@
 """Defaults a dataset brings to ``fedper simulate``: the setting its paper and Flower's baseline use.
 
 A preset only names options whose value differs from the options' own defaults, and applies to
-the options the user did not give (:func:`fedper.config_cli.with_defaults`): each value is
+the options the user did not give (:func:`fedper.common.config_cli.with_defaults`): each value is
 declared once, here or at its option, and an explicit flag always wins.
 """
 
@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fedper._recipes.simulation import SimulationConfig
-from fedper.config_cli import from_arguments, given, with_defaults
+from fedper.common.config_cli import from_arguments, given, with_defaults
 from fedper.data import DataConfig
 from fedper.pretrained import PRETRAINED
 

@@ -31,14 +31,14 @@ import torch.nn.functional as F
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
-from fedper import weights
-from fedper.atomic_write import atomic_write_bytes, atomic_write_text
-from fedper.config_cli import option
+from fedper.common import weights
+from fedper.common.atomic_write import atomic_write_bytes, atomic_write_text
+from fedper.common.config_cli import option
+from fedper.common.errors import ConfigError
 from fedper.data import pretext
 from fedper.data.dataset import to_tensor
 from fedper.data.registry import dataset_info
 from fedper.environment import numeric_environment
-from fedper.errors import ConfigError
 from fedper.models import ModelConfig, StagedModel, build_model, exchanged_state, split
 from fedper.results import config_json
 

@@ -16,7 +16,7 @@ from rich.progress import (
 )
 
 from fedper._recipes.pretrain import BASE, CARD, PretrainConfig, run_pretrain
-from fedper.config_cli import add_command, from_arguments
+from fedper.common.config_cli import add_command, from_arguments
 
 console = Console(stderr=True)
 

@@ -24,12 +24,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fedper import weights
 from fedper._recipes.pretrain_probe import frozen_features, user_probe
-from fedper.config_cli import add_command, from_arguments, option
+from fedper.common import weights
+from fedper.common.config_cli import add_command, from_arguments, option
+from fedper.common.errors import ConfigError
+from fedper.common.manifest import read_manifest
 from fedper.data import DataConfig, load_federated
-from fedper.errors import ConfigError
-from fedper.manifest import read_manifest
 from fedper.models import ModelConfig, build_model
 
 

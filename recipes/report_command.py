@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from fedper.errors import FedperError
+from fedper.common.errors import FedperError
 
 
 def load_results(run_dir: Path) -> dict[str, Any]:

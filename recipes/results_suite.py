@@ -28,8 +28,8 @@ import numpy as np
 
 from fedper._recipes import bn_modes, pretrain_probe
 from fedper._recipes.doc_block import write_block
-from fedper.atomic_write import atomic_write_text
-from fedper.errors import FedperError
+from fedper.common.atomic_write import atomic_write_text
+from fedper.common.errors import FedperError
 from fedper.pretrained import PACKAGED_BASE
 
 SEEDS = (0, 1, 2)

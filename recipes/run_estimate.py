@@ -21,12 +21,12 @@ import torch
 
 from fedper._recipes.presets import help_text, setting
 from fedper._recipes.simulation import SimulationConfig, model_config
-from fedper.config_cli import add_arguments
+from fedper.common.config_cli import add_arguments
+from fedper.common.train_config import TrainConfig
 from fedper.data import DataConfig, dataset_info
 from fedper.eager_trainer import EagerTrainer
 from fedper.local_training import batches
 from fedper.models import ModelConfig, build_model
-from fedper.train_config import TrainConfig
 
 WARMUP_STEPS, TIMED_STEPS = 1, 3
 

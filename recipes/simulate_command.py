@@ -13,7 +13,7 @@ from rich.table import Table
 from fedper._recipes.presets import Setting, help_text, setting
 from fedper._recipes.run_estimate import RunEstimate, measure_step, steps_per_round
 from fedper._recipes.simulation import SimulationConfig, clients_per_round, run
-from fedper.config_cli import add_command
+from fedper.common.config_cli import add_command
 from fedper.data import DataConfig
 from fedper.models import ModelConfig
 

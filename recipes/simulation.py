@@ -1,7 +1,7 @@
 """In-process simulation of FedPer, FedAvg and local training (eager PyTorch, one process).
 
 Every client trains from the received base plus its own personal tensors; the
-base is aggregated as the server aggregates it (:func:`fedper.robust_aggregate.robust_aggregate`:
+base is aggregated as the server aggregates it (:func:`fedper.common.robust_aggregate.robust_aggregate`:
 the toolkit's one FedAvg behind the same clipping and weight cap, or a robust mean).
 Accuracy is measured on each client's own test split with the model it holds at
 the start of the round, before local training, as Flower's reproduction does, and
@@ -21,24 +21,25 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from fedper import weights
 from fedper._recipes.new_users import new_user_curves
 from fedper.baselines import per_client_accuracy
 from fedper.checkpoints import Checkpoint, init_base, read_checkpoint
 from fedper.client_round import Client, ClientOutcome, ClientRound, client_round
-from fedper.config_cli import nested, option
+from fedper.common import weights
+from fedper.common.config_cli import nested, option
+from fedper.common.errors import ConfigError
+from fedper.common.robust_aggregate import AggregationConfig, refusal, robust_aggregate
+from fedper.common.train_config import TrainConfig
 from fedper.data import DataConfig, FederatedData, labelled_tensors, load_federated
 from fedper.eager_trainer import EagerTrainer
 from fedper.environment import numeric_environment
-from fedper.errors import ConfigError
 from fedper.models import ModelConfig, build_model, exchanged_state, split
 from fedper.models.heads import HEADS
 from fedper.models.split import batchnorm_stat_names
 from fedper.pretrained import INIT_HELP, checkpoint_path
 from fedper.ray_cluster import RayConfig, ray_session
 from fedper.results import ClientRecord, RunRecorder, config_json
-from fedper.robust_aggregate import AggregationConfig, refusal, robust_aggregate
-from fedper.train_config import TrainConfig
+from fedper.trainer import to_torch
 
 ALGORITHMS = ("fedper", "fedavg", "local")
 
@@ -249,7 +250,7 @@ def _run_algorithm(
         if shared and updates:  # none (every one refused): the base stays, as an abandoned round's
             aggregate, report = robust_aggregate(layout, weights.to_numpy(global_shared), partial(iter, updates),
                                                  sim.aggregation)  # fmt: skip
-            global_shared = weights.to_torch(aggregate)
+            global_shared = to_torch(aggregate)
             recorder.aggregation[algorithm].append({"round": rnd, **report.to_dict()})
         if progress is not None:
             progress(algorithm, rnd, sim.rounds)

@@ -13,9 +13,9 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from fedper.config_cli import add_command, from_arguments, option
-from fedper.errors import FedperError
-from fedper.protocol import Env, Header, RolledBack, Route, Stopped
+from fedper.common.config_cli import add_command, from_arguments, option
+from fedper.common.errors import FedperError
+from fedper.common.protocol import Env, Header, RolledBack, Route, Stopped
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from fedper import __version__
-from fedper.protocol import ErrorCode, Header
+from fedper.common.protocol import ErrorCode, Header
 from fedper.server.config import ServerConfig
 from fedper.server.errors import (
     ClientDisconnectedError,

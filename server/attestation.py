@@ -15,7 +15,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable
 
-from fedper.errors import ConfigError
+from fedper.common.errors import ConfigError
 
 Verifier = Callable[[str | None, str | None], str | None]  # (token, platform) -> why refused, or None
 

@@ -6,11 +6,11 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from fedper.config_cli import nested, option
-from fedper.errors import ConfigError
-from fedper.robust_aggregate import AggregationConfig
+from fedper.common.config_cli import nested, option
+from fedper.common.errors import ConfigError
+from fedper.common.robust_aggregate import AggregationConfig
+from fedper.common.train_config import TrainConfig
 from fedper.server.publish_check import PublishConfig
-from fedper.train_config import TrainConfig
 
 
 @dataclass(frozen=True)

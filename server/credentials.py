@@ -9,8 +9,8 @@ import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
-from fedper.atomic_write import atomic_write_text
-from fedper.protocol import Env
+from fedper.common.atomic_write import atomic_write_text
+from fedper.common.protocol import Env
 
 ADMIN_TOKEN_FILE = "admin_token"
 ENROLLMENT_KEY_FILE = "enrollment_key"

@@ -15,7 +15,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from fedper.protocol import Error, ErrorCode, Header
+from fedper.common.protocol import Error, ErrorCode, Header
 from fedper.server.refusals import (
     AlreadyReportedError,
     DeviceRevokedError,

@@ -16,7 +16,7 @@ from typing import Any
 
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from fedper.protocol import ErrorCode
+from fedper.common.protocol import ErrorCode
 
 
 def _raw_response(status: int, reason: str, code: str, message: str) -> bytes:

@@ -16,7 +16,7 @@ from typing import IO
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from fedper.protocol import Route
+from fedper.common.protocol import Route
 from fedper.server.metrics_registry import METRICS_PATH
 
 
@@ -46,7 +46,8 @@ def wait_until_answering(url: str, proc: subprocess.Popen[str], timeout: float, 
 
 class ServerProcess:
     """One ``fedper serve``: ``options`` become its flags (``target_clients=3`` ->
-    ``--target-clients 3``), ``env`` its environment (secrets), ``log`` gets its output."""
+    ``--target-clients 3``), ``env`` its environment (secrets), ``log`` gets its output;
+    ``python`` is the interpreter whose installed fedper serves (this one by default)."""
 
     def __init__(
         self,
@@ -56,6 +57,7 @@ class ServerProcess:
         env: Mapping[str, str] | None = None,
         log: Path | None = None,
         port: int | None = None,
+        python: Path | str = sys.executable,
     ) -> None:
         self.artifacts, self.data_dir = artifacts, data_dir
         self.options = dict(options or {})
@@ -63,13 +65,15 @@ class ServerProcess:
         self.url = f"http://127.0.0.1:{self.port}"
         self.env = {**os.environ, **(env or {})}
         self.log = log or data_dir.parent / f"{data_dir.name}.log"
+        self.python = python
         self.proc: subprocess.Popen[str] | None = None
         self._log_file: IO[str] | None = None
 
     def start(self, timeout: float = 60) -> ServerProcess:
         if self.proc is not None and self.proc.poll() is None:
             raise RuntimeError("already started (use either start() or `with`, not both)")
-        args = [sys.executable, "-m", "fedper.cli", "serve", "--artifacts", str(self.artifacts),
+        # -P: the installed fedper, never a folder of that name in the working directory.
+        args = [str(self.python), "-P", "-m", "fedper.cli", "serve", "--artifacts", str(self.artifacts),
                 "--data-dir", str(self.data_dir), "--port", str(self.port)]  # fmt: skip
         for key, value in self.options.items():
             args += [f"--{key.replace('_', '-')}", str(value)]

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import numpy as np
 
-from fedper.config_cli import option
-from fedper.errors import ConfigError
-from fedper.robust_aggregate import group_norms, lower_median, negative_variance
+from fedper.common.config_cli import option
+from fedper.common.errors import ConfigError
+from fedper.common.robust_aggregate import group_norms, lower_median, negative_variance
 
 Tensors = dict[str, np.ndarray]
 HISTORY = 10  # published steps the step check compares with

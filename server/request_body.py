@@ -20,7 +20,7 @@ from pathlib import Path
 from fastapi import Request
 from starlette.requests import ClientDisconnect
 
-from fedper.protocol import ErrorCode
+from fedper.common.protocol import ErrorCode
 from fedper.server.errors import ClientDisconnectedError, ProtocolError, too_large
 from fedper.server.update_store import UpdateStore
 

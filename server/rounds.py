@@ -13,7 +13,7 @@ checks the 409 conditions and writes the canonical file into ``tmp/`` (outside t
 ``commit`` checks them again under the lock, then renames the file into the round's
 folder, records it, and closes the round if it is full.
 
-Closing aggregates the round's stored files (:func:`fedper.robust_aggregate.robust_aggregate`:
+Closing aggregates the round's stored files (:func:`fedper.common.robust_aggregate.robust_aggregate`:
 each update clipped to a multiple of the round's median distance from its base, each device's
 weight capped, then FedAvg or a coordinate-wise median or trimmed mean), read one at a time,
 twice (distances, then the fold), in a canonical order: by the sha256 of each file. The
@@ -35,12 +35,12 @@ from pathlib import Path
 
 import numpy as np
 
-from fedper import weights
-from fedper.atomic_write import atomic_write_bytes
-from fedper.manifest import Manifest, sha256_file
-from fedper.metrics import summarize
-from fedper.protocol import RoundInfo
-from fedper.robust_aggregate import NonFiniteAggregateError, robust_aggregate
+from fedper.common import weights
+from fedper.common.atomic_write import atomic_write_bytes
+from fedper.common.manifest import Manifest, sha256_file
+from fedper.common.metrics import summarize
+from fedper.common.protocol import RoundInfo
+from fedper.common.robust_aggregate import NonFiniteAggregateError, robust_aggregate
 from fedper.server import publish_check
 from fedper.server.clock import SteadyClock
 from fedper.server.cohort import Cohort

@@ -6,7 +6,7 @@ import argparse
 import logging
 import sys
 
-from fedper.config_cli import add_command, from_arguments
+from fedper.common.config_cli import add_command, from_arguments
 from fedper.server.config import ServerConfig
 
 

@@ -9,8 +9,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fedper.errors import FedperError
-from fedper.manifest import MANIFEST_FILE, Manifest, ManifestError, read_manifest
+from fedper.common.errors import FedperError
+from fedper.common.manifest import MANIFEST_FILE, Manifest, ManifestError, read_manifest
 from fedper.server.attestation import Verifier, load_verifier
 from fedper.server.clock import SteadyClock
 from fedper.server.config import ServerConfig
@@ -76,7 +76,7 @@ def _open_database(path: Path, config: ServerConfig, disk: DiskRoom) -> Database
 def open_state(config: ServerConfig, clock: Clock | None = None, free: Callable[[], int] | None = None) -> ServerState:
     """Everything the handlers need; ``clock`` and ``free`` (free bytes of the data directory's
     disk) are injected by tests."""
-    from fedper.manifest import sha256_file
+    from fedper.common.manifest import sha256_file
 
     verifier = load_verifier(config.attestation)
     try:

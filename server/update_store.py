@@ -22,10 +22,10 @@ from typing import BinaryIO
 import numpy as np
 from safetensors import SafetensorError, safe_open
 
-from fedper import weights
-from fedper.atomic_write import fsync_directory
-from fedper.manifest import sha256_file
-from fedper.weights import TensorSpec, WeightsError
+from fedper.common import weights
+from fedper.common.atomic_write import fsync_directory
+from fedper.common.manifest import sha256_file
+from fedper.common.weights import TensorSpec, WeightsError
 
 log = logging.getLogger("fedper.server")
 

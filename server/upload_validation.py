@@ -21,9 +21,9 @@ from typing import Any
 import numpy as np
 from safetensors import SafetensorError, safe_open
 
-from fedper.manifest import Manifest
-from fedper.protocol import ErrorCode, Metadata
-from fedper.robust_aggregate import negative_variance
+from fedper.common.manifest import Manifest
+from fedper.common.protocol import ErrorCode, Metadata
+from fedper.common.robust_aggregate import negative_variance
 from fedper.server import strict_json
 from fedper.server.errors import ProtocolError, bad_request, unprocessable
 

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from fedper.common.manifest import Manifest, read_manifest
 from fedper.data import DataConfig, load_dataset, to_tensor
-from fedper.manifest import Manifest, read_manifest
 from tests.numeric_claims import NumericClaims
 
 _session_threads = 0  # torch's thread count for every test, set at configure

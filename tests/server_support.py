@@ -3,26 +3,32 @@
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 
 import httpx
 import numpy as np
 
-from fedper import weights
-from fedper.manifest import Manifest
+from fedper.common import weights
+from fedper.common.manifest import Manifest
 from fedper.server import process as server_process
 
 ADMIN = "admin-token-for-tests-0123456789abcdef"
 ENROLL = "enrollment-key-for-tests"
 
 
-def serve(artifacts: Path, data_dir: Path, secrets: bool = True, **options: object) -> server_process.ServerProcess:
-    """A test server: the secrets above (unless ``secrets=False``), its log beside ``data_dir``."""
+def serve(
+    artifacts: Path, data_dir: Path, secrets: bool = True, python: Path | None = None, **options: object
+) -> server_process.ServerProcess:
+    """A test server: the secrets above (unless ``secrets=False``), its log beside ``data_dir``;
+    ``python``: another environment's interpreter (default: this one)."""
     port = server_process.free_port()
     env = {"FEDPER_ADMIN_TOKEN": ADMIN, "FEDPER_ENROLLMENT_KEY": ENROLL} if secrets else {}
     log = data_dir.parent / f"server-{port}.log"
-    return server_process.ServerProcess(artifacts, data_dir, options, env=env, log=log, port=port)
+    return server_process.ServerProcess(
+        artifacts, data_dir, options, env=env, log=log, port=port, python=python or sys.executable
+    )
 
 
 def enroll(url: str, key: str = ENROLL) -> tuple[str, dict[str, str]]:

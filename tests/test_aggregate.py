@@ -3,7 +3,7 @@ import weakref
 import numpy as np
 import pytest
 
-from fedper.aggregate import AggregationError, FedAvg
+from fedper.common.aggregate import AggregationError, FedAvg
 
 LAYOUT = [("a", (3, 4)), ("b.weight", (70000,)), ("c", ())]
 

@@ -9,7 +9,7 @@ import pytest
 
 from fedper._recipes import bn_sharing
 from fedper._recipes.bn_sharing import EXPERIMENTS, table, write_into
-from fedper.errors import FedperError
+from fedper.common.errors import FedperError
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 

@@ -20,8 +20,8 @@ from hypothesis import strategies as st
 from safetensors.torch import save_file
 from torch import nn
 
-from fedper import weights
 from fedper.checkpoints import CheckpointError, init_base, read_checkpoint
+from fedper.common import weights
 from fedper.models import ModelConfig, build_model
 from fedper.models.split import exchanged_state, split
 
@@ -173,8 +173,8 @@ def test_simulate_init_starts_every_algorithm_from_the_checkpoint(tmp_path):
     """At a learning rate of 1e-9 the weights stay where they started: the final convolutions are
     the checkpoint's (FedPer's and FedAvg's alike), and results.json says where they came from."""
     from fedper._recipes.simulation import SimulationConfig, run
+    from fedper.common.train_config import TrainConfig
     from fedper.data import DataConfig
-    from fedper.train_config import TrainConfig
 
     config = ModelConfig(num_classes=10, input_size=32)
     pretrained = exchanged_state(build_model(config, seed=7))

@@ -11,12 +11,12 @@ import pytest
 from fedper import cli
 from fedper._recipes.demo_config import DemoConfig
 from fedper._recipes.simulation import SimulationConfig
-from fedper.config_cli import add_arguments, from_arguments, given, option, with_defaults
-from fedper.errors import ConfigError, FedperError
+from fedper.common.config_cli import add_arguments, from_arguments, given, option, with_defaults
+from fedper.common.errors import ConfigError, FedperError
+from fedper.common.manifest import TrainingDefaults
+from fedper.common.train_config import TrainConfig
 from fedper.export.pipeline import ExportConfig
-from fedper.manifest import TrainingDefaults
 from fedper.server.config import ServerConfig
-from fedper.train_config import TrainConfig
 
 HOLDERS = [ServerConfig, ExportConfig, SimulationConfig, DemoConfig]
 

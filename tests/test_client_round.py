@@ -10,10 +10,10 @@ from __future__ import annotations
 import torch
 
 from fedper.client_round import Client, ClientRound, client_round, score_held, train_held
+from fedper.common.train_config import TrainConfig
 from fedper.eager_trainer import EagerTrainer
 from fedper.models import ModelConfig, build_model
 from fedper.models.split import exchanged_state, split
-from fedper.train_config import TrainConfig
 
 CONFIG = ModelConfig(num_classes=3, alpha=0.25, input_size=32)
 

@@ -16,12 +16,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from fedper.common.manifest import Manifest
+from fedper.common.protocol import Task
 from fedper.device_runtime.client import NotInCohortError, ProtocolClient, RunFinishedError
 from fedper.device_runtime.device import Device, DeviceOptions
 from fedper.device_runtime.device_storage import DeviceStorage
 from fedper.device_runtime.events import RoundReport
-from fedper.manifest import Manifest
-from fedper.protocol import Task
 from fedper.server.config import ServerConfig
 from fedper.server.errors import answer
 from fedper.server.refusals import RefusalError

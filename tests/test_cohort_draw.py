@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from fedper.manifest import read_manifest
+from fedper.common.manifest import read_manifest
 from fedper.server.state import ServerState
 from fedper.server.upload_validation import Upload
 from tests.server_support import FakeClock, base_like, open_in_process

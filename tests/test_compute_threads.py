@@ -10,8 +10,8 @@ import sys
 import pytest
 
 from fedper.cli import main
+from fedper.common.errors import ConfigError
 from fedper.device_runtime.fleet_config import FleetConfig
-from fedper.errors import ConfigError
 
 PROBE = """
 import json, sys

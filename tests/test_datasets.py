@@ -8,6 +8,7 @@ import pytest
 from PIL import Image
 
 from fedper.cli import main
+from fedper.common.errors import ConfigError
 from fedper.data import (
     DataConfig,
     DatasetError,
@@ -17,7 +18,6 @@ from fedper.data import (
     load_dataset,
     load_federated,
 )
-from fedper.errors import ConfigError
 
 
 def test_digits_are_the_real_bundled_scans():

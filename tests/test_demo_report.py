@@ -11,7 +11,7 @@ import pytest
 from fedper._recipes.demo import base_source
 from fedper._recipes.demo_config import DemoConfig
 from fedper._recipes.demo_report import compare, render_report
-from fedper.errors import FedperError
+from fedper.common.errors import FedperError
 from fedper.pretrained import PACKAGED_CARD
 from fedper.results import ClientRecord, RunRecorder
 

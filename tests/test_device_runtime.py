@@ -19,9 +19,11 @@ import numpy as np
 import pytest
 import torch
 
-from fedper import weights
 from fedper._recipes.simulation import SimulationConfig
 from fedper._recipes.simulation import run as simulate
+from fedper.common import weights
+from fedper.common.manifest import Manifest, read_manifest, sha256_file
+from fedper.common.train_config import TrainConfig
 from fedper.data import DataConfig
 from fedper.device_runtime.client import ProtocolClient, RefusedError
 from fedper.device_runtime.device import Device, DeviceOptions, make_trainer, metric_metadata
@@ -40,10 +42,8 @@ from fedper.device_runtime.fleet import _collect, run_fleet
 from fedper.device_runtime.fleet_config import FleetConfig
 from fedper.device_runtime.local_data import LocalData, share
 from fedper.device_runtime.network_faults import RecordingTransport
-from fedper.manifest import Manifest, read_manifest, sha256_file
 from fedper.results import RunRecorder
-from fedper.train_config import TrainConfig
-from fedper.trainer import Trainer
+from fedper.trainer import Trainer, to_torch
 from tests.server_support import ENROLL, admin, decode_update, serve
 
 # Three clients of the digits, two classes each: small, strongly non-IID, real images.
@@ -513,7 +513,7 @@ def _accuracy(artifacts: Path, base: dict[str, np.ndarray], head: dict[str, np.n
 
     manifest = read_manifest(artifacts)
     trainer = make_trainer("eager", artifacts, manifest)
-    trainer.set_tensors(weights.to_torch({**base, **head}))
+    trainer.set_tensors(to_torch({**base, **head}))
     _, _, x_test, y_test = share(DATA, client).tensors(manifest)
     return evaluate(trainer, x_test, y_test)
 

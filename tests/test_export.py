@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 import torch
 
-from fedper import weights
 from fedper.cli import main
+from fedper.common import weights
+from fedper.common.manifest import ManifestError, read_manifest
 from fedper.device_runtime.training_program import (
     TrainingProgram,
     TrainingProgramError,
@@ -17,7 +18,6 @@ from fedper.device_runtime.training_program import (
 )
 from fedper.eager_trainer import EagerTrainer
 from fedper.export.pipeline import PROGRAM_FILES, ExportConfig, ExportConfigError, run_export
-from fedper.manifest import ManifestError, read_manifest
 from fedper.models import ModelConfig, build_model, exchanged_state, split
 
 

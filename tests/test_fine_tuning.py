@@ -14,9 +14,11 @@ from hypothesis import strategies as st
 from fedper import fine_tuning
 from fedper._recipes.new_users import holdout_users
 from fedper.cli import main
+from fedper.common.errors import ConfigError
+from fedper.common.train_config import TrainConfig
+from fedper.common.weights import WeightsError
 from fedper.data import DataConfig, DatasetError, load_dataset, load_federated, partition
 from fedper.eager_trainer import EagerTrainer
-from fedper.errors import ConfigError
 from fedper.fine_tuning import (
     NewUser,
     curve_summary,
@@ -29,8 +31,6 @@ from fedper.fine_tuning import (
 from fedper.local_training import evaluate
 from fedper.models import ModelConfig, build_model, exchanged_state, split
 from fedper.models.heads import HEADS, classifier, rating_prior
-from fedper.train_config import TrainConfig
-from fedper.weights import WeightsError
 
 SYNTH = DataConfig(dataset="aesthetic-synth", num_clients=4, users=8, images_per_user=(20, 40), seed=3)
 MODEL = ModelConfig(num_classes=5, alpha=0.25, input_size=32)

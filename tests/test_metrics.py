@@ -5,7 +5,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from fedper.metrics import summarize
+from fedper.common.metrics import summarize
 
 
 def _direct(values, weights):

@@ -10,20 +10,15 @@ from __future__ import annotations
 
 import ast
 import os
-import shutil
 import subprocess
 import sys
 import zipfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.source_tree import ROOT, copy_tracked, tracked
+
 LINKS = {"server": "server", "device_runtime": "device_runtime", "export": "export", "_recipes": "recipes"}
 BARE = set(LINKS.values())
-
-
-def _tracked(pattern: str) -> list[Path]:
-    out = subprocess.run(["git", "ls-files", "-z", pattern], cwd=ROOT, capture_output=True, check=True)
-    return [ROOT / name for name in out.stdout.decode().split("\0") if name]
 
 
 def _bare_imports(source: Path) -> list[str]:
@@ -47,19 +42,12 @@ def test_the_folders_are_linked_into_the_namespace() -> None:
 
 
 def test_no_code_imports_a_folder_by_its_bare_name() -> None:
-    found = [hit for source in _tracked("*.py") if not source.is_symlink() for hit in _bare_imports(source)]
+    found = [hit for source in tracked("*.py") if not source.is_symlink() for hit in _bare_imports(source)]
     assert not found, "import these as fedper.<name> (fedper._recipes for recipes):\n" + "\n".join(found)
 
 
 def test_the_wheel_installs_one_top_level_name(tmp_path: Path) -> None:
-    source = tmp_path / "source"
-    for path in _tracked("*"):
-        target = source / path.relative_to(ROOT)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        if path.is_symlink():
-            target.symlink_to(os.readlink(path))
-        elif path.is_file():
-            shutil.copy2(path, target)
+    source = copy_tracked(tmp_path / "source")
     wheels = tmp_path / "wheels"
     subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation", "-w", str(wheels), "."],
@@ -71,5 +59,5 @@ def test_the_wheel_installs_one_top_level_name(tmp_path: Path) -> None:
     names = zipfile.ZipFile(wheel).namelist()
     assert {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")} == {"fedper"}
     for expected in ("fedper/server/app.py", "fedper/device_runtime/device.py", "fedper/export/pipeline.py",
-                     "fedper/_recipes/demo.py", "fedper/_recipes/report_template.html", "fedper/protocol.py"):  # fmt: skip
+                     "fedper/_recipes/demo.py", "fedper/_recipes/report_template.html", "fedper/common/protocol.py"):  # fmt: skip
         assert expected in names, expected

@@ -21,12 +21,12 @@ import pytest
 import torch
 from torch import nn
 
-from fedper import weights
+from fedper.common import weights
+from fedper.common.manifest import read_manifest
 from fedper.device_runtime.inference_runtime import OnnxContractError, OnnxInference
 from fedper.device_runtime.training_program import TrainingProgram
 from fedper.export.onnx_export import INPUT_NAME, ONNX_OPSET, weights_as_graph_inputs
 from fedper.export.onnx_export import OnnxContractError as ExportContractError
-from fedper.manifest import read_manifest
 from fedper.models import ModelConfig, build_model
 
 

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from fedper.errors import ConfigError
+from fedper.common.errors import ConfigError
 from fedper.export.executorch_lowering import lower_inference_program, lower_training_program
 from fedper.export.onnx_export import INPUT_NAME, export_onnx
 from fedper.export.training_graph import TrainingStep, training_step

@@ -5,9 +5,9 @@ import pytest
 
 from fedper._recipes import poisoning
 from fedper._recipes.simulation import SimulationConfig, run
+from fedper.common.robust_aggregate import group_norms
+from fedper.common.train_config import TrainConfig
 from fedper.data import DataConfig
-from fedper.robust_aggregate import group_norms
-from fedper.train_config import TrainConfig
 
 DATA = DataConfig(dataset="digits", num_clients=3, classes_per_client=4, seed=1)
 

@@ -10,9 +10,9 @@ import pytest
 from fedper import cli
 from fedper._recipes.presets import PRESETS, setting
 from fedper._recipes.simulation import SimulationConfig
+from fedper.common.errors import ConfigError
+from fedper.common.train_config import TrainConfig
 from fedper.data import DataConfig
-from fedper.errors import ConfigError
-from fedper.train_config import TrainConfig
 
 
 def _setting(*argv: str):

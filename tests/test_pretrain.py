@@ -11,8 +11,8 @@ import pytest
 
 from fedper._recipes.pretrain import BASE, CARD, PretrainConfig, run_pretrain
 from fedper.checkpoints import init_base, read_checkpoint
+from fedper.common.errors import ConfigError
 from fedper.data import aesthetic_synth, pretext
-from fedper.errors import ConfigError
 from fedper.models import ModelConfig, build_model
 from fedper.pretrained import PACKAGED_BASE, PACKAGED_CARD, PRETRAINED, SCRATCH, checkpoint_path
 

@@ -6,8 +6,9 @@ import json
 
 import numpy as np
 
-from fedper import cli, weights
+from fedper import cli
 from fedper._recipes.probe_check import probe_accuracy
+from fedper.common import weights
 from fedper.data import DataConfig
 
 DATA = ["--dataset", "digits", "--clients", "3", "--classes-per-client", "4", "--seed", "5"]

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import torch
 
+from fedper.common.manifest import read_manifest
 from fedper.export.executorch_lowering import example_inputs
 from fedper.export.program_memory import planned_memory, step_lower_bound
 from fedper.export.training_graph import training_step
-from fedper.manifest import read_manifest
 from fedper.models import ModelConfig, build_model
 
 

@@ -8,7 +8,7 @@ import re
 import runpy
 from pathlib import Path
 
-from fedper import protocol
+from fedper.common import manifest, protocol
 
 ROOT = Path(__file__).resolve().parent.parent
 JAVA = ROOT / "android_demo" / "core" / "src" / "main" / "java" / "org" / "fedper" / "core"
@@ -16,7 +16,7 @@ JAVA = ROOT / "android_demo" / "core" / "src" / "main" / "java" / "org" / "fedpe
 
 def test_the_schema_file_is_generated_from_the_code() -> None:
     assert protocol.SCHEMA_FILE.read_text() == protocol.schema_text(), (
-        "docs/protocol.schema.json is stale: run python -m fedper.protocol"
+        "docs/protocol.schema.json is stale: run python -m fedper.common.protocol"
     )
 
 
@@ -26,6 +26,27 @@ def test_the_java_constants_are_generated_from_the_schema() -> None:
     assert (JAVA / "Protocol.java").read_text() == expected, (
         "Protocol.java is stale: run python android_demo/core/generate_protocol.py"
     )
+
+
+def test_the_manifest_schema_and_its_java_names_are_generated_from_the_code() -> None:
+    assert manifest.SCHEMA_FILE.read_text() == manifest.schema_text(), (
+        "docs/manifest.schema.json is stale: run python -m fedper.common.manifest"
+    )
+    generator = runpy.run_path(str(ROOT / "android_demo" / "core" / "generate_protocol.py"))
+    expected = generator["render_manifest"](json.loads(manifest.SCHEMA_FILE.read_text()))
+    assert (JAVA / "ManifestKeys.java").read_text() == expected, (
+        "ManifestKeys.java is stale: run python android_demo/core/generate_protocol.py"
+    )
+
+
+def test_the_java_manifest_reads_fields_through_generated_names() -> None:
+    """Manifest.java names no manifest field with a literal (ManifestKeys.*), nor a task config key
+    (Protocol.Body.TaskConfig.*)."""
+    schema = manifest.schema()
+    fields = set(schema["properties"]) | {f for model in schema["$defs"].values() for f in model["properties"]}
+    fields |= set(protocol.TaskConfig.model_fields)
+    literals = set(re.findall(r'"((?:[^"\\]|\\.)*)"', (JAVA / "Manifest.java").read_text()))
+    assert not literals & fields, f"Manifest.java spells {sorted(literals & fields)}: use ManifestKeys.*"
 
 
 def test_the_java_core_spells_no_protocol_name_of_its_own() -> None:
@@ -66,7 +87,7 @@ def test_the_spec_names_every_error_code_and_metadata_key() -> None:
 
 
 def test_every_server_error_code_is_in_the_enum() -> None:
-    """No error code is spelled outside fedper/protocol.py on the server side."""
+    """No error code is spelled outside fedper/common/protocol.py on the server side."""
     known = {c.value for c in protocol.ErrorCode}
     for source in (ROOT / "server").glob("*.py"):
         text = source.read_text()
@@ -112,7 +133,7 @@ def test_the_python_code_spells_no_protocol_name_outside_the_protocol_module() -
     for package in ("fedper", "server", "device_runtime", "export", "recipes"):
         for source in sorted((ROOT / package).rglob("*.py")):
             relative = source.relative_to(ROOT).as_posix()
-            if relative == "fedper/protocol.py":
+            if relative == "fedper/common/protocol.py":
                 continue
             for line, value in _string_literals(source):
                 if (value in names or value.startswith(protocol.PREFIX + "/")) and (
@@ -121,7 +142,8 @@ def test_the_python_code_spells_no_protocol_name_outside_the_protocol_module() -
                 ) not in NOT_PROTOCOL:
                     found.append(f"{relative}:{line}: {value!r}")
     assert not found, (
-        "protocol names spelled outside fedper/protocol.py (use Route, Header, ErrorCode...):\n" + "\n".join(found)
+        "protocol names spelled outside fedper/common/protocol.py (use Route, Header, ErrorCode...):\n"
+        + "\n".join(found)
     )
 
 

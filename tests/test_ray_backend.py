@@ -13,12 +13,12 @@ import pytest
 from fedper._recipes.simulation import SimulationConfig
 from fedper._recipes.simulation import run as simulate
 from fedper.cli import main
+from fedper.common.train_config import TrainConfig
 from fedper.data import DataConfig
 from fedper.device_runtime.fleet import run_fleet
 from fedper.device_runtime.fleet_config import FleetConfig
 from fedper.ray_cluster import INSTALL_HINT, LOCAL_OBJECT_STORE_BYTES
 from fedper.results import ClientRecord
-from fedper.train_config import TrainConfig
 from tests.server_support import ENROLL, admin, serve
 
 ray = pytest.importorskip("ray")

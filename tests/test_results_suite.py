@@ -9,7 +9,7 @@ import pytest
 
 from fedper._recipes import results_suite
 from fedper._recipes.results_suite import EXPERIMENTS, tables, write_into
-from fedper.errors import FedperError
+from fedper.common.errors import FedperError
 
 
 def _fake_run(path: Path, per_client: dict[str, list[float]], kp: int = 2) -> Path:

@@ -1,4 +1,4 @@
-"""Robust aggregation (fedper/robust_aggregate.py): the defences against one hostile device."""
+"""Robust aggregation (fedper/common/robust_aggregate.py): the defences against one hostile device."""
 
 import math
 
@@ -7,9 +7,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fedper.aggregate import AggregationError, FedAvg
-from fedper.errors import ConfigError
-from fedper.robust_aggregate import (
+from fedper.common.aggregate import AggregationError, FedAvg
+from fedper.common.errors import ConfigError
+from fedper.common.robust_aggregate import (
     AggregationConfig,
     delta_norm,
     group_norms,

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from fedper._recipes.run_estimate import RunEstimate, duration, measure_step, steps_per_round
+from fedper.common.train_config import TrainConfig
 from fedper.models import ModelConfig
-from fedper.train_config import TrainConfig
 
 
 def test_steps_per_round_counts_each_clients_batches_over_its_epochs():

@@ -11,7 +11,7 @@ import httpx
 import numpy as np
 import pytest
 
-from fedper import weights
+from fedper.common import weights
 from tests.server_support import ENROLL, admin, ask, base_like, enroll, round_info, serve, update_body
 
 
@@ -326,8 +326,8 @@ def test_fifty_concurrent_width1_devices(tmp_path):
 
     from safetensors.numpy import load as st_load
 
+    from fedper.common.manifest import read_manifest
     from fedper.export.pipeline import write_server_only_export
-    from fedper.manifest import read_manifest
 
     artifacts = write_server_only_export(tmp_path / "artifacts", alpha=1.0)
     manifest = read_manifest(artifacts)

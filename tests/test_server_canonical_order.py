@@ -20,8 +20,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from safetensors.numpy import load as st_load
 
-from fedper.aggregate import FedAvg
-from fedper.manifest import Manifest, read_manifest
+from fedper.common.aggregate import FedAvg
+from fedper.common.manifest import Manifest, read_manifest
 from fedper.server.config import ServerConfig
 from fedper.server.state import open_state
 from fedper.server.upload_validation import Upload

@@ -17,7 +17,7 @@ from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fedper.manifest import read_manifest
+from fedper.common.manifest import read_manifest
 from fedper.server.app import create_app
 from fedper.server.config import ServerConfig
 from fedper.server.state import ServerState, open_state

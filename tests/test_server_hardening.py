@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import load as st_load
 
-from fedper import weights
+from fedper.common import weights
 from tests.server_support import admin, ask, base_like, enroll, round_info, serve, update_body
 
 

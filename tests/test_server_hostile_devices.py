@@ -449,7 +449,7 @@ def test_attestation_is_checked_by_the_operators_verifier(server_artifacts, tmp_
 
 
 def test_a_bad_attestation_spec_is_a_clear_error(server_artifacts, tmp_path):
-    from fedper.errors import ConfigError
+    from fedper.common.errors import ConfigError
 
     for spec, said in (("nomodule", "module:function"), ("no.such.module:f", "cannot import"),
                        ("tests.attestation_double:nothing", "no function")):  # fmt: skip

@@ -11,9 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fedper import weights
-from fedper.manifest import read_manifest
-from fedper.robust_aggregate import AggregationConfig, delta_norm, group_norms
+from fedper.common import weights
+from fedper.common.manifest import read_manifest
+from fedper.common.robust_aggregate import AggregationConfig, delta_norm, group_norms
 from fedper.server.config import ServerConfig
 from fedper.server.errors import ProtocolError
 from fedper.server.state import open_state

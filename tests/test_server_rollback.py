@@ -10,9 +10,10 @@ import httpx
 import numpy as np
 import pytest
 
-from fedper import cli, weights
-from fedper.manifest import sha256_file
-from fedper.robust_aggregate import AggregationConfig, NonFiniteAggregateError
+from fedper import cli
+from fedper.common import weights
+from fedper.common.manifest import sha256_file
+from fedper.common.robust_aggregate import AggregationConfig, NonFiniteAggregateError
 from fedper.server import rounds as rounds_module
 from fedper.server.publish_check import PublishConfig
 from fedper.server.refusals import UnknownVersionError

@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fedper import weights
-from fedper.manifest import read_manifest
+from fedper.common import weights
+from fedper.common.manifest import read_manifest
 from fedper.server import update_store
 from fedper.server.config import ServerConfig
 from fedper.server.refusals import DeviceRevokedError, RoundNotOpenError, RunFinishedError

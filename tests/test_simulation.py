@@ -7,15 +7,16 @@ import numpy as np
 import pytest
 import torch
 
-from fedper import weights
 from fedper._recipes.simulation import SimulationConfig, run
 from fedper.cli import main
+from fedper.common import weights
+from fedper.common.train_config import TrainConfig
 from fedper.data import DataConfig, load_federated, to_tensor
 from fedper.eager_trainer import EagerTrainer
 from fedper.local_training import evaluate
 from fedper.models import ModelConfig, build_model, split
 from fedper.models.split import exchanged_names
-from fedper.train_config import TrainConfig
+from fedper.trainer import to_torch
 
 # The learning run: five clients of the digits, two classes each. From random weights this
 # MobileNet scores about its clients' majority class for the first rounds, then takes off:
@@ -114,7 +115,7 @@ def _reevaluate(out: Path, results: dict, data: DataConfig, algorithm: str) -> d
         head_file = out / algorithm / "heads" / f"client_{cid:03d}.safetensors"
         head = weights.load(head_file) if head_file.exists() else {}
         assert set(base) | set(head) == set(exchanged_names(model))
-        trainer.set_tensors(weights.to_torch({**base, **head}))
+        trainer.set_tensors(to_torch({**base, **head}))
         test = fed.client_test(cid)
         x = to_tensor(test.images, fed.dataset.mean, fed.dataset.std)
         accuracies[str(cid)] = evaluate(trainer, x, torch.from_numpy(test.labels))

@@ -4,12 +4,12 @@ import subprocess
 import sys
 
 SERVER_SIDE = [
-    "fedper.weights",
-    "fedper.aggregate",
-    "fedper.robust_aggregate",
-    "fedper.metrics",
-    "fedper.manifest",
-    "fedper.atomic_write",
+    "fedper.common.weights",
+    "fedper.common.aggregate",
+    "fedper.common.robust_aggregate",
+    "fedper.common.metrics",
+    "fedper.common.manifest",
+    "fedper.common.atomic_write",
 ]
 
 

@@ -8,8 +8,8 @@ from hypothesis import strategies as st
 from safetensors.numpy import load as st_load
 from safetensors.numpy import save as st_save
 
-from fedper import weights
-from fedper.atomic_write import atomic_directory
+from fedper.common import weights
+from fedper.common.atomic_write import atomic_directory
 
 LAYOUT = [("a.weight", (2, 3)), ("b.bias", (4,))]
 

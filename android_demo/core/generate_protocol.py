@@ -1,6 +1,7 @@
 """Write the Java core's ``Protocol.java`` from ``docs/protocol.schema.json``, so the Android
 app names the protocol's paths, codes, metadata keys, headers and JSON bodies' fields exactly as
-the server does.
+the server does; and ``ManifestKeys.java`` from ``docs/manifest.schema.json``, the manifest's
+field names as the exporter writes them.
 
 Usage: python android_demo/core/generate_protocol.py   (tests/test_protocol.py fails when stale)
 """
@@ -12,7 +13,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 SCHEMA = ROOT / "docs" / "protocol.schema.json"
-TARGET = Path(__file__).resolve().parent / "src/main/java/org/fedper/core/Protocol.java"
+MANIFEST_SCHEMA = ROOT / "docs" / "manifest.schema.json"
+JAVA = Path(__file__).resolve().parent / "src/main/java/org/fedper/core"
+TARGET = JAVA / "Protocol.java"
+MANIFEST_TARGET = JAVA / "ManifestKeys.java"
 
 
 def _literal(value: object) -> tuple[str, str]:
@@ -45,16 +49,46 @@ def render(schema: dict) -> str:
         lines.append("  }")
     # Each JSON body's field names, so the client reads them by name: Protocol.Body.Enrolled.TOKEN.
     lines += ["", "  public static final class Body {", "    private Body() {}"]
-    for model in sorted(schema["$defs"]):
-        lines += ["", f"    public static final class {model} {{", f"      private {model}() {{}}", ""]
-        for field in sorted(schema["$defs"][model]["properties"]):
-            lines.append(f"      public static final String {field.upper()} = {json.dumps(field)};")
-        lines.append("    }")
+    lines += _field_classes(schema["$defs"], indent="    ")
     lines.append("  }")
     lines.append("}")
     return "\n".join(lines) + "\n"
 
 
+def _field_classes(models: dict, indent: str, choices: bool = False) -> list[str]:
+    """One class per object model, one constant per field name: Body.Enrolled.TOKEN = "token";
+    with ``choices``, a field whose values are a fixed set also gets them: TRAINABLE_CHOICES."""
+    lines: list[str] = []
+    for model in sorted(models):
+        lines += ["", f"{indent}public static final class {model} {{", f"{indent}  private {model}() {{}}", ""]
+        for field, spec in sorted(models[model]["properties"].items()):
+            lines.append(f"{indent}  public static final String {field.upper()} = {json.dumps(field)};")
+            if choices and "enum" in spec:
+                values = ", ".join(json.dumps(v) for v in spec["enum"])
+                lines.append(f"{indent}  public static final String[] {field.upper()}_CHOICES = {{{values}}};")
+        lines.append(f"{indent}}}")
+    return lines
+
+
+def render_manifest(schema: dict) -> str:
+    """ManifestKeys.java: the manifest's format and its field names, the top level as ``Manifest``."""
+    models = {**schema["$defs"], "Manifest": {"properties": schema["properties"]}}
+    lines = [
+        "package org.fedper.core;",
+        "",
+        f"/** {schema['title']}: its field names, generated from docs/manifest.schema.json by",
+        " * android_demo/core/generate_protocol.py; do not edit. */",
+        "public final class ManifestKeys {",
+        "  private ManifestKeys() {}",
+        "",
+        f"  public static final String FORMAT = {json.dumps(schema['properties']['format']['const'])};",
+        *_field_classes(models, indent="  ", choices=True),
+        "}",
+    ]
+    return "\n".join(lines) + "\n"
+
+
 if __name__ == "__main__":
     TARGET.write_text(render(json.loads(SCHEMA.read_text())))
-    print(f"wrote {TARGET}")
+    MANIFEST_TARGET.write_text(render_manifest(json.loads(MANIFEST_SCHEMA.read_text())))
+    print(f"wrote {TARGET} and {MANIFEST_TARGET}")

@@ -38,8 +38,8 @@ def ptd_tensors() -> dict[str, np.ndarray]:
 
 
 def make(out: Path) -> None:
+    from fedper.common.manifest import read_manifest, write_manifest
     from fedper.export.pipeline import write_server_only_export
-    from fedper.manifest import read_manifest, write_manifest
 
     out.mkdir(parents=True, exist_ok=True)
     write_server_only_export(out / "artifacts", alpha=0.25, kp=2, seed=0)
@@ -66,8 +66,8 @@ def onnx_inputs(out: Path) -> None:
     import onnx
     import onnxruntime
 
+    from fedper.common.manifest import read_manifest
     from fedper.export.onnx_export import export_onnx
-    from fedper.manifest import read_manifest
     from fedper.models import ModelConfig, build_model
 
     out.mkdir(parents=True, exist_ok=True)

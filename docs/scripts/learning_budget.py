@@ -21,9 +21,9 @@ from pathlib import Path
 import torch
 
 from fedper._recipes.simulation import SimulationConfig, run
+from fedper.common.train_config import TrainConfig
 from fedper.data import DataConfig
 from fedper.results import RunRecorder
-from fedper.train_config import TrainConfig
 
 
 def main() -> None:

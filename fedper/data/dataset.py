@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from fedper.errors import FedperError
+from fedper.common.errors import FedperError
 
 # Normalization used for every dataset unless it says otherwise; goes into the manifest.
 DEFAULT_MEAN = (0.5, 0.5, 0.5)

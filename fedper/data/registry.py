@@ -7,7 +7,8 @@ from pathlib import Path
 
 import numpy as np
 
-from fedper.config_cli import option
+from fedper.common.config_cli import option
+from fedper.common.errors import ConfigError
 from fedper.data import aesthetic_synth, cifar, digits, flickr_aes
 from fedper.data.dataset import DEFAULT_MEAN, DEFAULT_STD, DatasetError, ImageDataset
 from fedper.data.partition import (
@@ -19,7 +20,6 @@ from fedper.data.partition import (
     other_users,
     train_test,
 )
-from fedper.errors import ConfigError
 
 DATASETS: tuple[str, ...] = ("digits", "aesthetic-synth", "cifar10", "cifar100", "flickr-aes")
 PARTITIONS: tuple[str, ...] = ("auto", "classes", "dirichlet", "iid", "user")

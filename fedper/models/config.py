@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 import torch
 
-from fedper.errors import ConfigError
+from fedper.common.errors import ConfigError
 from fedper.models.heads import HEADS
 from fedper.models.mobilenet_v1 import MobileNetV1
 from fedper.models.resnet import ResNet34

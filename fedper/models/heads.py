@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedper.errors import ConfigError
+from fedper.common.errors import ConfigError
 
 HeadKind = Literal["softmax", "ordinal"]
 HEADS: tuple[str, ...] = ("softmax", "ordinal")

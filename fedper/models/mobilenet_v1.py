@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from fedper.errors import ConfigError
+from fedper.common.errors import ConfigError
 from fedper.models.heads import classifier
 from fedper.models.staged import Stage, StagedModel
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from fedper.errors import ConfigError
+from fedper.common.errors import ConfigError
 from fedper.models.staged import StagedModel
 
 

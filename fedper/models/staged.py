@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import nn
 
-from fedper.errors import ConfigError
+from fedper.common.errors import ConfigError
 
 Stage = Callable[[torch.Tensor], torch.Tensor]
 

@@ -7,7 +7,7 @@ import logging
 
 from fastapi import APIRouter, Request, Response
 
-from fedper.protocol import Revoked, RolledBack, Route, Stopped
+from fedper.common.protocol import Revoked, RolledBack, Route, Stopped
 from fedper.server.auth import Operator, State
 from fedper.server.errors import not_found
 from fedper.server.routes.responses import ERRORS, OCTETS, file_response

@@ -11,8 +11,8 @@ from anyio import to_thread
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 
-from fedper.manifest import MANIFEST_FILE
-from fedper.protocol import (
+from fedper.common.manifest import MANIFEST_FILE
+from fedper.common.protocol import (
     MAX_ATTESTATION_LENGTH,
     MAX_PLATFORM_LENGTH,
     Enrolled,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request, Response
 
-from fedper.protocol import Route
+from fedper.common.protocol import Route
 from fedper.server.auth import AnyCaller, State
 from fedper.server.errors import not_found
 from fedper.server.routes.responses import ERRORS, OCTETS, file_response

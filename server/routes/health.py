@@ -6,7 +6,7 @@ from fastapi import APIRouter, Response
 from fastapi.responses import PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from fedper.protocol import Health, Route, Status
+from fedper.common.protocol import Health, Route, Status
 from fedper.server.auth import State
 from fedper.server.metrics_registry import METRICS_PATH
 from fedper.server.routes.responses import ERRORS

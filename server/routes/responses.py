@@ -8,7 +8,7 @@ from typing import Any
 from fastapi import Request, Response
 from fastapi.responses import FileResponse
 
-from fedper.protocol import Header
+from fedper.common.protocol import Header
 from fedper.server.state import ServerState
 
 OCTETS = Header.OCTET_STREAM
@@ -16,7 +16,7 @@ OCTETS = Header.OCTET_STREAM
 ERRORS: dict[int | str, dict[str, Any]] = {
     code: {
         "description": text,
-        "content": {"application/json": {"example": {"code": "...", "message": "..."}}},
+        "content": {Header.JSON: {"example": {"code": "...", "message": "..."}}},
     }
     for code, text in {
         400: "malformed body", 401: "missing/unknown token", 403: "wrong role", 404: "unknown",

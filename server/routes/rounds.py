@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from anyio import to_thread
 from fastapi import APIRouter, Request
 
-from fedper.protocol import Accepted, ErrorCode, Header, RoundInfo, Route
+from fedper.common.protocol import Accepted, ErrorCode, Header, RoundInfo, Route
 from fedper.server.auth import AnyCaller, DeviceId, State
 from fedper.server.disk_room import out_of_space
 from fedper.server.errors import ProtocolError, answer, conflict, not_found, run_finished

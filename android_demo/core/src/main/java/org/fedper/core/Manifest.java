@@ -8,11 +8,13 @@ import java.util.Map;
 
 /**
  * The parts of an export's manifest.json (format fedper-manifest/1) a device needs, as typed
- * fields. Optional fields take the defaults of the Python schema (fedper/manifest.py); a
- * missing or malformed required field is an IllegalArgumentException naming it.
+ * fields, read through the names generated from its schema (ManifestKeys, from
+ * docs/manifest.schema.json). Optional fields take the defaults of the Python schema
+ * (fedper/common/manifest.py); a missing or malformed required field is an
+ * IllegalArgumentException naming it.
  */
 public final class Manifest {
-  public static final String FORMAT = "fedper-manifest/1";
+  public static final String FORMAT = ManifestKeys.FORMAT;
   private static final String FILE = "manifest.json";
 
   public final Map<String, long[]> base;
@@ -30,7 +32,7 @@ public final class Manifest {
   public final List<String> trainingParameters;
   public final int minBatch;
   public final int maxBatch;
-  /** training.trainable: "all" (base and head) or "head" (the base is uploaded unchanged). */
+  /** training.trainable: all (base and head) or head only (the base is uploaded unchanged). */
   public final String trainable;
   /** input.normalization, per RGB channel: (pixel in [0, 1] - mean) / std. */
   public final float[] normalizationMean;
@@ -41,50 +43,50 @@ public final class Manifest {
   public final int onnxOpset;
 
   private Manifest(JsonFields m) {
-    String format = m.string("format");
+    String format = m.string(ManifestKeys.Manifest.FORMAT);
     if (!FORMAT.equals(format)) {
-      throw new IllegalArgumentException(m.where("format") + " is \"" + format + "\", expected " + FORMAT);
+      throw new IllegalArgumentException(m.where(ManifestKeys.Manifest.FORMAT) + " is \"" + format + "\", expected " + FORMAT);
     }
-    JsonFields tensors = m.object("tensors");
-    this.base = layout(tensors, "base");
-    this.head = layout(tensors, "head");
+    JsonFields tensors = m.object(ManifestKeys.Manifest.TENSORS);
+    this.base = layout(tensors, ManifestKeys.Tensors.BASE);
+    this.head = layout(tensors, ManifestKeys.Tensors.HEAD);
     for (String name : head.keySet()) {
       if (base.containsKey(name)) {
         throw new IllegalArgumentException(FILE + ": tensor " + name + " is both base and head");
       }
     }
-    this.artifacts = m.stringMap("artifacts");
-    this.sha256 = m.stringMap("sha256");
-    JsonFields t = m.object("training");
+    this.artifacts = m.stringMap(ManifestKeys.Manifest.ARTIFACTS);
+    this.sha256 = m.stringMap(ManifestKeys.Manifest.SHA256);
+    JsonFields t = m.object(ManifestKeys.Manifest.TRAINING);
     this.trainingDefaults =
         new TrainConfig(
-            Math.toIntExact(t.integer("local_epochs")),
-            Math.toIntExact(t.integer("batch_size")),
-            t.number("learning_rate"),
-            t.number("momentum"));
-    this.trainable = t.choice("trainable", "all", "head");
-    this.inputSize = Math.toIntExact(m.object("model").integer("input_size"));
-    this.numClasses = Math.toIntExact(m.object("output").integer("num_classes"));
-    JsonFields program = m.object("training_program");
-    this.trainingMethod = program.string("method", "forward");
-    this.bnStatistics = program.strings("bn_statistics");
-    this.trainingParameters = program.strings("parameters");
-    this.minBatch = program.integer("min_batch", 2);
-    this.maxBatch = Math.toIntExact(program.integer("max_batch"));
+            Math.toIntExact(t.integer(ManifestKeys.TrainingDefaults.LOCAL_EPOCHS)),
+            Math.toIntExact(t.integer(ManifestKeys.TrainingDefaults.BATCH_SIZE)),
+            t.number(ManifestKeys.TrainingDefaults.LEARNING_RATE),
+            t.number(ManifestKeys.TrainingDefaults.MOMENTUM));
+    this.trainable = t.choice(ManifestKeys.TrainingDefaults.TRAINABLE, ManifestKeys.TrainingDefaults.TRAINABLE_CHOICES);
+    this.inputSize = Math.toIntExact(m.object(ManifestKeys.Manifest.MODEL).integer(ManifestKeys.ModelSpec.INPUT_SIZE));
+    this.numClasses = Math.toIntExact(m.object(ManifestKeys.Manifest.OUTPUT).integer(ManifestKeys.OutputSpec.NUM_CLASSES));
+    JsonFields program = m.object(ManifestKeys.Manifest.TRAINING_PROGRAM);
+    this.trainingMethod = program.string(ManifestKeys.TrainingProgramSpec.METHOD, "forward");
+    this.bnStatistics = program.strings(ManifestKeys.TrainingProgramSpec.BN_STATISTICS);
+    this.trainingParameters = program.strings(ManifestKeys.TrainingProgramSpec.PARAMETERS);
+    this.minBatch = program.integer(ManifestKeys.TrainingProgramSpec.MIN_BATCH, 2);
+    this.maxBatch = Math.toIntExact(program.integer(ManifestKeys.TrainingProgramSpec.MAX_BATCH));
     if (minBatch < 1 || maxBatch < minBatch) {
-      throw new IllegalArgumentException(program.where("max_batch") + " is " + maxBatch
+      throw new IllegalArgumentException(program.where(ManifestKeys.TrainingProgramSpec.MAX_BATCH) + " is " + maxBatch
           + ", must be at least training_program.min_batch (" + minBatch + ")");
     }
-    JsonFields norm = m.object("input").object("normalization");
-    this.normalizationMean = norm.floats("mean", 3);
-    this.normalizationStd = norm.floats("std", 3);
+    JsonFields norm = m.object(ManifestKeys.Manifest.INPUT).object(ManifestKeys.InputSpec.NORMALIZATION);
+    this.normalizationMean = norm.floats(ManifestKeys.Normalization.MEAN, 3);
+    this.normalizationStd = norm.floats(ManifestKeys.Normalization.STD, 3);
     for (int c = 0; c < 3; c++) {
       if (!(normalizationStd[c] > 0)) {
-        throw new IllegalArgumentException(norm.where("std") + " must be positive, got " + normalizationStd[c]);
+        throw new IllegalArgumentException(norm.where(ManifestKeys.Normalization.STD) + " must be positive, got " + normalizationStd[c]);
       }
     }
-    this.executorchVersion = m.has("runtime") ? m.object("runtime").string("executorch", null) : null;
-    this.onnxOpset = m.has("runtime") ? m.object("runtime").integer("onnx_opset", -1) : -1;
+    this.executorchVersion = m.has(ManifestKeys.Manifest.RUNTIME) ? m.object(ManifestKeys.Manifest.RUNTIME).string(ManifestKeys.RuntimeSpec.EXECUTORCH, null) : null;
+    this.onnxOpset = m.has(ManifestKeys.Manifest.RUNTIME) ? m.object(ManifestKeys.Manifest.RUNTIME).integer(ManifestKeys.RuntimeSpec.ONNX_OPSET, -1) : -1;
   }
 
   /** Parses manifest.json's text; IllegalArgumentException naming the first bad field. */
@@ -95,12 +97,12 @@ public final class Manifest {
   /** The task's config on top of the manifest's defaults, key by key; batch capped by the program. */
   public TrainConfig trainConfig(Map<String, Object> overrides) {
     TrainConfig d = trainingDefaults;
-    int batch = overrides.containsKey("batch_size") ? (int) integral(overrides, "batch_size") : d.batchSize;
+    int batch = overrides.containsKey(Protocol.Body.TaskConfig.BATCH_SIZE) ? (int) integral(overrides, Protocol.Body.TaskConfig.BATCH_SIZE) : d.batchSize;
     return new TrainConfig(
-        overrides.containsKey("local_epochs") ? (int) integral(overrides, "local_epochs") : d.localEpochs,
+        overrides.containsKey(Protocol.Body.TaskConfig.LOCAL_EPOCHS) ? (int) integral(overrides, Protocol.Body.TaskConfig.LOCAL_EPOCHS) : d.localEpochs,
         Math.min(batch, maxBatch),
-        overrides.containsKey("learning_rate") ? num(overrides, "learning_rate") : d.learningRate,
-        overrides.containsKey("momentum") ? num(overrides, "momentum") : d.momentum);
+        overrides.containsKey(Protocol.Body.TaskConfig.LEARNING_RATE) ? num(overrides, Protocol.Body.TaskConfig.LEARNING_RATE) : d.learningRate,
+        overrides.containsKey(Protocol.Body.TaskConfig.MOMENTUM) ? num(overrides, Protocol.Body.TaskConfig.MOMENTUM) : d.momentum);
   }
 
   private static double num(Map<String, Object> m, String key) {
@@ -120,14 +122,15 @@ public final class Manifest {
     int n = tensors.array(part).length();
     for (int k = 0; k < n; k++) {
       JsonFields entry = tensors.element(part, k);
-      long[] shape = entry.longs("shape");
+      long[] shape = entry.longs(ManifestKeys.TensorEntry.SHAPE);
       for (long d : shape) {
         if (d < 0) {
-          throw new IllegalArgumentException(entry.where("shape") + " has a negative dimension");
+          throw new IllegalArgumentException(entry.where(ManifestKeys.TensorEntry.SHAPE) + " has a negative dimension");
         }
       }
-      if (out.put(entry.string("name"), shape) != null) {
-        throw new IllegalArgumentException(entry.where("name") + ": " + entry.string("name") + " is listed twice");
+      String name = entry.string(ManifestKeys.TensorEntry.NAME);
+      if (out.put(name, shape) != null) {
+        throw new IllegalArgumentException(entry.where(ManifestKeys.TensorEntry.NAME) + ": " + name + " is listed twice");
       }
     }
     return Collections.unmodifiableMap(out);

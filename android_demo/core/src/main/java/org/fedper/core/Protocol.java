@@ -39,8 +39,10 @@ public final class Protocol {
     private Header() {}
 
     public static final String AUTHORIZATION = "Authorization";
+    public static final String CONTENT_TYPE = "Content-Type";
     public static final String ETAG = "ETag";
     public static final String IF_NONE_MATCH = "If-None-Match";
+    public static final String JSON = "application/json";
     public static final String OCTET_STREAM = "application/octet-stream";
     public static final String RETRY_AFTER = "Retry-After";
   }

@@ -85,7 +85,7 @@ public final class ProtocolClient {
       throw new IllegalArgumentException("enrollment key or platform is null", ex);
     }
     Map<String, String> headers = new LinkedHashMap<>();
-    headers.put("Content-Type", "application/json");
+    headers.put(Protocol.Header.CONTENT_TYPE, Protocol.Header.JSON);
     HttpTransport.Response r =
         send("POST", Protocol.Path.DEVICES, headers, req.toString().getBytes(StandardCharsets.UTF_8));
     if (r.status == 429) {
@@ -146,7 +146,7 @@ public final class ProtocolClient {
    */
   public long upload(long round, byte[] body) throws ProtocolException, InterruptedException {
     Map<String, String> headers = auth(null);
-    headers.put("Content-Type", Protocol.Header.OCTET_STREAM);
+    headers.put(Protocol.Header.CONTENT_TYPE, Protocol.Header.OCTET_STREAM);
     HttpTransport.Response r = send("POST", Protocol.Path.UPDATES.replace("{round_number}", Long.toString(round)), headers, body);
     if (r.status == 202) {
       return answer(r, "POST " + Protocol.Path.UPDATES, answer -> answer.integer(Protocol.Body.Accepted.RECEIVED));

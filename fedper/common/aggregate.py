@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from fedper.errors import FedperError
+from fedper.common.errors import FedperError
 
 _LARGE = 1 << 15  # elements; smaller tensors are batched into one operation
 _GROUP = 8  # updates folded per pass over the accumulator, by default

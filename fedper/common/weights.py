@@ -1,6 +1,7 @@
 """Named-tensor files (safetensors) with validation against an expected layout.
 
-Importing this module does not import torch: the aggregation server runs without it.
+Torch-free (the aggregation server runs without torch): a torch tensor given to it is read
+through :class:`HostTensor`, and ``fedper.trainer.to_torch`` turns arrays back into tensors.
 """
 
 from __future__ import annotations
@@ -10,17 +11,14 @@ import json
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, BinaryIO, TypeGuard
+from typing import BinaryIO, Protocol, TypeGuard
 
 import numpy as np
 from safetensors import SafetensorError
 from safetensors.numpy import load as st_load_bytes
 
-from fedper.atomic_write import atomic_writer
-from fedper.errors import FedperError
-
-if TYPE_CHECKING:
-    import torch
+from fedper.common.atomic_write import atomic_writer
+from fedper.common.errors import FedperError
 
 TensorSpec = tuple[str, tuple[int, ...]]
 
@@ -49,13 +47,26 @@ class WeightsError(FedperError, ValueError):
     """A weights file that does not match what the model expects."""
 
 
-def _is_torch(t: object) -> TypeGuard[torch.Tensor]:
+class HostTensor(Protocol):
+    """A torch tensor, as this module sees one without importing torch."""
+
+    def detach(self) -> HostTensor: ...
+
+    def cpu(self) -> HostTensor: ...
+
+    def numpy(self) -> np.ndarray: ...
+
+
+Tensors = Mapping[str, HostTensor] | Mapping[str, np.ndarray] | Mapping[str, HostTensor | np.ndarray]
+
+
+def _is_torch(t: object) -> TypeGuard[HostTensor]:
     """A torch tensor can only exist if torch was imported, so this never imports it."""
     module = sys.modules.get("torch")
     return module is not None and isinstance(t, module.Tensor)
 
 
-def to_numpy(tensors: Mapping[str, torch.Tensor | np.ndarray]) -> dict[str, np.ndarray]:
+def to_numpy(tensors: Tensors) -> dict[str, np.ndarray]:
     out: dict[str, np.ndarray] = {}
     for name, t in tensors.items():
         out[name] = _contiguous(t.detach().cpu().numpy() if _is_torch(t) else np.asarray(t))
@@ -65,12 +76,6 @@ def to_numpy(tensors: Mapping[str, torch.Tensor | np.ndarray]) -> dict[str, np.n
 def _contiguous(arr: np.ndarray) -> np.ndarray:
     """``arr`` itself when C-contiguous, else a copy (np.ascontiguousarray would turn a scalar into shape (1,))."""
     return arr if arr.flags.c_contiguous else np.ascontiguousarray(arr)
-
-
-def to_torch(tensors: Mapping[str, np.ndarray]) -> dict[str, torch.Tensor]:
-    import torch  # only the trainers need it; the server never calls this
-
-    return {name: torch.from_numpy(np.array(a, copy=True)) for name, a in tensors.items()}
 
 
 def _layout(tensors: Mapping[str, np.ndarray]) -> list[str]:
@@ -133,9 +138,7 @@ def _write_all(f: BinaryIO, data: memoryview) -> int:
     return done
 
 
-def _as_arrays(
-    tensors: Mapping[str, torch.Tensor | np.ndarray], dtype: np.dtype | type | None
-) -> dict[str, np.ndarray]:
+def _as_arrays(tensors: Tensors, dtype: np.dtype | type | None) -> dict[str, np.ndarray]:
     arrays = to_numpy(tensors)
     if dtype is not None:
         arrays = {k: v.astype(dtype, copy=False) for k, v in arrays.items()}
@@ -143,7 +146,7 @@ def _as_arrays(
 
 
 def encode(
-    tensors: Mapping[str, torch.Tensor | np.ndarray],
+    tensors: Tensors,
     metadata: Mapping[str, str] | None = None,
     dtype: np.dtype | type | None = np.float32,
 ) -> bytes:
@@ -155,7 +158,7 @@ def encode(
 
 def save(
     path: Path,
-    tensors: Mapping[str, torch.Tensor | np.ndarray],
+    tensors: Tensors,
     metadata: Mapping[str, str] | None = None,
 ) -> None:
     """Write a float32 safetensors file atomically, streaming it (no second copy in memory)."""

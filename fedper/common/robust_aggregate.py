@@ -1,6 +1,6 @@
 """Aggregation one hostile device cannot ruin: bounded updates, capped weights, robust means.
 
-Sample-weighted FedAvg (:mod:`fedper.aggregate`) trusts what a device sends: its tensors and the
+Sample-weighted FedAvg (:mod:`fedper.common.aggregate`) trusts what a device sends: its tensors and the
 number of examples it claims. One device can then move the base anywhere (an update 1e30 away,
 or -1000 times the base) or take nearly all the weight (a claimed count of 100,000 against
 honest hundreds). Here, before the round's updates are combined, relative to its base:
@@ -30,9 +30,9 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from fedper.aggregate import AggregationError, FedAvg
-from fedper.config_cli import option
-from fedper.errors import ConfigError
+from fedper.common.aggregate import AggregationError, FedAvg
+from fedper.common.config_cli import option
+from fedper.common.errors import ConfigError
 
 AGGREGATES: tuple[str, ...] = ("mean", "median", "trimmed-mean")
 BATCHNORM_VARIANCE = ".running_var"  # torch's name for a BatchNorm layer's running variance

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fedper.config_cli import option
-from fedper.errors import ConfigError
+from fedper.common.config_cli import option
+from fedper.common.errors import ConfigError
 
 
 @dataclass(frozen=True)

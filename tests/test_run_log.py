@@ -1,0 +1,46 @@
+"""Other libraries' output goes to the run's log; the toolkit's console stays on the terminal."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+# In a child process, so that its descriptor 2 is a pipe this test reads: the three ways
+# third-party output reaches a terminal (a logging handler made before the run, as torch's is
+# at import; a C library writing to descriptor 2, as ExecuTorch's runtime does; warnings), and
+# the toolkit's rich console; then the same after the context, back on the terminal.
+CHILD = textwrap.dedent(
+    """
+    import ctypes, logging, sys, warnings
+    from pathlib import Path
+    from rich.console import Console
+    from fedper.run_log import third_party_output_to
+
+    handler = logging.StreamHandler()
+    logging.getLogger("torch.utils._pytree").addHandler(handler)
+    libc = ctypes.CDLL(None)
+    console = Console(stderr=True)
+    with third_party_output_to(Path(sys.argv[1])):
+        logging.getLogger("torch.utils._pytree").warning("W1203 pytree deprecation")
+        line = b"[cpuinfo_utils.cpp:71] Reading file /sys/devices/soc0/image_version\\n"
+        libc.write(2, line, len(line))
+        warnings.warn("ExperimentalWarning from a library")
+        console.print("1/4 exporting (the toolkit's own line)")
+    console.print("after the run")
+    libc.write(2, b"C after\\n", 8)
+    """
+)
+
+
+def test_third_party_output_goes_to_the_log_and_the_console_to_the_terminal(tmp_path: Path) -> None:
+    log = tmp_path / "out" / "demo.log"
+    done = subprocess.run([sys.executable, "-c", CHILD, str(log)], capture_output=True, text=True, check=True)
+    terminal = done.stderr
+    assert "1/4 exporting (the toolkit's own line)" in terminal and "after the run" in terminal
+    assert "C after" in terminal  # descriptor 2 is the terminal's again
+    for noise in ("W1203 pytree deprecation", "[cpuinfo_utils.cpp:71]", "ExperimentalWarning from a library"):
+        assert noise not in terminal, terminal
+        assert noise in log.read_text()
+    assert "toolkit's own line" not in log.read_text()
