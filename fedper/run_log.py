@@ -1,14 +1,15 @@
 """The run's log: where other libraries' output goes, so the terminal shows the toolkit's own.
 
 torch reports deprecations through its loggers (``W1203 ... torch/utils/_pytree.py:630] ...``),
-ExecuTorch's C++ runtime writes lines such as ``[cpuinfo_utils.cpp:71] Reading file ...``
-straight to file descriptor 2, and libraries warn through :mod:`warnings`. Inside
+native libraries may write straight to file descriptor 2, and libraries warn through
+:mod:`warnings`. Inside
 :func:`third_party_output_to`, descriptor 2 is the run's log; so is every other library's
 logging handler that wrote to the terminal (torch's follows ``sys.stderr`` wherever it points,
 so it is swapped for one on the log) and every warning. ``sys.stderr`` itself, which the
-toolkit's consoles print to, still reaches the terminal, but for ExecuTorch's log lines: its
-Python bindings hand the runtime's C++ output to ``sys.stderr`` (pybind11's stream redirect), so
-they can only be told from the toolkit's by their form, ``[file.cpp:line] message``.
+toolkit's consoles print to, still reaches the terminal.
+
+Not yet caught: ExecuTorch's ``[cpuinfo_utils.cpp:...]`` lines in ``fedper demo`` reach the
+terminal through another path (issue 30's note at stop 41 has what was measured).
 """
 
 from __future__ import annotations
@@ -16,12 +17,11 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import re
 import sys
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TextIO, cast
+from typing import TextIO
 
 
 @contextlib.contextmanager
@@ -36,8 +36,7 @@ def third_party_output_to(log: Path) -> Iterator[None]:
     terminal = os.fdopen(terminal_fd, "w", buffering=1, encoding=old_stderr.encoding, errors="backslashreplace")
     os.dup2(log_fd, 2)
     os.close(log_fd)
-    sorted_stderr = _RuntimeLinesTo(old_stderr, terminal)
-    sys.stderr = cast(TextIO, sorted_stderr)
+    sys.stderr = terminal
 
     def to_log(message: Warning | str, category: type[Warning], filename: str, lineno: int,
                file: TextIO | None = None, line: str | None = None) -> None:  # fmt: skip
@@ -45,18 +44,18 @@ def third_party_output_to(log: Path) -> Iterator[None]:
         old_stderr.flush()
 
     warnings.showwarning = to_log
-    swapped = _libraries_handlers_to(old_stderr, terminals=(old_stderr, sorted_stderr, sys.stdout, sys.__stderr__))
+    swapped = _libraries_handlers_to(old_stderr, terminals=(old_stderr, terminal, sys.stdout, sys.__stderr__))
     try:
         yield
     finally:
         for logger, handlers in swapped:
             logger.handlers[:] = handlers
         warnings.showwarning = old_showwarning
-        sorted_stderr.flush()
+        terminal.flush()
         old_stderr.flush()
         sys.stderr = old_stderr
         os.dup2(terminal_fd, 2)
-        sorted_stderr.close()
+        terminal.close()
 
 
 def _libraries_handlers_to(
@@ -88,43 +87,3 @@ def _libraries_handlers_to(
         logger.handlers[:] = replaced
         swapped.append((logger, handlers))
     return swapped
-
-
-# ExecuTorch's ET_LOG form: "[cpuinfo_utils.cpp:71] Reading file ...".
-_RUNTIME_LINE = re.compile(r"\[[\w./-]+\.(?:cpp|cc|c|h):\d+\] ")
-
-
-class _RuntimeLinesTo:
-    """The terminal, but ExecuTorch's log lines go to ``log``. Text that cannot be the start of
-    such a line passes through at once (progress bars are not held back)."""
-
-    def __init__(self, log: TextIO, terminal: TextIO) -> None:
-        self._log, self._terminal, self._pending = log, terminal, ""
-        self.encoding, self.errors = terminal.encoding, terminal.errors
-
-    def write(self, text: str) -> int:
-        self._pending += text
-        while "\n" in self._pending:
-            line, self._pending = self._pending.split("\n", 1)
-            (self._log if _RUNTIME_LINE.match(line) else self._terminal).write(line + "\n")
-        if self._pending and not self._pending.startswith("["):
-            self._terminal.write(self._pending)
-            self._pending = ""
-        return len(text)
-
-    def flush(self) -> None:
-        if self._pending:
-            self._terminal.write(self._pending)
-            self._pending = ""
-        self._terminal.flush()
-        self._log.flush()
-
-    def isatty(self) -> bool:
-        return self._terminal.isatty()
-
-    def fileno(self) -> int:
-        return self._terminal.fileno()
-
-    def close(self) -> None:
-        self.flush()
-        self._terminal.close()
