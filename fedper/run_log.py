@@ -6,10 +6,10 @@ native libraries may write straight to file descriptor 2, and libraries warn thr
 :func:`third_party_output_to`, descriptor 2 is the run's log; so is every other library's
 logging handler that wrote to the terminal (torch's follows ``sys.stderr`` wherever it points,
 so it is swapped for one on the log) and every warning. ``sys.stderr`` itself, which the
-toolkit's consoles print to, still reaches the terminal.
-
-Not yet caught: ExecuTorch's ``[cpuinfo_utils.cpp:...]`` lines in ``fedper demo`` reach the
-terminal through another path (issue 30's note at stop 41 has what was measured).
+toolkit's consoles print to, still reaches the terminal, but for ExecuTorch's log lines: its
+Python bindings hand the runtime's C++ output (``[cpuinfo_utils.cpp:71] Reading file ...``) to
+``sys.stderr`` through pybind11's stream redirect, one flushed piece at a time, so they can only
+be told from the toolkit's by their form, ``[file.cpp:line] message``.
 """
 
 from __future__ import annotations
@@ -17,11 +17,12 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import sys
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TextIO
+from typing import TextIO, cast
 
 
 @contextlib.contextmanager
@@ -36,7 +37,8 @@ def third_party_output_to(log: Path) -> Iterator[None]:
     terminal = os.fdopen(terminal_fd, "w", buffering=1, encoding=old_stderr.encoding, errors="backslashreplace")
     os.dup2(log_fd, 2)
     os.close(log_fd)
-    sys.stderr = terminal
+    sorted_stderr = _RuntimeLinesTo(old_stderr, terminal)
+    sys.stderr = cast(TextIO, sorted_stderr)
 
     def to_log(message: Warning | str, category: type[Warning], filename: str, lineno: int,
                file: TextIO | None = None, line: str | None = None) -> None:  # fmt: skip
@@ -44,18 +46,18 @@ def third_party_output_to(log: Path) -> Iterator[None]:
         old_stderr.flush()
 
     warnings.showwarning = to_log
-    swapped = _libraries_handlers_to(old_stderr, terminals=(old_stderr, terminal, sys.stdout, sys.__stderr__))
+    swapped = _libraries_handlers_to(old_stderr, terminals=(old_stderr, sorted_stderr, sys.stdout, sys.__stderr__))
     try:
         yield
     finally:
         for logger, handlers in swapped:
             logger.handlers[:] = handlers
         warnings.showwarning = old_showwarning
-        terminal.flush()
+        sorted_stderr.flush()
         old_stderr.flush()
         sys.stderr = old_stderr
         os.dup2(terminal_fd, 2)
-        terminal.close()
+        sorted_stderr.close()
 
 
 def _libraries_handlers_to(
@@ -87,3 +89,44 @@ def _libraries_handlers_to(
         logger.handlers[:] = replaced
         swapped.append((logger, handlers))
     return swapped
+
+
+# ExecuTorch's ET_LOG form: "[cpuinfo_utils.cpp:71] Reading file ...".
+_RUNTIME_LINE = re.compile(r"\[[\w./-]+\.(?:cpp|cc|c|h):\d+\] ")
+
+
+class _RuntimeLinesTo:
+    """The terminal, but ExecuTorch's log lines go to ``log``. Text that cannot be the start of
+    such a line passes through at once (progress bars are not held back); text that can waits
+    for its newline, flush or not."""
+
+    def __init__(self, log: TextIO, terminal: TextIO) -> None:
+        self._log, self._terminal, self._pending = log, terminal, ""
+        self.encoding, self.errors = terminal.encoding, terminal.errors
+
+    def write(self, text: str) -> int:
+        self._pending += text
+        while "\n" in self._pending:
+            line, self._pending = self._pending.split("\n", 1)
+            (self._log if _RUNTIME_LINE.match(line) else self._terminal).write(line + "\n")
+        if self._pending and not self._pending.startswith("["):
+            self._terminal.write(self._pending)
+            self._pending = ""
+        return len(text)
+
+    def flush(self) -> None:
+        # The bindings flush after every piece ("[" first): a possible runtime line waits for its end.
+        self._terminal.flush()
+        self._log.flush()
+
+    def isatty(self) -> bool:
+        return self._terminal.isatty()
+
+    def fileno(self) -> int:
+        return self._terminal.fileno()
+
+    def close(self) -> None:
+        if self._pending:
+            self._terminal.write(self._pending)
+            self._pending = ""
+        self._terminal.close()
