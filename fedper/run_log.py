@@ -1,22 +1,28 @@
 """The run's log: where other libraries' output goes, so the terminal shows the toolkit's own.
 
 torch reports deprecations through its loggers (``W1203 ... torch/utils/_pytree.py:630] ...``),
-ExecuTorch's C++ runtime writes lines such as ``[cpuinfo_utils.cpp:71] Reading file ...``
-straight to file descriptor 2, and libraries warn through :mod:`warnings`. Inside
-:func:`third_party_output_to`, descriptor 2 is the run's log, and so is every handler that was
-writing to the old ``sys.stderr``; ``sys.stderr`` itself, which the toolkit's consoles print
-to, still reaches the terminal.
+native libraries may write straight to file descriptor 2, and libraries warn through
+:mod:`warnings`. Inside
+:func:`third_party_output_to`, descriptor 2 is the run's log; so is every other library's
+logging handler that wrote to the terminal (torch's follows ``sys.stderr`` wherever it points,
+so it is swapped for one on the log) and every warning. ``sys.stderr`` itself, which the
+toolkit's consoles print to, still reaches the terminal, but for ExecuTorch's log lines: its
+Python bindings hand the runtime's C++ output (``[cpuinfo_utils.cpp:71] Reading file ...``) to
+``sys.stderr`` through pybind11's stream redirect, one flushed piece at a time, so they can only
+be told from the toolkit's by their form, ``[file.cpp:line] message``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
+import re
 import sys
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TextIO
+from typing import TextIO, cast
 
 
 @contextlib.contextmanager
@@ -31,7 +37,8 @@ def third_party_output_to(log: Path) -> Iterator[None]:
     terminal = os.fdopen(terminal_fd, "w", buffering=1, encoding=old_stderr.encoding, errors="backslashreplace")
     os.dup2(log_fd, 2)
     os.close(log_fd)
-    sys.stderr = terminal
+    sorted_stderr = _RuntimeLinesTo(old_stderr, terminal)
+    sys.stderr = cast(TextIO, sorted_stderr)
 
     def to_log(message: Warning | str, category: type[Warning], filename: str, lineno: int,
                file: TextIO | None = None, line: str | None = None) -> None:  # fmt: skip
@@ -39,12 +46,87 @@ def third_party_output_to(log: Path) -> Iterator[None]:
         old_stderr.flush()
 
     warnings.showwarning = to_log
+    swapped = _libraries_handlers_to(old_stderr, terminals=(old_stderr, sorted_stderr, sys.stdout, sys.__stderr__))
     try:
         yield
     finally:
+        for logger, handlers in swapped:
+            logger.handlers[:] = handlers
         warnings.showwarning = old_showwarning
-        terminal.flush()
+        sorted_stderr.flush()
         old_stderr.flush()
         sys.stderr = old_stderr
         os.dup2(terminal_fd, 2)
-        terminal.close()
+        sorted_stderr.close()
+
+
+def _libraries_handlers_to(
+    log: TextIO, terminals: tuple[object, ...]
+) -> list[tuple[logging.Logger, list[logging.Handler]]]:
+    """Every non-fedper logger's handlers that print to a terminal stream, replaced by ones on
+    ``log`` (same level, format and filters); returns what to put back."""
+    swapped = []
+    for name, logger in list(logging.Logger.manager.loggerDict.items()):
+        if not isinstance(logger, logging.Logger) or name.split(".")[0] == "fedper":
+            continue
+        handlers = list(logger.handlers)
+        to_terminal = [
+            h for h in handlers if not isinstance(h, logging.FileHandler) and getattr(h, "stream", None) in terminals
+        ]
+        if not to_terminal:
+            continue
+        replaced = []
+        for h in handlers:
+            if h not in to_terminal:
+                replaced.append(h)
+                continue
+            on_log = logging.StreamHandler(log)
+            on_log.setLevel(h.level)
+            on_log.setFormatter(h.formatter)
+            for f in h.filters:
+                on_log.addFilter(f)
+            replaced.append(on_log)
+        logger.handlers[:] = replaced
+        swapped.append((logger, handlers))
+    return swapped
+
+
+# ExecuTorch's ET_LOG form: "[cpuinfo_utils.cpp:71] Reading file ...".
+_RUNTIME_LINE = re.compile(r"\[[\w./-]+\.(?:cpp|cc|c|h):\d+\] ")
+
+
+class _RuntimeLinesTo:
+    """The terminal, but ExecuTorch's log lines go to ``log``. Text that cannot be the start of
+    such a line passes through at once (progress bars are not held back); text that can waits
+    for its newline, flush or not."""
+
+    def __init__(self, log: TextIO, terminal: TextIO) -> None:
+        self._log, self._terminal, self._pending = log, terminal, ""
+        self.encoding, self.errors = terminal.encoding, terminal.errors
+
+    def write(self, text: str) -> int:
+        self._pending += text
+        while "\n" in self._pending:
+            line, self._pending = self._pending.split("\n", 1)
+            (self._log if _RUNTIME_LINE.match(line) else self._terminal).write(line + "\n")
+        if self._pending and not self._pending.startswith("["):
+            self._terminal.write(self._pending)
+            self._pending = ""
+        return len(text)
+
+    def flush(self) -> None:
+        # The bindings flush after every piece ("[" first): a possible runtime line waits for its end.
+        self._terminal.flush()
+        self._log.flush()
+
+    def isatty(self) -> bool:
+        return self._terminal.isatty()
+
+    def fileno(self) -> int:
+        return self._terminal.fileno()
+
+    def close(self) -> None:
+        if self._pending:
+            self._terminal.write(self._pending)
+            self._pending = ""
+        self._terminal.close()

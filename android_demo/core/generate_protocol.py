@@ -55,17 +55,21 @@ def render(schema: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _field_classes(models: dict, indent: str, choices: bool = False) -> list[str]:
+def _field_classes(models: dict, indent: str, details: bool = False) -> list[str]:
     """One class per object model, one constant per field name: Body.Enrolled.TOKEN = "token";
-    with ``choices``, a field whose values are a fixed set also gets them: TRAINABLE_CHOICES."""
+    with ``details``, a field whose values are a fixed set also gets them (TRAINABLE_CHOICES), and
+    an optional field its default (MIN_BATCH_DEFAULT), so a reader fills in what the writer may omit."""
     lines: list[str] = []
     for model in sorted(models):
         lines += ["", f"{indent}public static final class {model} {{", f"{indent}  private {model}() {{}}", ""]
         for field, spec in sorted(models[model]["properties"].items()):
             lines.append(f"{indent}  public static final String {field.upper()} = {json.dumps(field)};")
-            if choices and "enum" in spec:
+            if details and "enum" in spec:
                 values = ", ".join(json.dumps(v) for v in spec["enum"])
                 lines.append(f"{indent}  public static final String[] {field.upper()}_CHOICES = {{{values}}};")
+            if details and isinstance(spec.get("default"), str | int | float) and "const" not in spec:
+                java_type, literal = _literal(spec["default"])
+                lines.append(f"{indent}  public static final {java_type} {field.upper()}_DEFAULT = {literal};")
         lines.append(f"{indent}}}")
     return lines
 
@@ -82,7 +86,7 @@ def render_manifest(schema: dict) -> str:
         "  private ManifestKeys() {}",
         "",
         f"  public static final String FORMAT = {json.dumps(schema['properties']['format']['const'])};",
-        *_field_classes(models, indent="  ", choices=True),
+        *_field_classes(models, indent="  ", details=True),
         "}",
     ]
     return "\n".join(lines) + "\n"

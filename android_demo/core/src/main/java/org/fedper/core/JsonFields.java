@@ -97,6 +97,10 @@ final class JsonFields {
     throw new IllegalArgumentException(where(key) + " is \"" + v + "\", expected one of " + String.join(", ", allowed));
   }
 
+  double number(String key, double absent) {
+    return has(key) ? number(key) : absent;
+  }
+
   double number(String key) {
     Object v = required(key);
     if (!(v instanceof Number)) {

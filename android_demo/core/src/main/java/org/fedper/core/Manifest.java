@@ -9,8 +9,8 @@ import java.util.Map;
 /**
  * The parts of an export's manifest.json (format fedper-manifest/1) a device needs, as typed
  * fields, read through the names generated from its schema (ManifestKeys, from
- * docs/manifest.schema.json). Optional fields take the defaults of the Python schema
- * (fedper/common/manifest.py); a missing or malformed required field is an
+ * docs/manifest.schema.json). Optional fields take the schema's defaults, generated too
+ * (ManifestKeys.*_DEFAULT); a missing or malformed required field is an
  * IllegalArgumentException naming it.
  */
 public final class Manifest {
@@ -60,18 +60,18 @@ public final class Manifest {
     JsonFields t = m.object(ManifestKeys.Manifest.TRAINING);
     this.trainingDefaults =
         new TrainConfig(
-            Math.toIntExact(t.integer(ManifestKeys.TrainingDefaults.LOCAL_EPOCHS)),
-            Math.toIntExact(t.integer(ManifestKeys.TrainingDefaults.BATCH_SIZE)),
-            t.number(ManifestKeys.TrainingDefaults.LEARNING_RATE),
-            t.number(ManifestKeys.TrainingDefaults.MOMENTUM));
+            t.integer(ManifestKeys.TrainingDefaults.LOCAL_EPOCHS, ManifestKeys.TrainingDefaults.LOCAL_EPOCHS_DEFAULT),
+            t.integer(ManifestKeys.TrainingDefaults.BATCH_SIZE, ManifestKeys.TrainingDefaults.BATCH_SIZE_DEFAULT),
+            t.number(ManifestKeys.TrainingDefaults.LEARNING_RATE, ManifestKeys.TrainingDefaults.LEARNING_RATE_DEFAULT),
+            t.number(ManifestKeys.TrainingDefaults.MOMENTUM, ManifestKeys.TrainingDefaults.MOMENTUM_DEFAULT));
     this.trainable = t.choice(ManifestKeys.TrainingDefaults.TRAINABLE, ManifestKeys.TrainingDefaults.TRAINABLE_CHOICES);
     this.inputSize = Math.toIntExact(m.object(ManifestKeys.Manifest.MODEL).integer(ManifestKeys.ModelSpec.INPUT_SIZE));
     this.numClasses = Math.toIntExact(m.object(ManifestKeys.Manifest.OUTPUT).integer(ManifestKeys.OutputSpec.NUM_CLASSES));
     JsonFields program = m.object(ManifestKeys.Manifest.TRAINING_PROGRAM);
-    this.trainingMethod = program.string(ManifestKeys.TrainingProgramSpec.METHOD, "forward");
+    this.trainingMethod = program.string(ManifestKeys.TrainingProgramSpec.METHOD, ManifestKeys.TrainingProgramSpec.METHOD_DEFAULT);
     this.bnStatistics = program.strings(ManifestKeys.TrainingProgramSpec.BN_STATISTICS);
     this.trainingParameters = program.strings(ManifestKeys.TrainingProgramSpec.PARAMETERS);
-    this.minBatch = program.integer(ManifestKeys.TrainingProgramSpec.MIN_BATCH, 2);
+    this.minBatch = program.integer(ManifestKeys.TrainingProgramSpec.MIN_BATCH, ManifestKeys.TrainingProgramSpec.MIN_BATCH_DEFAULT);
     this.maxBatch = Math.toIntExact(program.integer(ManifestKeys.TrainingProgramSpec.MAX_BATCH));
     if (minBatch < 1 || maxBatch < minBatch) {
       throw new IllegalArgumentException(program.where(ManifestKeys.TrainingProgramSpec.MAX_BATCH) + " is " + maxBatch

@@ -11,7 +11,9 @@ public final class ManifestKeys {
     private InferenceProgramSpec() {}
 
     public static final String BATCH = "batch";
+    public static final int BATCH_DEFAULT = 1;
     public static final String METHOD = "method";
+    public static final String METHOD_DEFAULT = "forward";
     public static final String WEIGHTS = "weights";
   }
 
@@ -48,10 +50,13 @@ public final class ManifestKeys {
 
     public static final String ALPHA = "alpha";
     public static final String BASE = "base";
+    public static final String BASE_DEFAULT = "model";
     public static final String HEAD = "head";
     public static final String[] HEAD_CHOICES = {"softmax", "ordinal"};
+    public static final String HEAD_DEFAULT = "softmax";
     public static final String INPUT_SIZE = "input_size";
     public static final String LINEAR_BASE_KP = "linear_base_kp";
+    public static final int LINEAR_BASE_KP_DEFAULT = 0;
     public static final String NAME = "name";
     public static final String NUM_CLASSES = "num_classes";
   }
@@ -97,13 +102,18 @@ public final class ManifestKeys {
     private TrainingDefaults() {}
 
     public static final String BATCH_SIZE = "batch_size";
+    public static final int BATCH_SIZE_DEFAULT = 32;
     public static final String LEARNING_RATE = "learning_rate";
+    public static final double LEARNING_RATE_DEFAULT = 0.01;
     public static final String LOCAL_EPOCHS = "local_epochs";
+    public static final int LOCAL_EPOCHS_DEFAULT = 1;
     public static final String LOSS = "loss";
     public static final String MOMENTUM = "momentum";
+    public static final double MOMENTUM_DEFAULT = 0.9;
     public static final String OPTIMIZER = "optimizer";
     public static final String TRAINABLE = "trainable";
     public static final String[] TRAINABLE_CHOICES = {"all", "head"};
+    public static final String TRAINABLE_DEFAULT = "all";
   }
 
   public static final class TrainingProgramSpec {
@@ -113,7 +123,9 @@ public final class ManifestKeys {
     public static final String INPUTS = "inputs";
     public static final String MAX_BATCH = "max_batch";
     public static final String METHOD = "method";
+    public static final String METHOD_DEFAULT = "forward";
     public static final String MIN_BATCH = "min_batch";
+    public static final int MIN_BATCH_DEFAULT = 2;
     public static final String OUTPUTS = "outputs";
     public static final String PARAMETERS = "parameters";
     public static final String VARIANT = "variant";

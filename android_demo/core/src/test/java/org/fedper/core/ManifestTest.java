@@ -71,6 +71,26 @@ public class ManifestTest {
   }
 
   @Test
+  public void optionalFieldsTakeTheSchemasDefaults() throws Exception {
+    String json = exported();
+    for (String path : new String[] {"training.local_epochs", "training.batch_size", "training.learning_rate",
+        "training.momentum", "training.trainable", "training_program.method", "training_program.min_batch"}) {
+      JSONObject root = new JSONObject(json);
+      String[] keys = path.split("\\.");
+      root.getJSONObject(keys[0]).remove(keys[1]);
+      json = root.toString();
+    }
+    Manifest m = Manifest.parse(json);
+    assertEquals(ManifestKeys.TrainingDefaults.LOCAL_EPOCHS_DEFAULT, m.trainingDefaults.localEpochs);
+    assertEquals(ManifestKeys.TrainingDefaults.BATCH_SIZE_DEFAULT, m.trainingDefaults.batchSize);
+    assertEquals(ManifestKeys.TrainingDefaults.LEARNING_RATE_DEFAULT, m.trainingDefaults.learningRate, 0.0);
+    assertEquals(ManifestKeys.TrainingDefaults.MOMENTUM_DEFAULT, m.trainingDefaults.momentum, 0.0);
+    assertEquals(ManifestKeys.TrainingDefaults.TRAINABLE_DEFAULT, m.trainable);
+    assertEquals(ManifestKeys.TrainingProgramSpec.METHOD_DEFAULT, m.trainingMethod);
+    assertEquals(ManifestKeys.TrainingProgramSpec.MIN_BATCH_DEFAULT, m.minBatch);
+  }
+
+  @Test
   public void missingOrMalformedFieldsAreNamed() throws Exception {
     assertRefused(edited("training.trainable", "base"), "'training.trainable'", "all, head");
     assertRefused(edited("training_program.parameters", null), "'training_program.parameters'", "missing");
