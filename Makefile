@@ -8,7 +8,7 @@ INSTALLED := $(VENV)/.installed-test
 BENCH_INSTALLED := $(VENV)/.installed-bench
 DEMO_OUT ?= demo-out
 
-.PHONY: install demo test test-portable lint typecheck pytest android-test bench results poisoning bn-sharing clean
+.PHONY: install demo test test-fast test-slow test-portable lint typecheck pytest android-test bench results poisoning bn-sharing clean
 
 install: $(INSTALLED)
 
@@ -33,8 +33,20 @@ typecheck: $(INSTALLED)
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
+# `make test`'s tests: all but those marked `slow` (README, "Development").
 pytest: $(INSTALLED)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -m "not slow"
+
+# The tests `make test` leaves out: real server and device processes (kill -9, timeouts, bursts),
+# Ray, a fresh venv, full simulations, the plain graph's export. CI runs them after `make test`.
+test-slow: $(INSTALLED)
+	$(BIN)/python -m pytest -q -m slow
+
+# The edit loop: lint and the tests that need no export and no process and are not decided by
+# float results (training: `make test-portable` runs those on every kernel set).
+test-fast: $(INSTALLED)
+	$(BIN)/ruff check .
+	$(BIN)/python -m pytest -q -m "not slow and not export and not numeric"
 
 # The Android app's plain-Java core, built and tested on the host JVM (a JDK and JUnit 4 from
 # Debian, installed first if missing).

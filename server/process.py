@@ -44,6 +44,16 @@ def wait_until_answering(url: str, proc: subprocess.Popen[str], timeout: float, 
     raise RuntimeError(f"the server did not answer {url} within {timeout:.0f} s; log: {log}")
 
 
+def metric_sample(exposition: str, name: str) -> float:
+    """One unlabelled sample of a Prometheus exposition (``/metrics``), read with the client
+    library's own parser; 0 when the server has not recorded it yet."""
+    for family in text_string_to_metric_families(exposition):
+        for sample in family.samples:
+            if sample.name == name and not sample.labels:
+                return float(sample.value)
+    return 0.0
+
+
 class ServerProcess:
     """One ``fedper serve``: ``options`` become its flags (``target_clients=3`` ->
     ``--target-clients 3``), ``env`` its environment (secrets), ``log`` gets its output;
@@ -114,14 +124,8 @@ class ServerProcess:
         raise RuntimeError(f"no {field} in /proc/{self.proc.pid}/status")
 
     def metric(self, name: str) -> float:
-        """One sample of the server's Prometheus exposition (``/metrics``), read with the
-        client library's own parser; 0 when the server has not recorded it yet."""
-        text = httpx.get(self.url + METRICS_PATH, timeout=10).text
-        for family in text_string_to_metric_families(text):
-            for sample in family.samples:
-                if sample.name == name and not sample.labels:
-                    return float(sample.value)
-        return 0.0
+        """One unlabelled sample of the server's ``/metrics`` (:func:`metric_sample`)."""
+        return metric_sample(httpx.get(self.url + METRICS_PATH, timeout=10).text, name)
 
     def _close_log(self) -> None:
         if self._log_file is not None:

@@ -5,9 +5,13 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from typing import TYPE_CHECKING, TextIO
 
 from fedper.common.config_cli import add_command, from_arguments
 from fedper.server.config import ServerConfig
+
+if TYPE_CHECKING:
+    from fedper.server.state import ServerState
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -21,6 +25,22 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         "start into the data directory (mode 0600) and printed once. Restarting on the same "
         "--data-dir resumes the run.",
     )  # fmt: skip
+
+
+def announce(config: ServerConfig, state: ServerState, out: TextIO) -> None:
+    """What the operator is told at start: each secret generated now (once: it is stored, mode
+    0600), where the server listens and where the run stands."""
+    for name in state.secrets.generated:
+        value = state.secrets.admin_token if name == "admin_token" else state.secrets.enrollment_key
+        print(f"generated {name} (stored in {config.data_dir / name}, shown once): {value}", file=out)
+    snap = state.rounds.snapshot
+    print(
+        f"serving {config.artifacts} on http://{config.host}:{config.port} (round {snap.round}, "
+        f"model version {snap.model_version}, {'finished' if snap.finished else 'running'}); "
+        f"OpenAPI at /docs",
+        file=out,
+        flush=True,
+    )
 
 
 def serve(args: argparse.Namespace) -> int:
@@ -37,20 +57,7 @@ def serve(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     throttle_root_handlers()
     state = open_state(config)  # a StartupError (a FedperError) is printed by the command line
-    for name in state.secrets.generated:
-        value = state.secrets.admin_token if name == "admin_token" else state.secrets.enrollment_key
-        print(
-            f"generated {name} (stored in {config.data_dir / name}, shown once): {value}",
-            file=sys.stderr,
-        )
-    snap = state.rounds.snapshot
-    print(
-        f"serving {config.artifacts} on http://{config.host}:{config.port} (round {snap.round}, "
-        f"model version {snap.model_version}, {'finished' if snap.finished else 'running'}); "
-        f"OpenAPI at /docs",
-        file=sys.stderr,
-        flush=True,
-    )
+    announce(config, state, sys.stderr)
     trusted = config.trusted_proxies
     uvicorn.run(
         create_app(config, state),

@@ -83,18 +83,29 @@ _export_root = Path(_kept_exports) if _kept_exports else Path(tempfile.mkdtemp(p
 os.environ["FEDPER_CACHE_DIR"] = str(_export_root / "export-cache")
 
 
+def needs(item: pytest.Item) -> set[str]:
+    """The variants an item's fixtures (or its ``export_fixture`` parameter) export."""
+    callspec = getattr(item, "callspec", None)
+    names = [*getattr(item, "fixturenames", ()), callspec.params.get("export_fixture") if callspec else None]
+    return {EXPORT_FIXTURES[f] for f in names if f in EXPORT_FIXTURES}
+
+
+def pytest_itemcollected(item: pytest.Item) -> None:
+    """Marker ``export`` on each test that needs a real export, so that ``-m "not export"``
+    (``make test-fast``) can leave those minutes out; ``slow`` too on each that needs the plain
+    training graph's, a second export kept only for comparison (``make test-slow``)."""
+    variants = needs(item)
+    if variants:
+        item.add_marker(pytest.mark.export)
+    if "plain" in variants:
+        item.add_marker(pytest.mark.slow)
+
+
 @pytest.hookimpl(trylast=True)  # after -k and -m have deselected
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Start the export the selected tests need first, and order the tests: those that need no
     export, then those that need the default one, then those that need the plain one (exported
     once the default one is done, so that the two do not compete for the free core)."""
-
-    def needs(item: pytest.Item) -> set[str]:
-        """The variants an item's fixtures (or its ``export_fixture`` parameter) export."""
-        callspec = getattr(item, "callspec", None)
-        names = [*getattr(item, "fixturenames", ()), callspec.params.get("export_fixture") if callspec else None]
-        return {EXPORT_FIXTURES[f] for f in names if f in EXPORT_FIXTURES}
-
     for variant in sorted(set().union(*(needs(item) for item in items))):
         _exports[variant] = BackgroundExport(_export_root / variant / "artifacts", variant)
     if _exports and not config.option.collectonly:

@@ -1,11 +1,15 @@
-"""Helpers for the server tests: a real ``fedper serve`` process on 127.0.0.1 and update bodies."""
+"""Helpers for the server tests: the server in process or as a real ``fedper serve`` on 127.0.0.1,
+and update bodies."""
 
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
+from unittest import mock
 
 import httpx
 import numpy as np
@@ -13,34 +17,120 @@ import numpy as np
 from fedper.common import weights
 from fedper.common.manifest import Manifest
 from fedper.server import process as server_process
+from fedper.server.metrics_registry import METRICS_PATH
+
+if TYPE_CHECKING:
+    from fedper.server.config import ServerConfig
 
 ADMIN = "admin-token-for-tests-0123456789abcdef"
 ENROLL = "enrollment-key-for-tests"
 
 
+class ServerUnderTest(server_process.ServerProcess):
+    """A ``fedper serve`` process with an HTTP client (``.http``), like :class:`InProcessServer`'s;
+    the client is made again after a restart (a killed server's pooled connections are dead)."""
+
+    _http: httpx.Client | None = None
+
+    @property
+    def http(self) -> httpx.Client:
+        if self._http is None:
+            self._http = httpx.Client(base_url=self.url, timeout=60)
+        return self._http
+
+    def stop(self) -> None:
+        self._close_client()
+        super().stop()
+
+    def kill(self) -> None:
+        self._close_client()
+        super().kill()
+
+    def _close_client(self) -> None:
+        if self._http is not None:
+            self._http.close()
+            self._http = None
+
+
 def serve(
     artifacts: Path, data_dir: Path, secrets: bool = True, python: Path | None = None, **options: object
-) -> server_process.ServerProcess:
-    """A test server: the secrets above (unless ``secrets=False``), its log beside ``data_dir``;
-    ``python``: another environment's interpreter (default: this one)."""
+) -> ServerUnderTest:
+    """A test server process: the secrets above (unless ``secrets=False``), its log beside
+    ``data_dir``; ``python``: another environment's interpreter (default: this one)."""
     port = server_process.free_port()
     env = {"FEDPER_ADMIN_TOKEN": ADMIN, "FEDPER_ENROLLMENT_KEY": ENROLL} if secrets else {}
     log = data_dir.parent / f"server-{port}.log"
-    return server_process.ServerProcess(
-        artifacts, data_dir, options, env=env, log=log, port=port, python=python or sys.executable
-    )
+    return ServerUnderTest(artifacts, data_dir, options, env=env, log=log, port=port, python=python or sys.executable)
 
 
-def enroll(url: str, key: str = ENROLL) -> tuple[str, dict[str, str]]:
-    r = httpx.post(f"{url}/v1/devices", json={"enrollment_key": key, "platform": "python"})
+def serve_config(artifacts: Path, data_dir: Path, **options: object) -> ServerConfig:
+    """The config ``fedper serve`` builds from these options (``clip_factor=0`` ->
+    ``--clip-factor 0``), by its own parser: the same options as :func:`serve`'s process."""
+    from fedper.cli import build_parser
+    from fedper.common.config_cli import from_arguments
+    from fedper.server.config import ServerConfig
+
+    argv = ["serve", "--artifacts", str(artifacts), "--data-dir", str(data_dir)]
+    for key, value in options.items():
+        argv += [f"--{key.replace('_', '-')}", str(value)]
+    return from_arguments(ServerConfig, build_parser(only_serve=True).parse_args(argv))
+
+
+class InProcessServer:
+    """A server in this process: ``create_app(config)`` behind Starlette's ``TestClient``, whose
+    lifespan opens the state from the config as ``fedper serve`` does (or takes one opened on a
+    test's ``clock``) and applies deadlines as the server's own timer does. Requests are ASGI
+    calls from 127.0.0.1, no socket: what only sockets show (kill -9, timeouts, bursts, proxy
+    headers) is left to :func:`serve`; :func:`http_in_process` streams bodies asynchronously."""
+
+    def __init__(
+        self,
+        artifacts: Path,
+        data_dir: Path,
+        secrets: bool = True,
+        clock: Callable[[], float] | None = None,
+        **options: object,
+    ) -> None:
+        self.data_dir, self._clock = data_dir, clock
+        self.config = serve_config(artifacts, data_dir, **options)
+        self._env = {"FEDPER_ADMIN_TOKEN": ADMIN, "FEDPER_ENROLLMENT_KEY": ENROLL} if secrets else {}
+        self._stack = contextlib.ExitStack()
+
+    def __enter__(self) -> InProcessServer:
+        from starlette.testclient import TestClient
+
+        from fedper.server.app import create_app
+        from fedper.server.state import open_state
+
+        with self._stack as stack:
+            stack.enter_context(mock.patch.dict(os.environ, self._env))
+            for name in ("FEDPER_ADMIN_TOKEN", "FEDPER_ENROLLMENT_KEY"):
+                if name not in self._env:
+                    os.environ.pop(name, None)
+            # A test's clock is given to the state, opened here; otherwise the lifespan opens it.
+            app = create_app(self.config, open_state(self.config, self._clock) if self._clock else None)
+            self.http = stack.enter_context(TestClient(app, client=("127.0.0.1", 50000)))
+            self._stack = stack.pop_all()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stack.close()
+
+    def metric(self, name: str) -> float:
+        """One unlabelled sample of the server's ``/metrics``."""
+        return server_process.metric_sample(self.http.get(METRICS_PATH).text, name)
+
+
+def enroll(http: httpx.Client, key: str = ENROLL) -> tuple[str, dict[str, str]]:
+    r = http.post("/v1/devices", json={"enrollment_key": key, "platform": "python"})
     assert r.status_code == 201, r.text
     body = r.json()
     return body["device_id"], {"Authorization": f"Bearer {body['token']}"}
 
 
-def ask(url: str, headers: dict[str, str]) -> httpx.Response:
+def ask(http: httpx.Client, headers: dict[str, str]) -> httpx.Response:
     """``GET /v1/task``, as a device does before it uploads: the open round gives it a cohort slot."""
-    r = httpx.get(f"{url}/v1/task", headers=headers, timeout=60)
+    r = http.get("/v1/task", headers=headers)
     assert r.status_code in (200, 204, 410), r.text
     return r
 
@@ -49,9 +139,9 @@ def admin() -> dict[str, str]:
     return {"Authorization": f"Bearer {ADMIN}"}
 
 
-def round_info(url: str, number: int) -> dict:
+def round_info(http: httpx.Client, number: int) -> dict:
     """``GET /v1/rounds/{number}`` as the operator."""
-    r = httpx.get(f"{url}/v1/rounds/{number}", headers=admin())
+    r = http.get(f"/v1/rounds/{number}", headers=admin())
     assert r.status_code == 200, r.text
     return r.json()
 

@@ -169,6 +169,7 @@ def test_any_damaged_checkpoint_is_refused_cleanly_and_changes_nothing(tmp_path,
         assert all(np.array_equal(exchanged_state(model)[n].numpy(), state[n].numpy()) for n in base)
 
 
+@pytest.mark.slow
 def test_simulate_init_starts_every_algorithm_from_the_checkpoint(tmp_path):
     """At a learning rate of 1e-9 the weights stay where they started: the final convolutions are
     the checkpoint's (FedPer's and FedAvg's alike), and results.json says where they came from."""

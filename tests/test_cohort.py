@@ -1,6 +1,7 @@
 """Cohort selection and pace steering (PROTOCOL.md, revision 1.2): a real ``fedper serve`` over
-real sockets, with lightweight devices that speak the protocol (asyncio + httpx, tiny valid
-uploads), and the round state machine in process for the generated interleavings."""
+real sockets for a burst of lightweight devices that speak the protocol (asyncio + httpx, tiny
+valid uploads) and for a slot's report timeout, the app in process for a restart, and the round
+state machine in process for the generated interleavings."""
 
 from __future__ import annotations
 
@@ -27,7 +28,17 @@ from fedper.server.errors import answer
 from fedper.server.refusals import RefusalError
 from fedper.server.state import open_state
 from fedper.server.upload_validation import Upload
-from tests.server_support import ADMIN, ENROLL, FakeClock, base_like, enroll, round_info, serve, update_body
+from tests.server_support import (
+    ADMIN,
+    ENROLL,
+    FakeClock,
+    InProcessServer,
+    base_like,
+    enroll,
+    round_info,
+    serve,
+    update_body,
+)
 
 FLEET, COHORT = 200, 20
 
@@ -82,6 +93,7 @@ async def _upload_all(url: str, number: int, bodies: list[tuple[dict[str, str], 
         )
 
 
+@pytest.mark.slow
 def test_200_devices_cohort_20_exactly_the_cohort_trains_and_the_rest_are_paced(
     server_artifacts: Path, server_manifest: Manifest, tmp_path: Path
 ) -> None:
@@ -110,81 +122,77 @@ def test_200_devices_cohort_20_exactly_the_cohort_trains_and_the_rest_are_paced(
             body = update_body(base_like(server_manifest, value=0.5), 10, number - 1)
             uploads = asyncio.run(_upload_all(s.url, number, [(h, body) for h in chosen]))
             assert sorted(r.status_code for r in uploads) == [202] * COHORT, [r.text for r in uploads]
-            closed = round_info(s.url, number)
+            closed = round_info(s.http, number)
             assert closed["state"] == "closed" and closed["received"] == COHORT
         assert s.metric("fedper_updates_accepted_total") == 2 * COHORT
-        assert httpx.get(f"{s.url}/v1/status").json()["state"] == "finished"
+        assert s.http.get("/v1/status").json()["state"] == "finished"
 
 
+@pytest.mark.slow
 def test_an_expired_slot_goes_to_the_next_device_and_a_non_member_changes_nothing(
     server_artifacts: Path, server_manifest: Manifest, tmp_path: Path
 ) -> None:
     data = tmp_path / "data"
     with serve(server_artifacts, data, target_clients=3, min_clients=1, cohort_size=3, over_selection=1.0,
                report_timeout=2, round_timeout=0, rounds=2, retry_after=3) as s:  # fmt: skip
-        a, b, c, d, e = (enroll(s.url)[1] for _ in range(5))
-        tasks = [httpx.get(f"{s.url}/v1/task", headers=h) for h in (a, b, c)]
+        a, b, c, d, e = (enroll(s.http)[1] for _ in range(5))
+        tasks = [s.http.get("/v1/task", headers=h) for h in (a, b, c)]
         assert [t.status_code for t in tasks] == [200] * 3
         report_by = tasks[2].json()["report_by"]
         assert report_by is not None and report_by.endswith("Z")
-        assert httpx.get(f"{s.url}/v1/task", headers=d).status_code == 204
+        assert s.http.get("/v1/task", headers=d).status_code == 204
         body = update_body(base_like(server_manifest, value=0.25))
         for h in (a, b):
-            assert httpx.post(f"{s.url}/v1/rounds/1/updates", content=body, headers=h).status_code == 202
+            assert s.http.post("/v1/rounds/1/updates", content=body, headers=h).status_code == 202
         # A device that never asked, while every slot is held: 409 not_in_cohort, nothing stored.
-        before = (round_info(s.url, 1), _stored(data))
-        refused = httpx.post(f"{s.url}/v1/rounds/1/updates", content=body, headers=e)
+        before = (round_info(s.http, 1), _stored(data))
+        refused = s.http.post("/v1/rounds/1/updates", content=body, headers=e)
         assert (refused.status_code, refused.json()["code"]) == (409, "not_in_cohort")
         assert int(refused.headers["retry-after"]) >= 3
-        assert (round_info(s.url, 1), _stored(data)) == before
-        assert httpx.get(f"{s.url}/v1/task", headers=e).status_code == 204
+        assert (round_info(s.http, 1), _stored(data)) == before
+        assert s.http.get("/v1/task", headers=e).status_code == 204
         # c does not report within its report timeout: its slot is free, but only a task gives it:
         # an upload from a device that holds none is refused even now, and changes nothing.
         time.sleep(2.3)
-        uninvited = httpx.post(f"{s.url}/v1/rounds/1/updates", content=body, headers=e)
+        uninvited = s.http.post("/v1/rounds/1/updates", content=body, headers=e)
         assert (uninvited.status_code, uninvited.json()["code"]) == (409, "not_in_cohort")
-        assert (round_info(s.url, 1)["received"], _stored(data)) == (2, before[1])
+        assert (round_info(s.http, 1)["received"], _stored(data)) == (2, before[1])
         # The free slot goes to the next device that asks.
-        given_d = httpx.get(f"{s.url}/v1/task", headers=d)
+        given_d = s.http.get("/v1/task", headers=d)
         assert given_d.status_code == 200 and given_d.json()["round"] == 1
-        assert httpx.get(f"{s.url}/v1/task", headers=c).status_code == 204  # c lost it, e still waits
-        assert httpx.get(f"{s.url}/v1/task", headers=e).status_code == 204
-        late = httpx.post(f"{s.url}/v1/rounds/1/updates", content=body, headers=c)
+        assert s.http.get("/v1/task", headers=c).status_code == 204  # c lost it, e still waits
+        assert s.http.get("/v1/task", headers=e).status_code == 204
+        late = s.http.post("/v1/rounds/1/updates", content=body, headers=c)
         assert (late.status_code, late.json()["code"]) == (409, "not_in_cohort")
         client = ProtocolClient(s.url, token=c["Authorization"].removeprefix("Bearer "))
         with pytest.raises(NotInCohortError) as told:  # the Python device's reading of it
             client.upload(1, body)
         client.close()
         assert told.value.retry_after >= 3
-        assert round_info(s.url, 1)["received"] == 2 and _stored(data) == before[1]
-        assert httpx.post(f"{s.url}/v1/rounds/1/updates", content=body, headers=d).status_code == 202
-        assert round_info(s.url, 1)["state"] == "closed"
+        assert round_info(s.http, 1)["received"] == 2 and _stored(data) == before[1]
+        assert s.http.post("/v1/rounds/1/updates", content=body, headers=d).status_code == 202
+        assert round_info(s.http, 1)["state"] == "closed"
         # A new round, a new cohort: c may take part again.
-        assert httpx.get(f"{s.url}/v1/task", headers=c).json()["round"] == 2
+        assert s.http.get("/v1/task", headers=c).json()["round"] == 2
 
 
 def test_slots_survive_a_restart(server_artifacts: Path, server_manifest: Manifest, tmp_path: Path) -> None:
     data = tmp_path / "data"
     options = dict(target_clients=2, min_clients=1, cohort_size=2, over_selection=1.0, report_timeout=600,
                    round_timeout=0, rounds=1)  # fmt: skip
-    s = serve(server_artifacts, data, **options).start()
-    try:
-        a, b, c = (enroll(s.url)[1] for _ in range(3))
-        tasks = [httpx.get(f"{s.url}/v1/task", headers=h).json() for h in (a, b)]
-        assert httpx.get(f"{s.url}/v1/task", headers=c).status_code == 204
-    finally:
-        s.stop()
-    with serve(server_artifacts, data, **options) as s2:
-        assert [httpx.get(f"{s2.url}/v1/task", headers=h).json() for h in (a, b)] == tasks  # same report_by
-        assert httpx.get(f"{s2.url}/v1/task", headers=c).status_code == 204
-        refused = httpx.post(
-            f"{s2.url}/v1/rounds/1/updates", content=update_body(base_like(server_manifest)), headers=c
-        )
+    with InProcessServer(server_artifacts, data, **options) as s:
+        a, b, c = (enroll(s.http)[1] for _ in range(3))
+        tasks = [s.http.get("/v1/task", headers=h).json() for h in (a, b)]
+        assert s.http.get("/v1/task", headers=c).status_code == 204
+    with InProcessServer(server_artifacts, data, **options) as s2:
+        assert [s2.http.get("/v1/task", headers=h).json() for h in (a, b)] == tasks  # same report_by
+        assert s2.http.get("/v1/task", headers=c).status_code == 204
+        refused = s2.http.post("/v1/rounds/1/updates", content=update_body(base_like(server_manifest)), headers=c)
         assert refused.json()["code"] == "not_in_cohort"
         for h in (a, b):
             body = update_body(base_like(server_manifest, value=1.0))
-            assert httpx.post(f"{s2.url}/v1/rounds/1/updates", content=body, headers=h).status_code == 202
-        assert round_info(s2.url, 1)["state"] == "closed"
+            assert s2.http.post("/v1/rounds/1/updates", content=body, headers=h).status_code == 202
+        assert round_info(s2.http, 1)["state"] == "closed"
 
 
 def test_too_few_slots_for_the_target_is_refused_at_start(server_artifacts: Path) -> None:

@@ -23,6 +23,7 @@ print(json.dumps([applied, torch.get_num_threads(), _threadpool_get_thread_count
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("threads", [1, 2, 0])
 def test_both_engines_get_the_count(threads: int) -> None:
     # A fresh process: the ExecuTorch pool is one per process, and the suite's own must not change.

@@ -205,6 +205,7 @@ def test_flickr_aes_bad_csv_is_a_clear_error(tmp_path):
         flickr_aes.read_ratings(tmp_path / flickr_aes.RATINGS_CSV)
 
 
+@pytest.mark.slow
 def test_simulate_on_flickr_aes_files_takes_the_paper_setting_but_for_what_is_given(tmp_path, capsys):
     _flickr(tmp_path, {"A1": [1, 2, 3, 4, 5] * 12, "A2": [1, 2, 3, 4, 5] * 14})
     out = tmp_path / "run"
@@ -228,6 +229,7 @@ def test_simulate_on_flickr_aes_files_takes_the_paper_setting_but_for_what_is_gi
     )
 
 
+@pytest.mark.slow
 def test_validate_scores_on_part_of_the_training_photos_and_never_on_the_test_photos():
     config = DataConfig(dataset="aesthetic-synth", partition="user", users=12, num_clients=4, seed=3)
     plain, validating = load_federated(config), load_federated(dataclasses.replace(config, validate=True))

@@ -123,6 +123,7 @@ def fleet_runs(artifacts: Path, tmp_path_factory: pytest.TempPathFactory) -> dic
     return runs
 
 
+@pytest.mark.slow
 @pytest.mark.numeric
 def test_fleet_runs_the_exported_program_over_http(fleet_runs, artifacts, claim):
     run = fleet_runs["executorch"]
@@ -176,6 +177,7 @@ def test_fleet_runs_the_exported_program_over_http(fleet_runs, artifacts, claim)
     )
 
 
+@pytest.mark.slow
 @pytest.mark.numeric
 def test_engines_and_simulation_agree(fleet_runs, claim):
     """ExecuTorch fleet, eager fleet and `fedper simulate`: same algorithm, data, batches, FedAvg."""
@@ -213,6 +215,7 @@ def test_engines_and_simulation_agree(fleet_runs, claim):
                     0.08 if rnd == 1 else 0.3)  # fmt: skip
 
 
+@pytest.mark.slow
 def test_no_head_tensor_ever_leaves_a_device(artifacts, tmp_path):
     manifest = read_manifest(artifacts)
     recording = RecordingTransport()
@@ -241,6 +244,7 @@ def test_no_head_tensor_ever_leaves_a_device(artifacts, tmp_path):
                 assert name.encode() not in data, (path, name)
 
 
+@pytest.mark.slow
 @pytest.mark.numeric
 def test_dropout_with_min_clients_closes_rounds_at_the_deadline(artifacts, tmp_path, claim):
     manifest = read_manifest(artifacts)
@@ -278,6 +282,7 @@ def test_dropout_with_min_clients_closes_rounds_at_the_deadline(artifacts, tmp_p
     assert not (tmp_path / "devices" / "device_2" / "heads").exists()
 
 
+@pytest.mark.slow
 def test_a_device_without_test_examples_omits_accuracy_and_its_round_counts(server_artifacts, tmp_path):
     """accuracy of an empty test split is undefined: the upload carries no metric.accuracy (the
     server refuses NaN), and the round closes with the device's update and its train_loss."""
@@ -336,6 +341,7 @@ class HeadRecorder:
         return self.inner.predict(x)
 
 
+@pytest.mark.slow
 def test_a_device_whose_slot_expires_is_refused_asks_again_and_the_fleet_counts_it(server_artifacts, tmp_path):
     """Cohort of one, report timeout 15 s: the device straggles 15.5 s after its first training,
     its upload is refused (not_in_cohort), it waits Retry-After, asks again, trains again from
@@ -412,6 +418,7 @@ def _revoke(url: str, device_id: str | None) -> None:
     assert r.status_code == 200, r.text
 
 
+@pytest.mark.slow
 def test_a_revoked_device_enrolls_again_once_and_a_second_401_ends_its_run(server_artifacts, tmp_path):
     """PROTOCOL.md: 401 means an unknown or revoked token. The device enrolls again (it holds the
     key) and finishes the round; revoked again within the same run, it stops with the 401."""
@@ -444,6 +451,7 @@ def test_a_revoked_device_enrolls_again_once_and_a_second_401_ends_its_run(serve
         assert _round(s.url, 1)["received"] == 0
 
 
+@pytest.mark.slow
 def test_a_manifest_is_pinned_only_once_its_trainer_loaded(server_artifacts, tmp_path):
     """A runtime that cannot load the programs must not pin their manifest: the device would
     otherwise refuse a later compatible export as a conflict with one it never trained."""
@@ -477,6 +485,7 @@ def test_bases_are_kept_per_manifest(tmp_path):
         storage.base_path("../x", 0)
 
 
+@pytest.mark.slow
 def test_the_devices_of_a_fleet_host_share_one_loaded_training_program(artifacts, tmp_path, monkeypatch):
     """Three devices hosted by one process (as in a worker process or a Ray actor) train with the
     ExecuTorch engine through one loaded program: a program per device is ~170 MB of planned
@@ -538,6 +547,7 @@ def _wait_for_line(proc: subprocess.Popen[str], needle: str, timeout: float = 30
     raise AssertionError(f"no {needle!r} within {timeout} s")
 
 
+@pytest.mark.slow
 @pytest.mark.numeric
 def test_device_killed_mid_training_keeps_head_and_token_and_rejoins(artifacts, tmp_path, claim):
     sha = sha256_file(artifacts / "manifest.json")

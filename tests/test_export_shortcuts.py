@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import warnings
 
+import pytest
 import torch
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
@@ -27,6 +28,8 @@ from fedper.export.unchanging_passes import (
 )
 
 SIZE = 4
+
+pytestmark = pytest.mark.export  # each test lowers programs: seconds to a minute each
 
 
 def _cat(*tensors: torch.Tensor) -> torch.Tensor:
@@ -100,6 +103,7 @@ def _lowered(module: torch.nn.Module, fast: bool, inputs: tuple[torch.Tensor, ..
 @settings(max_examples=12, deadline=None)
 @given(programs())
 # The passes the shortcut keeps, each on an op it rewrites: an add's relu fused into it, a cat of six.
+@pytest.mark.slow
 @example(Generated([("add", (0, 1)), ("relu", (3,)), ("mul", (4, 2)), ("clamp", (5,)), ("ceil", (6,))], [7]))
 @example(Generated([("cat6", (0, 1, 2, 0, 1, 2)), ("t", (3,)), ("cat2", (4, 0)), ("mm", (5, 1))], [6]))
 def test_the_shortcuts_give_the_same_program(module):

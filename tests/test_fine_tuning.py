@@ -179,6 +179,7 @@ def test_a_received_base_replaces_the_initial_tensors(initial):
         fine_tuning_curve(MODEL, base, None, [], (0,), TRAINING, 1, seed=0)
 
 
+@pytest.mark.slow
 def test_simulate_with_held_out_users_records_and_plots_their_curve(tmp_path, capsys):
     out = tmp_path / "run"
     args = ["simulate", "--dataset", "aesthetic-synth", "--clients", "3", "--users", "5", "--holdout-clients", "2",

@@ -143,6 +143,7 @@ class _TinyModel(StagedModel):
         return [["stem"], ["classifier"]]
 
 
+@pytest.mark.export
 @pytest.mark.numeric
 def test_the_executorch_training_program_gets_eager_loss_and_gradients(tmp_path, claim):
     from executorch.extension.pybindings.portable_lib import _load_for_executorch
@@ -186,6 +187,7 @@ def _ordinal_model() -> nn.Module:
     return model
 
 
+@pytest.mark.export
 @pytest.mark.numeric
 def test_the_executorch_inference_program_scores_as_eager(tmp_path, claim):
     from executorch.extension.pybindings.portable_lib import _load_for_executorch

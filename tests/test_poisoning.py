@@ -17,6 +17,7 @@ def _sim(tmp_path, name):  # type: ignore[no-untyped-def]
                             out=tmp_path / name)  # fmt: skip
 
 
+@pytest.mark.slow
 def test_an_honest_tamper_changes_nothing_and_a_refused_update_is_left_out(tmp_path):
     clean = run(_sim(tmp_path, "clean"), DATA)
     same = run(_sim(tmp_path, "same"), DATA, tamper=lambda c, u, n, b: (u, n))

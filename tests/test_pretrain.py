@@ -57,6 +57,7 @@ def test_pretrain_writes_a_base_init_accepts_and_a_model_card(tmp_path):
         assert init_base(model, read_checkpoint(base, "mobilenet_v1"), kp=kp).layout == "fedper"
 
 
+@pytest.mark.slow
 def test_an_interrupted_pretraining_resumes_to_the_same_base(tmp_path):
     run_pretrain(_tiny(tmp_path / "whole"))
 
@@ -74,6 +75,7 @@ def test_an_interrupted_pretraining_resumes_to_the_same_base(tmp_path):
         run_pretrain(_tiny(tmp_path / "cut", learning_rate=1e-3))
 
 
+@pytest.mark.slow
 @pytest.mark.numeric
 def test_pretraining_teaches_the_base_what_photos_show(tmp_path, claim):
     """Held-out composites after 3 epochs on 1,350: contrast R² 0.42-0.51 over seeds 0-1 and the

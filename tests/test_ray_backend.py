@@ -43,6 +43,7 @@ def _by_key(records: list[ClientRecord]) -> dict[tuple[int, int], ClientRecord]:
     return {(r.round, r.client): r for r in records}
 
 
+@pytest.mark.slow
 def test_ray_fleet_gives_the_processes_fleets_accuracies(server_artifacts, tmp_path, local_ray):
     runs = {}
     for backend in ("processes", "ray"):
@@ -70,6 +71,7 @@ def test_ray_fleet_gives_the_processes_fleets_accuracies(server_artifacts, tmp_p
     assert len({r.accuracy for k, r in processes.items() if k[0] == 2}) > 1  # the check is not vacuous
 
 
+@pytest.mark.slow
 def test_simulate_on_ray_equals_serial(tmp_path, local_ray):
     data = DataConfig(dataset="digits", num_clients=6, classes_per_client=2, seed=0)
     results = {}

@@ -57,6 +57,7 @@ def _fleet(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([fedper, "fleet", *args], capture_output=True, text=True, timeout=600, env=env)
 
 
+@pytest.mark.slow
 def test_a_fleet_joins_a_running_cluster(server_artifacts, tmp_path, cluster):
     address, logs, auth = cluster
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}

@@ -13,7 +13,6 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-import httpx
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -25,7 +24,7 @@ from fedper.common.manifest import Manifest, read_manifest
 from fedper.server.config import ServerConfig
 from fedper.server.state import open_state
 from fedper.server.upload_validation import Upload
-from tests.server_support import ADMIN, ENROLL, ask, base_like, enroll, serve, update_body
+from tests.server_support import ADMIN, ENROLL, InProcessServer, ask, base_like, enroll, update_body
 
 Update = tuple[dict[str, np.ndarray], int]
 
@@ -67,16 +66,15 @@ def test_two_servers_give_the_same_bytes_whatever_the_arrival_order(server_artif
     for k, order in enumerate(orders):
         data = tmp_path / f"data-{k}"
         # Plain FedAvg (no clipping, no weight cap): these updates are far apart by design.
-        with serve(server_artifacts, data, target_clients=3, min_clients=3, round_timeout=0, clip_factor=0,
-                   weight_cap=0) as s:  # fmt: skip
-            devices = [enroll(s.url)[1] for _ in updates]  # random ids, others in each server
+        with InProcessServer(server_artifacts, data, target_clients=3, min_clients=3, round_timeout=0,
+                             clip_factor=0, weight_cap=0) as s:  # fmt: skip
+            devices = [enroll(s.http)[1] for _ in updates]  # random ids, others in each server
             for i in order:
                 tensors, n = updates[i]
-                ask(s.url, devices[i])
-                r = httpx.post(f"{s.url}/v1/rounds/1/updates", content=update_body(tensors, n),
-                               headers=devices[i], timeout=60)  # fmt: skip
+                ask(s.http, devices[i])
+                r = s.http.post("/v1/rounds/1/updates", content=update_body(tensors, n), headers=devices[i])
                 assert r.status_code == 202, r.text
-            r = httpx.get(f"{s.url}/v1/models/1/base", headers=devices[0], timeout=60)
+            r = s.http.get("/v1/models/1/base", headers=devices[0])
             assert r.status_code == 200, r.text
             assert r.content == (data / "models" / "v1.safetensors").read_bytes()
             served.append(r.content)

@@ -457,6 +457,7 @@ def test_a_bad_attestation_spec_is_a_clear_error(server_artifacts, tmp_path):
             open_in_process(server_artifacts, tmp_path / spec.replace(":", "_"), attestation=spec)
 
 
+@pytest.mark.slow
 def test_the_python_device_waits_out_its_own_upload_still_arriving(server_artifacts, server_manifest, tmp_path):
     """The contract the device uses: 409 upload_in_progress (its earlier attempt, whose connection
     it lost, still arriving at the server) is retried after a backoff, not a failed round."""

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import httpx
+import pytest
 
 from fedper.data import DataConfig
 from fedper.device_runtime.client import ProtocolClient
@@ -26,6 +27,7 @@ def _run(*args: object, cwd: Path) -> subprocess.CompletedProcess[str]:
     return out
 
 
+@pytest.mark.slow
 def test_the_server_extra_installs_no_training_stack_and_serves_a_round(server_artifacts: Path, tmp_path: Path) -> None:
     source = copy_tracked(tmp_path / "source")
     venv = tmp_path / "server-venv"
@@ -50,7 +52,7 @@ def test_the_server_extra_installs_no_training_stack_and_serves_a_round(server_a
             reports = device.run()
         finally:
             client.close()
-        closed = round_info(s.url, 1)
+        closed = round_info(s.http, 1)
         status = httpx.get(f"{s.url}/v1/status").json()
     assert [(r.round, r.uploaded) for r in reports] == [(1, True)]
     assert closed["state"] == "closed" and closed["received"] == 1

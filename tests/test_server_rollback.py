@@ -118,6 +118,7 @@ def test_rollback_goes_on_from_a_copy_of_the_version(server_artifacts, tmp_path)
         state.db.close()
 
 
+@pytest.mark.slow
 def test_fedper_admin_rollback_against_a_running_server(server_artifacts, tmp_path, capsys):
     with serve(server_artifacts, tmp_path / "data", target_clients=1, min_clients=1, round_timeout=0) as s:
         assert cli.main(["admin", "rollback", "--to", "0", "--server", s.url]) == 0

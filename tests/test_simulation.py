@@ -37,6 +37,7 @@ def strongly_non_iid_run(tmp_path_factory) -> tuple[Path, dict]:
     return out, json.loads((out / "results.json").read_text())
 
 
+@pytest.mark.slow
 @pytest.mark.numeric
 def test_fedper_beats_fedavg_when_clients_see_two_classes_each(strongly_non_iid_run, claim):
     """FedAvg's one model cannot serve clients of different classes: 0.48-0.56 below FedPer over
@@ -47,6 +48,7 @@ def test_fedper_beats_fedavg_when_clients_see_two_classes_each(strongly_non_iid_
     claim.above("FedPer minus FedAvg, final mean accuracy", fedper - fedavg, 0.2)
 
 
+@pytest.mark.slow
 @pytest.mark.numeric
 def test_fedper_learns_well_above_each_clients_majority_class(strongly_non_iid_run, claim):
     """The learning claim: 0.44-0.48 above the majority baseline (0.52) over kernel sets and
@@ -59,6 +61,7 @@ def test_fedper_learns_well_above_each_clients_majority_class(strongly_non_iid_r
     )
 
 
+@pytest.mark.slow
 def test_run_writes_metrics_plots_and_reusable_weights(strongly_non_iid_run):
     out, results = strongly_non_iid_run
     assert results["config"]["simulation"]["kp"] == 2
@@ -122,6 +125,7 @@ def _reevaluate(out: Path, results: dict, data: DataConfig, algorithm: str) -> d
     return accuracies
 
 
+@pytest.mark.slow
 @pytest.mark.numeric
 def test_final_point_is_the_saved_final_model_after_the_last_round(tmp_path):
     """The headline is measured after round 2's aggregation, with exactly the weights saved.
@@ -180,6 +184,7 @@ def _tiny(out: Path, **kw) -> dict:
     return json.loads((out / "results.json").read_text())
 
 
+@pytest.mark.slow
 @pytest.mark.numeric
 def test_same_command_line_same_numbers(tmp_path):
     """Bit for bit on one machine and kernel set (another CPU's kernels round differently)."""
@@ -189,6 +194,7 @@ def test_same_command_line_same_numbers(tmp_path):
     assert (tmp_path / "a" / "metrics.csv").read_text() == (tmp_path / "b" / "metrics.csv").read_text()
 
 
+@pytest.mark.slow
 def test_local_bn_keeps_statistics_on_clients(tmp_path):
     _tiny(tmp_path, bn="local")
     base = weights.load(tmp_path / "fedper" / "final_base.safetensors")
@@ -214,6 +220,7 @@ def test_cli_reports_bad_options_without_a_traceback(tmp_path, capsys):
     assert not (tmp_path / "x").exists()
 
 
+@pytest.mark.slow
 def test_report_table_lists_the_baselines_under_the_algorithms(strongly_non_iid_run):
     from fedper._recipes.report_command import markdown_table
 
