@@ -59,6 +59,30 @@ def third_party_output_to(log: Path) -> Iterator[None]:
         sorted_stderr.close()
 
 
+@contextlib.contextmanager
+def toolkit_records_to_terminal(level: int = logging.INFO) -> Iterator[None]:
+    """Inside :func:`third_party_output_to`: the root logger prints the toolkit's records
+    (``fedper.*``) on the terminal and every other library's (httpx's request lines, say) into
+    the run's log, at ``level``; as it was again afterwards."""
+    formatter = logging.Formatter("%(message)s")
+    terminal = logging.StreamHandler(sys.stderr)
+    terminal.addFilter(logging.Filter("fedper"))
+    log = logging.StreamHandler(sys.__stderr__)  # descriptor 2: the run's log here
+    log.addFilter(lambda record: not record.name.startswith("fedper"))
+    root = logging.getLogger()
+    old_level = root.level
+    for handler in (terminal, log):
+        handler.setFormatter(formatter)
+        root.addHandler(handler)
+    root.setLevel(level)
+    try:
+        yield
+    finally:
+        root.removeHandler(terminal)
+        root.removeHandler(log)
+        root.setLevel(old_level)
+
+
 def _libraries_handlers_to(
     log: TextIO, terminals: tuple[object, ...]
 ) -> list[tuple[logging.Logger, list[logging.Handler]]]:
