@@ -113,10 +113,18 @@ def fleet(args: argparse.Namespace) -> int:
     from fedper.device_runtime.enrollment import enrollment_key
     from fedper.device_runtime.fleet import run_fleet
     from fedper.device_runtime.fleet_config import FleetConfig
+    from fedper.ray_cluster import import_ray
+    from fedper.run_log import third_party_output_to
 
     config = from_arguments(FleetConfig, args)
     data = from_arguments(DataConfig, args)
-    recorder = run_fleet(config, data, enrollment_key(config.enrollment_key_file))
+    key = enrollment_key(config.enrollment_key_file)
+    if config.backend == "ray":
+        import_ray()  # a missing Ray is refused before anything is written
+    # As in `fedper demo`: torch's, Ray's and the runtime's own lines go to STORAGE/fleet.log (the
+    # worker processes inherit it as descriptor 2 until each opens its worker-N.log).
+    with third_party_output_to(config.storage / "fleet.log"):
+        recorder = run_fleet(config, data, key)
     out = config.out or config.storage / "results"
     final = recorder.final(config.label)
     if final:
