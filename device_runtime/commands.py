@@ -66,9 +66,9 @@ def device(args: argparse.Namespace) -> int:
     config = from_arguments(DeviceConfig, args)
     data = from_arguments(DataConfig, args)
     key = enrollment_key(config.enrollment_key_file)
-    set_compute_threads(config.threads)  # before any program loads
     # The runtime's and torch's own lines go to STORAGE/device.log; the terminal keeps the device's.
     with third_party_output_to(config.storage / "device.log"), toolkit_records_to_terminal():
+        set_compute_threads(config.threads)  # before any program loads; it prints the runtime's CPU probe
         return _run_device(config, data, key)
 
 
