@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -60,21 +59,28 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
 
 
 def device(args: argparse.Namespace) -> int:
-    from fedper.common.manifest import Manifest
-    from fedper.device_runtime.client import ProtocolClient, RefusedError
     from fedper.device_runtime.compute_threads import set_compute_threads
-    from fedper.device_runtime.device import Device, DeviceOptions
-    from fedper.device_runtime.device_storage import DeviceStorage
     from fedper.device_runtime.enrollment import enrollment_key
-    from fedper.device_runtime.events import DeviceEvent, describe
-    from fedper.device_runtime.local_data import LocalData, from_folder, share
-    from fedper.device_runtime.retry import TransientError
+    from fedper.run_log import third_party_output_to, toolkit_records_to_terminal
 
     config = from_arguments(DeviceConfig, args)
     data = from_arguments(DataConfig, args)
     key = enrollment_key(config.enrollment_key_file)
-    set_compute_threads(config.threads)  # before any program loads
-    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    # The runtime's and torch's own lines go to STORAGE/device.log; the terminal keeps the device's.
+    with third_party_output_to(config.storage / "device.log"), toolkit_records_to_terminal():
+        set_compute_threads(config.threads)  # before any program loads; it prints the runtime's CPU probe
+        return _run_device(config, data, key)
+
+
+def _run_device(config: DeviceConfig, data: DataConfig, key: str) -> int:
+    from fedper.common.manifest import Manifest
+    from fedper.device_runtime.client import ProtocolClient, RefusedError
+    from fedper.device_runtime.device import Device, DeviceOptions
+    from fedper.device_runtime.device_storage import DeviceStorage
+    from fedper.device_runtime.events import DeviceEvent, describe
+    from fedper.device_runtime.local_data import LocalData, from_folder, share
+    from fedper.device_runtime.retry import TransientError
+
     owner_dir = config.data_dir
     loaded = share(data, config.client_id) if owner_dir is None else None
 
@@ -107,10 +113,18 @@ def fleet(args: argparse.Namespace) -> int:
     from fedper.device_runtime.enrollment import enrollment_key
     from fedper.device_runtime.fleet import run_fleet
     from fedper.device_runtime.fleet_config import FleetConfig
+    from fedper.ray_cluster import import_ray
+    from fedper.run_log import third_party_output_to
 
     config = from_arguments(FleetConfig, args)
     data = from_arguments(DataConfig, args)
-    recorder = run_fleet(config, data, enrollment_key(config.enrollment_key_file))
+    key = enrollment_key(config.enrollment_key_file)
+    if config.backend == "ray":
+        import_ray()  # a missing Ray is refused before anything is written
+    # As in `fedper demo`: torch's, Ray's and the runtime's own lines go to STORAGE/fleet.log (the
+    # worker processes inherit it as descriptor 2 until each opens its worker-N.log).
+    with third_party_output_to(config.storage / "fleet.log"):
+        recorder = run_fleet(config, data, key)
     out = config.out or config.storage / "results"
     final = recorder.final(config.label)
     if final:

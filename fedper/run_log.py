@@ -2,8 +2,7 @@
 
 torch reports deprecations through its loggers (``W1203 ... torch/utils/_pytree.py:630] ...``),
 native libraries may write straight to file descriptor 2, and libraries warn through
-:mod:`warnings`. Inside
-:func:`third_party_output_to`, descriptor 2 is the run's log; so is every other library's
+:mod:`warnings`. Inside :func:`third_party_output_to`, descriptor 2 is the run's log; so is every other library's
 logging handler that wrote to the terminal (torch's follows ``sys.stderr`` wherever it points,
 so it is swapped for one on the log) and every warning. ``sys.stderr`` itself, which the
 toolkit's consoles print to, still reaches the terminal, but for ExecuTorch's log lines: its
@@ -60,6 +59,30 @@ def third_party_output_to(log: Path) -> Iterator[None]:
         sorted_stderr.close()
 
 
+@contextlib.contextmanager
+def toolkit_records_to_terminal(level: int = logging.INFO) -> Iterator[None]:
+    """Inside :func:`third_party_output_to`: the root logger prints the toolkit's records
+    (``fedper.*``) on the terminal and every other library's (httpx's request lines, say) into
+    the run's log, at ``level``; as it was again afterwards."""
+    formatter = logging.Formatter("%(message)s")
+    terminal = logging.StreamHandler(sys.stderr)
+    terminal.addFilter(logging.Filter("fedper"))
+    log = logging.StreamHandler(sys.__stderr__)  # descriptor 2: the run's log here
+    log.addFilter(lambda record: not record.name.startswith("fedper"))
+    root = logging.getLogger()
+    old_level = root.level
+    for handler in (terminal, log):
+        handler.setFormatter(formatter)
+        root.addHandler(handler)
+    root.setLevel(level)
+    try:
+        yield
+    finally:
+        root.removeHandler(terminal)
+        root.removeHandler(log)
+        root.setLevel(old_level)
+
+
 def _libraries_handlers_to(
     log: TextIO, terminals: tuple[object, ...]
 ) -> list[tuple[logging.Logger, list[logging.Handler]]]:
@@ -70,25 +93,25 @@ def _libraries_handlers_to(
         if not isinstance(logger, logging.Logger) or name.split(".")[0] == "fedper":
             continue
         handlers = list(logger.handlers)
-        to_terminal = [
-            h for h in handlers if not isinstance(h, logging.FileHandler) and getattr(h, "stream", None) in terminals
-        ]
-        if not to_terminal:
-            continue
-        replaced = []
-        for h in handlers:
-            if h not in to_terminal:
-                replaced.append(h)
-                continue
-            on_log = logging.StreamHandler(log)
-            on_log.setLevel(h.level)
-            on_log.setFormatter(h.formatter)
-            for f in h.filters:
-                on_log.addFilter(f)
-            replaced.append(on_log)
-        logger.handlers[:] = replaced
-        swapped.append((logger, handlers))
+        replaced = [_same_handler_on(log, h) if _to_terminal(h, terminals) else h for h in handlers]
+        if replaced != handlers:
+            logger.handlers[:] = replaced
+            swapped.append((logger, handlers))
     return swapped
+
+
+def _to_terminal(handler: logging.Handler, terminals: tuple[object, ...]) -> bool:
+    return not isinstance(handler, logging.FileHandler) and getattr(handler, "stream", None) in terminals
+
+
+def _same_handler_on(log: TextIO, handler: logging.Handler) -> logging.Handler:
+    """A handler like ``handler`` (level, format, filters) that writes to ``log``."""
+    on_log = logging.StreamHandler(log)
+    on_log.setLevel(handler.level)
+    on_log.setFormatter(handler.formatter)
+    for f in handler.filters:
+        on_log.addFilter(f)
+    return on_log
 
 
 # ExecuTorch's ET_LOG form: "[cpuinfo_utils.cpp:71] Reading file ...".

@@ -572,7 +572,8 @@ def test_device_killed_mid_training_keeps_head_and_token_and_rejoins(artifacts, 
         shutil.copy(head_file, tmp_path / "head-before-restart")
         proc = _start_device(s.url, storage, tmp_path / "device2.log")
         try:
-            assert proc.wait(timeout=300) == 0
+            _, terminal = proc.communicate(timeout=300)
+            assert proc.returncode == 0, terminal
         finally:
             if proc.poll() is None:
                 proc.kill()
@@ -580,6 +581,11 @@ def test_device_killed_mid_training_keeps_head_and_token_and_rejoins(artifacts, 
         round_2 = _round(s.url, 2)
         base_v1 = decode_update(httpx.get(f"{s.url}/v1/models/1/base", headers=admin()).content)[0]
     assert (storage / "device.json").read_text() == identity  # same token: not a second enrollment
+    # The terminal shows the device's own lines; the runtime's (ExecuTorch's cpuinfo probes) and
+    # the libraries' (httpx's requests) are in its storage's device.log.
+    assert "round(s) done" in terminal and "cpuinfo_utils.cpp" not in terminal and "HTTP Request" not in terminal
+    device_log = (storage / "device.log").read_text()
+    assert "cpuinfo_utils.cpp" in device_log and "HTTP Request" in device_log
     assert status["devices"] == 1 and status["state"] == "finished" and status["model_version"] == 2
     assert round_2["state"] == "closed" and round_2["received"] == 1
     # It rejoined with its own head: round 2's reported accuracy (measured before training) is

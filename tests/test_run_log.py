@@ -54,3 +54,30 @@ def test_third_party_output_goes_to_the_log_and_the_console_to_the_terminal(tmp_
         assert noise not in terminal, terminal
         assert noise in log.read_text()
     assert "toolkit's own line" not in log.read_text()
+
+
+# The device's logging inside the run log: the toolkit's records on the terminal, a library's
+# (httpx logs each request at INFO) in the log; afterwards the root logger is as it was.
+RECORDS_CHILD = textwrap.dedent(
+    """
+    import logging, sys
+    from pathlib import Path
+    from fedper.run_log import third_party_output_to, toolkit_records_to_terminal
+
+    root = logging.getLogger()
+    before = (list(root.handlers), root.level)
+    with third_party_output_to(Path(sys.argv[1])), toolkit_records_to_terminal():
+        logging.getLogger("fedper.device").info("device d-1: not in round 3's cohort; asking again")
+        logging.getLogger("httpx").info('HTTP Request: GET http://server/v1/task "HTTP/1.1 204"')
+    assert (list(root.handlers), root.level) == before, (root.handlers, root.level)
+    logging.getLogger("fedper.device").warning("after the run: no handler of the run's is left")
+    """
+)
+
+
+def test_the_toolkits_records_go_to_the_terminal_and_a_librarys_to_the_log(tmp_path: Path) -> None:
+    log = tmp_path / "device" / "device.log"
+    done = subprocess.run([sys.executable, "-c", RECORDS_CHILD, str(log)], capture_output=True, text=True, check=True)
+    assert "not in round 3's cohort" in done.stderr and "HTTP Request" not in done.stderr
+    assert "HTTP Request: GET http://server/v1/task" in log.read_text() and "cohort" not in log.read_text()
+    assert "after the run" in done.stderr and "Logging error" not in done.stderr  # Python's last-resort handler
