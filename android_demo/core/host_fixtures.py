@@ -15,7 +15,6 @@ the Java ``OrtSession.getInputNames()`` reports on a phone); ir_version.txt: its
 from __future__ import annotations
 
 import dataclasses
-
 import sys
 from pathlib import Path
 
