@@ -7,36 +7,23 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from fedper.common.config_cli import add_command, from_arguments, option
-from fedper.common.errors import ConfigError, FedperError
+from fedper.common.config_cli import add_command, from_arguments, nested, option
+from fedper.common.errors import FedperError
 from fedper.data import DataConfig
+from fedper.device_runtime.runtime_config import RuntimeConfig
 
 
 @dataclass(frozen=True)
 class DeviceConfig:
-    server: str = option("http://127.0.0.1:8000", "server URL")
+    runtime: RuntimeConfig = nested(RuntimeConfig)
     client_id: int = option(0, "which client of the partition this device is")
     storage: Path = option(Path("device"), "this device's private storage directory")
-    engine: str = option("executorch", "training engine: the exported program, or eager PyTorch",
-                         choices=("executorch", "eager"))  # fmt: skip
-    evaluator: str = option("onnx", "exported model that scores the local test split (executorch engine)",
-                            choices=("onnx", "executorch"))  # fmt: skip
-    enrollment_key_file: Path | None = option(
-        None, "file holding the enrollment key (else FEDPER_ENROLLMENT_KEY)", metavar="FILE"
-    )
     data_dir: Path | None = option(
         None,
         "the owner's labelled images (DIR/<label>/*.jpg) instead of a dataset share",
         metavar="DIR",
     )
     max_rounds: int = option(0, "stop after this many rounds (0: until the run is finished)")
-    threads: int = option(0, "compute threads for training and scoring: torch's and ExecuTorch's thread pool "
-                          "(0 = one per core, what was fastest for one device with either engine: "
-                          "docs/PERFORMANCE.md)")  # fmt: skip
-
-    def __post_init__(self) -> None:
-        if self.threads < 0:
-            raise ConfigError("--threads must be 0 (every core) or more")
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -65,10 +52,10 @@ def device(args: argparse.Namespace) -> int:
 
     config = from_arguments(DeviceConfig, args)
     data = from_arguments(DataConfig, args)
-    key = enrollment_key(config.enrollment_key_file)
+    key = enrollment_key(config.runtime.enrollment_key_file)
     # The runtime's and torch's own lines go to STORAGE/device.log; the terminal keeps the device's.
     with third_party_output_to(config.storage / "device.log"), toolkit_records_to_terminal():
-        set_compute_threads(config.threads)  # before any program loads; it prints the runtime's CPU probe
+        set_compute_threads(config.runtime.threads)  # before any program loads; it prints the runtime's CPU probe
         return _run_device(config, data, key)
 
 
@@ -94,17 +81,18 @@ def _run_device(config: DeviceConfig, data: DataConfig, key: str) -> int:
     def say(event: DeviceEvent) -> None:
         print(describe(event), file=sys.stderr, flush=True)
 
-    client = ProtocolClient(config.server)
-    options = DeviceOptions(engine=config.engine, evaluator=config.evaluator,  # type: ignore[arg-type]
-                            seed=data.seed, client_id=config.client_id)  # fmt: skip
+    runtime = config.runtime
+    client = ProtocolClient(runtime.server)
+    options = DeviceOptions(engine=runtime.engine, evaluator=runtime.evaluator, seed=data.seed,
+                            client_id=config.client_id)  # fmt: skip
     dev = Device(client, DeviceStorage(config.storage), local, options, key, say)
 
     try:
         reports = dev.run(max_rounds=config.max_rounds or None)
     except TransientError as exc:
-        raise FedperError(f"cannot reach the server at {config.server}: {exc}") from exc
+        raise FedperError(f"cannot reach the server at {runtime.server}: {exc}") from exc
     except RefusedError as exc:
-        raise FedperError(f"the server at {config.server} refused this device: {exc}") from exc
+        raise FedperError(f"the server at {runtime.server} refused this device: {exc}") from exc
     print(f"device {dev.device_id}: {len(reports)} round(s) done", file=sys.stderr)
     return 0
 
@@ -118,7 +106,7 @@ def fleet(args: argparse.Namespace) -> int:
 
     config = from_arguments(FleetConfig, args)
     data = from_arguments(DataConfig, args)
-    key = enrollment_key(config.enrollment_key_file)
+    key = enrollment_key(config.runtime.enrollment_key_file)
     if config.backend == "ray":
         import_ray()  # a missing Ray is refused before anything is written
     # As in `fedper demo`: torch's, Ray's and the runtime's own lines go to STORAGE/fleet.log (the

@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 
@@ -44,10 +44,9 @@ from fedper.device_runtime.events import (
 )
 from fedper.device_runtime.local_data import LocalData
 from fedper.device_runtime.retry import TransientError
+from fedper.device_runtime.runtime_config import Engine, Evaluator
 from fedper.trainer import Trainer
 
-Engine = Literal["executorch", "eager"]
-Evaluator = Literal["onnx", "executorch"]
 log = logging.getLogger("fedper.device")
 # (manifest sha256, the directory holding its artifacts, the manifest) -> the trainer to use.
 # A fleet host may hand every device it runs the same trainer (one loaded program per host).
@@ -62,7 +61,6 @@ class ManifestConflictError(FedperError):
 class DeviceOptions:
     engine: Engine = "executorch"
     # Which exported inference model scores the local test split (ExecuTorch engine only).
-    # ONNX Runtime takes batches; the ExecuTorch inference program is batch-1 and ~5x slower here.
     evaluator: Evaluator = "onnx"
     seed: int = 0
     client_id: int = 0
@@ -321,5 +319,5 @@ def make_trainer(engine: Engine, directory: Any, manifest: Manifest, evaluator: 
 def _train_config(manifest: Manifest, task: TaskConfig) -> TrainConfig:
     """The manifest's training defaults, overridden key by key by the task's config; the batch
     is capped at the largest the program accepts."""
-    config = replace(manifest.training.train_config(), **task.model_dump(exclude_none=True))
+    config = task.over(manifest.training)
     return replace(config, batch_size=min(config.batch_size, manifest.training_program.max_batch))

@@ -15,6 +15,7 @@ from fedper.common.manifest import Manifest
 from fedper.data import DataConfig
 from fedper.device_runtime.events import DeviceEvent, DeviceFailed, WorkerDone
 from fedper.device_runtime.fleet_config import FleetConfig
+from fedper.device_runtime.runtime_config import Engine, Evaluator
 from fedper.trainer import Trainer
 
 # (client id or -1 for the host itself, event): what a host reports to the fleet.
@@ -46,7 +47,7 @@ class SharedTrainers:
     it: one loaded training program per host instead of one per device. The devices load their
     own base and head into it before every evaluation and every training (``Device.run_round``)."""
 
-    def __init__(self, engine: str, evaluator: str) -> None:
+    def __init__(self, engine: Engine, evaluator: Evaluator) -> None:
         self._engine, self._evaluator = engine, evaluator
         self._trainers: dict[str, Trainer] = {}
         self._lock = threading.Lock()
@@ -56,7 +57,7 @@ class SharedTrainers:
 
         with self._lock:
             if sha not in self._trainers:
-                self._trainers[sha] = make_trainer(self._engine, directory, manifest, self._evaluator)  # type: ignore[arg-type]
+                self._trainers[sha] = make_trainer(self._engine, directory, manifest, self._evaluator)
             return self._trainers[sha]
 
     @property
@@ -98,11 +99,11 @@ def host_devices(
         transport = (
             FlakyTransport(fleet.flaky_network, seed=data.seed * 1000 + client_id) if fleet.flaky_network else None
         )
-        client = ProtocolClient(fleet.server, transport=transport)
+        client = ProtocolClient(fleet.runtime.server, transport=transport)
         local = LocalData(fed.client_train(client_id), fed.client_test(client_id))
         options = DeviceOptions(
-            engine=fleet.engine,  # type: ignore[arg-type]
-            evaluator=fleet.evaluator,  # type: ignore[arg-type]
+            engine=fleet.runtime.engine,
+            evaluator=fleet.runtime.evaluator,
             seed=data.seed,
             client_id=client_id,
             dropout=fleet.dropout,

@@ -54,11 +54,11 @@ def _worker(index: int, device_ids: list[int], fleet: FleetConfig, data: DataCon
     os.dup2(log_fd, 2)
     from fedper.device_runtime.compute_threads import set_compute_threads
 
-    set_compute_threads(fleet.threads)
+    set_compute_threads(fleet.runtime.threads)
     # One trainer per manifest for the process's devices, as in a Ray actor: one loaded training
     # program per host, not per device (~170 MB of planned memory each with the ExecuTorch engine).
     host_devices(index, device_ids, fleet, data, enrollment_key, events.put,
-                 SharedTrainers(fleet.engine, fleet.evaluator))  # fmt: skip
+                 SharedTrainers(fleet.runtime.engine, fleet.runtime.evaluator))  # fmt: skip
 
 
 class _ProcessWorkers:
@@ -135,7 +135,7 @@ def run_fleet(fleet: FleetConfig, data: DataConfig, enrollment_key: str, recorde
     data = dataclasses.replace(data, num_clients=fleet.devices)
     recorder = recorder or RunRecorder({"fleet": config_json(fleet), "data": config_json(data)})
     if recorder.environment is None:  # this machine's; with --ray-address, the driver's
-        recorder.environment = numeric_environment(threads=fleet.threads or os.cpu_count())
+        recorder.environment = numeric_environment(threads=fleet.runtime.threads or os.cpu_count())
     if not recorder.baselines:  # the devices' own split, scored as the devices score themselves
         recorder.baselines = per_client_accuracy(load_federated(data), data.seed)
     if fleet.backend == "ray":

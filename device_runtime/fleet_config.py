@@ -8,26 +8,26 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from fedper.common.config_cli import nested, option
 from fedper.common.errors import ConfigError
+from fedper.device_runtime.runtime_config import RuntimeConfig
 from fedper.ray_cluster import RayConfig
 
 
 @dataclass(frozen=True)
 class FleetConfig:
-    server: str = option("http://127.0.0.1:8000", "server URL")
+    runtime: RuntimeConfig = nested(lambda: RuntimeConfig(threads=1))  # 1: the workers share the cores
     devices: int = option(20, "emulated devices (each one client of the data partition)")
-    backend: str = option("processes", "where the devices run: worker processes on this machine, or Ray "
-                          "actors (many devices and one training program per actor; a local Ray or --ray-address)",
-                          choices=("processes", "ray"))  # fmt: skip
+    backend: Literal["processes", "ray"] = option(
+        "processes", "where the devices run: worker processes on this machine, or Ray actors (many devices and one "
+        "training program per actor; a local Ray or --ray-address)",
+    )  # fmt: skip
     workers: int = option(0, "worker processes, or Ray actors with --backend ray "
                           "(0 = one per core of this machine, or of the Ray cluster)")  # fmt: skip
     ray: RayConfig = nested(RayConfig)
     storage: Path = option(Path("fleet"), "root of the devices' storage directories")
-    engine: str = option("executorch", "training engine", choices=("executorch", "eager"))
-    evaluator: str = option("onnx", "exported model that scores the local test split (executorch engine)",
-                            choices=("onnx", "executorch"))  # fmt: skip
     dropout: float = option(0.0, "chance per device per round of quitting mid-round")
     straggler: float = option(0.0, "chance per device per round of uploading late")
     straggler_delay: float = option(10.0, "seconds a straggler waits before uploading")
@@ -35,17 +35,10 @@ class FleetConfig:
     out: Path | None = option(None, "where to write results (default: STORAGE/results)")
     label: str = option("fedper", "name of this run in results.json (e.g. fedper, fedavg)")
     max_idle_wait: float = option(2.0, "longest wait between polls when there is no task")
-    threads: int = option(1, "compute threads of each worker process or Ray actor, torch's and ExecuTorch's "
-                          "(1: the workers share the cores)")  # fmt: skip
-    enrollment_key_file: Path | None = option(
-        None, "file holding the enrollment key (else FEDPER_ENROLLMENT_KEY)", metavar="FILE"
-    )
 
     def __post_init__(self) -> None:
         if self.devices < 1:
             raise ConfigError("--devices must be at least 1")
-        if self.threads < 0:
-            raise ConfigError("--threads must be 0 (every core) or more")
         for name in ("dropout", "straggler", "flaky_network"):
             if not 0 <= getattr(self, name) < 1:
                 raise ConfigError(f"--{name.replace('_', '-')} must be in [0, 1)")

@@ -20,6 +20,7 @@ from rich.console import Console
 from fedper.data import DataConfig
 from fedper.device_runtime.device_host import FleetEvent, FleetWorkers, SharedTrainers, host_devices, shares
 from fedper.device_runtime.fleet_config import FleetConfig
+from fedper.device_runtime.runtime_config import Engine, Evaluator
 from fedper.ray_cluster import cluster_cpus, ray_session
 
 # glibc gives each thread that allocates its own malloc arena (up to 8 per core), and a host's
@@ -32,7 +33,7 @@ console = Console(stderr=True)
 class DeviceHost:
     """A Ray actor's body: one compute thread, one set of shared trainers, many devices."""
 
-    def __init__(self, engine: str, evaluator: str, threads: int) -> None:
+    def __init__(self, engine: Engine, evaluator: Evaluator, threads: int) -> None:
         from fedper.device_runtime.compute_threads import set_compute_threads
 
         set_compute_threads(threads)  # as in a worker process: the actors share the node's cores
@@ -57,7 +58,8 @@ class _RayWorkers:
         # The queue's actor needs no CPU: it must not wait behind the device hosts for one.
         self._events = Queue(actor_options={"num_cpus": 0})
         host = ray.remote(DeviceHost).options(num_cpus=min(1.0, cpus / self.count), runtime_env=HOST_ENV)
-        self.actors = [host.remote(fleet.engine, fleet.evaluator, fleet.threads) for _ in range(self.count)]
+        runtime = fleet.runtime
+        self.actors = [host.remote(runtime.engine, runtime.evaluator, runtime.threads) for _ in range(self.count)]
         dealt = shares(fleet.devices, self.count)
         self.runs = [actor.run.remote(w, dealt[w], fleet, data, enrollment_key, self._events)
                      for w, actor in enumerate(self.actors)]  # fmt: skip

@@ -23,8 +23,7 @@ from fedper.common import weights
 from fedper.common.errors import FedperError
 from fedper.common.manifest import Manifest, read_manifest
 from fedper.device_runtime.inference_runtime import ExecuTorchInference, OnnxInference
-
-Evaluator = Literal["executorch", "onnx"]
+from fedper.device_runtime.runtime_config import Evaluator
 
 
 class TrainingProgramError(FedperError, RuntimeError):

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
+from fedper.common.atomic_write import make_parent
 from fedper.common.config_cli import add_command, from_arguments
 from fedper.export.pipeline import ExportConfig, run_export
+from fedper.run_log import third_party_output_to
 
 console = Console(stderr=True)
 
@@ -30,13 +33,22 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         help="export a split model for phones (ExecuTorch training/inference programs, ONNX)",
         description="Export a FedPer model into the files a phone needs: an ExecuTorch training "
         "program, inference models, initial weights and a manifest. The output directory is "
-        "replaced atomically: a failed export leaves nothing behind.",
+        "replaced atomically: a failed export leaves no partial directory behind. torch's and ExecuTorch's own "
+        "output goes to OUT.log beside it.",
     )  # fmt: skip
+
+
+def export_log(out: Path) -> Path:
+    """The export's run log, beside the output directory: an export replaces that directory whole
+    (a failed one leaves it untouched), and the log of a failed export is kept too."""
+    return make_parent(out) / f"{out.absolute().name}.log"
 
 
 def export(args: argparse.Namespace) -> int:
     config = from_arguments(ExportConfig, args)
-    with console.status("exporting...") as status:
+    log = export_log(config.out)
+    log.unlink(missing_ok=True)  # the log of this export only, as the directory holds this export only
+    with third_party_output_to(log), console.status("exporting...") as status:
         report = run_export(config, progress=lambda msg: status.update(msg), check=getattr(args, "check", None))
     table = Table(
         title=f"{report.out} (kp={report.manifest.kp}, {len(report.manifest.tensors.base)} "
@@ -49,5 +61,5 @@ def export(args: argparse.Namespace) -> int:
         table.add_row(name, f"{size:,}", ROLES_HELP.get(name, ""))
     Console().print(table)
     timings = ", ".join(f"{k} {v:.1f} s" for k, v in report.seconds.items())
-    console.print(f"export took {report.seconds['total']:.1f} s ({timings})")
+    console.print(f"export took {report.seconds['total']:.1f} s ({timings}); torch's and ExecuTorch's output: {log}")
     return 0

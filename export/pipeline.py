@@ -8,6 +8,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from importlib.metadata import version
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import torch
@@ -42,9 +43,10 @@ from fedper.data.dataset import DEFAULT_MEAN, DEFAULT_STD
 from fedper.export.executorch_lowering import lower_inference_program, lower_training_program
 from fedper.export.export_cache import ExportCache, default_cache_dir, program_key
 from fedper.export.onnx_export import ONNX_OPSET, export_onnx
-from fedper.export.training_graph import VARIANTS, Variant, resolve_variant, training_step
-from fedper.models import MODEL_NAMES, ModelConfig, StagedModel, build_model, exchanged_state, split
-from fedper.models.heads import HEADS
+from fedper.export.training_graph import Variant, VariantChoice, resolve_variant, training_step
+from fedper.models import ModelConfig, StagedModel, build_model, exchanged_state, split
+from fedper.models.config import ModelName
+from fedper.models.heads import HeadKind
 from fedper.pretrained import INIT_HELP, checkpoint_path
 
 PROGRAM_ROLES = (
@@ -65,22 +67,21 @@ class ExportConfigError(ConfigError):
 class ExportConfig:
     """What to export; every setting has its command-line option of the same name."""
 
-    model: str = option("mobilenet_v1", "model architecture", choices=MODEL_NAMES)
+    model: ModelName = option("mobilenet_v1", "model architecture")
     alpha: float = option(0.25, "MobileNet-V1 width multiplier")
     input_size: int = option(32, "input image side in pixels (32: CIFAR-style stem, 224: ImageNet)")
     num_classes: int = option(10, "number of output classes (taken from --dataset when given)")
     kp: int = option(2, "personal layers from the top (0 = FedAvg, 1 = classifier, ...)")
-    head: str = option(
+    head: HeadKind = option(
         "softmax", "the classifier: softmax (a linear layer) or ordinal (one score and ordered cut points, for "
-        "ratings); both output one log-score per class", choices=HEADS,
+        "ratings); both output one log-score per class",
     )  # fmt: skip
     out: Path = option(Path("artifacts"), "output directory (replaced atomically)")
     weights: tuple[Path, ...] = option(
         (), "initial weights: safetensors file(s), e.g. a simulation's final base, or a server "
         "model version's base plus a device's head",
     )  # fmt: skip
-    train: str = option("all", "what devices train by default: all tensors or only the head",
-                        choices=("all", "head"))  # fmt: skip
+    train: Literal["all", "head"] = option("all", "what devices train by default: all tensors or only the head")
     from_dir: Path | None = option(
         None, "re-partition an existing export for another --kp, reusing its programs",
         flags=("--from",), metavar="DIR",
@@ -89,9 +90,9 @@ class ExportConfig:
         None, "dataset the model is for: sets normalization, labels and --num-classes",
         metavar="NAME",
     )  # fmt: skip
-    variant: str = option(
+    variant: VariantChoice = option(
         "auto", "training graph: fast (matrix products; MobileNet-V1), plain (nn.Conv2d, for "
-        "comparison), auto (fast where it applies)", choices=VARIANTS,
+        "comparison), auto (fast where it applies)",
     )  # fmt: skip
     max_batch: int = option(64, "largest batch the training program accepts")
     training: TrainConfig = nested(TrainConfig, "the default written to the manifest")
@@ -249,7 +250,7 @@ def write_weights_and_manifest(
         inference_program=InferenceProgramSpec(weights=list(state)),
         training=TrainingDefaults(
             **asdict(config.training),
-            trainable=config.train,  # type: ignore[arg-type]
+            trainable=config.train,
         ),
         artifacts=dict(ARTIFACT_FILES),
         sha256={name: sha256_file(directory / name) for name in ARTIFACT_FILES.values()},

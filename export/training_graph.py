@@ -10,7 +10,7 @@ state keys, so the program serves any kp.
 from __future__ import annotations
 
 import copy
-from typing import Literal
+from typing import Literal, get_args
 
 import torch
 from torch import nn
@@ -23,21 +23,23 @@ from fedper.models.split import running_stat_names
 from fedper.models.staged import replace_submodule
 
 Variant = Literal["fast", "plain"]
-VARIANTS: tuple[str, ...] = ("auto", "fast", "plain")
+VariantChoice = Literal["auto", "fast", "plain"]
+VARIANTS: tuple[VariantChoice, ...] = get_args(VariantChoice)
 
 
 def resolve_variant(requested: str, model: nn.Module, input_size: int) -> Variant:
     """``auto``: the fast graph where it applies (MobileNet-V1, no linear base), else plain."""
     if requested == "plain":
         return "plain"
-    supported = isinstance(model, MobileNetV1) and "linear_base" not in model._modules
+    mobilenet = model if isinstance(model, MobileNetV1) and "linear_base" not in model._modules else None
+    supported = mobilenet is not None
     if requested == "fast":
         if not supported:
             raise ConfigError("the fast training graph supports MobileNet-V1 only; use --variant plain")
         return "fast"
     if requested != "auto":
         raise ConfigError(f"unknown training-graph variant {requested!r}; choose from {VARIANTS}")
-    return "fast" if supported and input_size % downsampling(model) == 0 else "plain"  # type: ignore[arg-type]
+    return "fast" if mobilenet is not None and input_size % downsampling(mobilenet) == 0 else "plain"
 
 
 class StatsInputBatchNorm(nn.Module):

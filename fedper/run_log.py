@@ -2,13 +2,14 @@
 
 torch reports deprecations through its loggers (``W1203 ... torch/utils/_pytree.py:630] ...``),
 native libraries may write straight to file descriptor 2, and libraries warn through
-:mod:`warnings`. Inside :func:`third_party_output_to`, descriptor 2 is the run's log; so is every other library's
-logging handler that wrote to the terminal (torch's follows ``sys.stderr`` wherever it points,
-so it is swapped for one on the log) and every warning. ``sys.stderr`` itself, which the
-toolkit's consoles print to, still reaches the terminal, but for ExecuTorch's log lines: its
-Python bindings hand the runtime's C++ output (``[cpuinfo_utils.cpp:71] Reading file ...``) to
-``sys.stderr`` through pybind11's stream redirect, one flushed piece at a time, so they can only
-be told from the toolkit's by their form, ``[file.cpp:line] message``.
+:mod:`warnings`. Inside :func:`third_party_output_to`, descriptor 2 is the run's log; so is
+every other library's logging handler that wrote to the terminal (torch's follows
+``sys.stderr`` wherever it points, so it is swapped for one on the log) and every warning.
+``sys.stderr`` itself, which the toolkit's consoles print to, still reaches the terminal, but
+for ExecuTorch's log lines: its Python bindings hand the runtime's C++ output
+(``[cpuinfo_utils.cpp:71] Reading file ...``) to ``sys.stderr`` through pybind11's stream
+redirect, one flushed piece at a time, so they can only be told from the toolkit's by their
+form, ``[file.cpp:line] message``.
 """
 
 from __future__ import annotations
@@ -65,10 +66,11 @@ def toolkit_records_to_terminal(level: int = logging.INFO) -> Iterator[None]:
     (``fedper.*``) on the terminal and every other library's (httpx's request lines, say) into
     the run's log, at ``level``; as it was again afterwards."""
     formatter = logging.Formatter("%(message)s")
+    toolkit = logging.Filter("fedper")
     terminal = logging.StreamHandler(sys.stderr)
-    terminal.addFilter(logging.Filter("fedper"))
+    terminal.addFilter(toolkit)
     log = logging.StreamHandler(sys.__stderr__)  # descriptor 2: the run's log here
-    log.addFilter(lambda record: not record.name.startswith("fedper"))
+    log.addFilter(lambda record: not toolkit.filter(record))
     root = logging.getLogger()
     old_level = root.level
     for handler in (terminal, log):

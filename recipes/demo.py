@@ -14,7 +14,7 @@ import os
 import secrets
 import shutil
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -134,11 +134,10 @@ def run_demo(config: DemoConfig) -> dict[str, Any]:
         log.unlink(missing_ok=True)
         with _server(artifacts, data_dir, log, config, keys) as server:
             fleet = FleetConfig(
-                server=server.url,
+                runtime=replace(config.runtime, server=server.url),
                 devices=config.devices,
                 workers=config.workers,
                 storage=out / f"fleet-{label}",
-                engine=config.engine,
                 label=label,
                 out=out / label,
                 max_idle_wait=1.0,

@@ -12,7 +12,7 @@ from fedper.run_log import third_party_output_to
 
 def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     add_command(
-        sub, "demo", demo, [DemoConfig],
+        sub, "demo", demo, [DemoConfig], skip=("server", "evaluator", "threads", "enrollment_key_file"),
         help="the main job: export, serve, and run FedPer and FedAvg fleets; writes a report",
         description="Exports a width-0.25 MobileNet-V1 for aesthetic-synth, starts the server, "
         "runs a fleet of devices for FedPer (kp=2) and then FedAvg (kp=0) over HTTP, and writes "

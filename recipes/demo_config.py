@@ -9,7 +9,8 @@ from fedper._recipes.presets import SYNTH_HEAD, SYNTH_INIT, SYNTH_KP, SYNTH_LOCA
 from fedper.common.config_cli import nested, option
 from fedper.common.errors import ConfigError
 from fedper.common.train_config import TrainConfig
-from fedper.models.heads import HEADS
+from fedper.device_runtime.runtime_config import RuntimeConfig
+from fedper.models.heads import HeadKind
 from fedper.pretrained import INIT_HELP
 
 
@@ -26,10 +27,11 @@ class DemoConfig:
     )  # fmt: skip
     fine_tune_steps: int = option(50, "SGD steps each new user trains for, at every number of photos")
     workers: int = option(0, "worker processes for the fleet (0 = one per core)")
-    engine: str = option("executorch", "device training engine", choices=("executorch", "eager"))
+    # The demo starts its own servers and fleets: of the device settings only --engine is an option.
+    runtime: RuntimeConfig = nested(lambda: RuntimeConfig(threads=1))
     seed: int = option(0, "seed for data, initial weights and training order")
     init: Path = option(SYNTH_INIT, f"the base's version 0: {INIT_HELP}", metavar="PATH")
-    head: str = option(SYNTH_HEAD, "the personal classifier: softmax or ordinal (for ratings)", choices=HEADS)
+    head: HeadKind = option(SYNTH_HEAD, "the personal classifier: softmax or ordinal (for ratings)")
     kp: int = option(SYNTH_KP, "FedPer's personal layers from the top (FedAvg's fleet has none)")
 
     def __post_init__(self) -> None:

@@ -155,7 +155,7 @@ def render_report(config: DemoConfig, results: dict[str, Any], out: Path) -> str
         head=html.escape(config.head),
         devices=config.devices,
         images_per_user=f"{config.images_per_user[0]}-{config.images_per_user[1]}",
-        engine=html.escape(config.engine),
+        engine=html.escape(config.runtime.engine),
         workers=config.workers or os.cpu_count(),
         rounds=config.rounds,
         local_epochs=config.training.local_epochs,

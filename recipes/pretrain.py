@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -54,7 +54,7 @@ WARMUP = 0.1  # share of the steps the learning rate rises over, before its cosi
 EDIT_WEIGHT = 0.5
 # --targets: "all" as above; "edits" drops the looks (the edit-identification pretext of Sheng
 # et al., AAAI 2020, plus the category), to measure what the looks add.
-TARGETS = ("all", "edits")
+Targets = Literal["all", "edits"]
 
 # (done, total, what): called as the run goes.
 ProgressFn = Callable[[int, int, str], None]
@@ -72,9 +72,9 @@ class PretrainConfig:
     batch_size: int = option(128, "examples per step")
     learning_rate: float = option(4e-3, "peak AdamW learning rate (warm-up, then cosine decay)", flags=("--lr",))
     seed: int = option(0, "seed of the composites, the initial weights and the example order")
-    targets: str = option(
+    targets: Targets = option(
         "all", "what the base learns to tell: all (the photographic properties, the edits, the category) or "
-        "edits (the edits and the category only, for comparison)", choices=TARGETS,
+        "edits (the edits and the category only, for comparison)",
     )  # fmt: skip
     threads: int = option(0, "torch threads (0 = all cores)")
 

@@ -16,7 +16,7 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import numpy as np
 import torch
@@ -33,8 +33,9 @@ from fedper.common.train_config import TrainConfig
 from fedper.data import DataConfig, FederatedData, labelled_tensors, load_federated
 from fedper.eager_trainer import EagerTrainer
 from fedper.environment import numeric_environment
-from fedper.models import ModelConfig, build_model, exchanged_state, split
-from fedper.models.heads import HEADS
+from fedper.models import ModelConfig, StagedModel, build_model, exchanged_state, split
+from fedper.models.config import BaseKind, ModelName
+from fedper.models.heads import HeadKind
 from fedper.models.split import batchnorm_stat_names
 from fedper.pretrained import INIT_HELP, checkpoint_path
 from fedper.ray_cluster import RayConfig, ray_session
@@ -53,24 +54,21 @@ class SimulationConfig:
     rounds: int = option(30, "federated rounds")
     training: TrainConfig = nested(lambda: TrainConfig(local_epochs=2))
     fraction: float = option(1.0, "share of clients that train each round")
-    bn: str = option(
-        "shared", "base BatchNorm statistics: averaged (shared) or kept per client (local)",
-        choices=("shared", "local"),
-    )  # fmt: skip
-    base: str = option(
-        "model", "'linear' replaces the base with one linear layer (the paper's ablation)",
-        choices=("model", "linear"),
-    )  # fmt: skip
-    model: str = option("mobilenet_v1", "model", choices=("mobilenet_v1", "resnet34"))
+    bn: Literal["shared", "local"] = option(
+        "shared", "base BatchNorm statistics: averaged (shared) or kept per client (local)"
+    )
+    base: BaseKind = option("model", "'linear' replaces the base with one linear layer (the paper's ablation)")
+    model: ModelName = option("mobilenet_v1", "model")
     alpha: float = option(0.25, "MobileNet-V1 width multiplier")
-    head: str = option(
+    head: HeadKind = option(
         "softmax", "the classifier: softmax (a linear layer) or ordinal (one score and ordered cut points per "
-        "client, for ratings)", choices=HEADS,
+        "client, for ratings)",
     )  # fmt: skip
     threads: int = option(0, "torch threads (0 = all cores)")
-    backend: str = option("serial", "where the clients of a round train: one after the other in this process, "
-                          "or as Ray tasks (a local Ray or --ray-address; equal to serial with --threads 1)",
-                          choices=("serial", "ray"))  # fmt: skip
+    backend: Literal["serial", "ray"] = option(
+        "serial", "where the clients of a round train: one after the other in this process, or as Ray tasks (a "
+        "local Ray or --ray-address; equal to serial with --threads 1)",
+    )  # fmt: skip
     ray: RayConfig = nested(RayConfig)
     aggregation: AggregationConfig = nested(AggregationConfig, "as fedper serve does")
     fine_tune_steps: int = option(50, "SGD steps each held-out user (--holdout-clients) trains for, at every N")
@@ -121,11 +119,11 @@ def clients_per_round(sim: SimulationConfig, num_clients: int) -> int:
     return max(1, round(sim.fraction * num_clients))
 
 
-def shared_names(sim: SimulationConfig, algorithm: str, model: torch.nn.Module) -> tuple[str, ...]:
+def shared_names(sim: SimulationConfig, algorithm: str, model: StagedModel) -> tuple[str, ...]:
     """The tensors an algorithm aggregates; every other exchanged tensor stays on its client."""
     if algorithm == "local":
         return ()
-    s = split(model, sim.kp if algorithm == "fedper" else 0)  # type: ignore[arg-type]
+    s = split(model, sim.kp if algorithm == "fedper" else 0)
     if sim.bn == "local":
         local_stats = set(batchnorm_stat_names(s.base))
         return tuple(n for n in s.base if n not in local_stats)

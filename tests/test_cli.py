@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import typing
 
 import pytest
 
@@ -14,6 +15,7 @@ from fedper._recipes.simulation import SimulationConfig
 from fedper.common.config_cli import add_arguments, from_arguments, given, option, with_defaults
 from fedper.common.errors import ConfigError, FedperError
 from fedper.common.manifest import TrainingDefaults
+from fedper.common.protocol import TaskConfig
 from fedper.common.train_config import TrainConfig
 from fedper.export.pipeline import ExportConfig
 from fedper.server.config import ServerConfig
@@ -39,7 +41,14 @@ def test_every_command_takes_the_training_settings_from_the_one_config(holder):
 def test_defaults_live_in_one_place_and_recipes_override_them_by_name():
     base = TrainConfig()
     assert ServerConfig().training == base and ExportConfig().training == base
-    assert TrainingDefaults().train_config() == base  # the manifest's defaults are the same ones
+    # The manifest's defaults are that config (its fields, defaults and checks), and the task's
+    # overrides are its fields, each optional on the wire.
+    assert isinstance(TrainingDefaults(), TrainConfig)
+    assert TrainConfig(**{f.name: getattr(TrainingDefaults(), f.name) for f in dataclasses.fields(base)}) == base
+    assert TaskConfig.asking(base).over(TrainingDefaults(local_epochs=5)) == TrainingDefaults()
+    for f in dataclasses.fields(TrainConfig):
+        assert TaskConfig.model_fields[f.name].annotation == (typing.get_type_hints(TrainConfig)[f.name] | None)
+    assert set(TaskConfig.model_fields) == {f.name for f in dataclasses.fields(TrainConfig)}
     # The recipes train longer, stated as an override of that one config.
     assert SimulationConfig().training == dataclasses.replace(base, local_epochs=2)
     assert DemoConfig().training == dataclasses.replace(base, local_epochs=3)
@@ -122,3 +131,14 @@ def test_a_boolean_flag_is_given_whichever_way_it_is_set():
     assert given(parser.parse_args(["--no-verbose"])) == {"verbose"}
     assert from_arguments(_Flags, with_defaults(parser.parse_args(["--no-verbose"]), {"verbose": True})) == _Flags()
     assert from_arguments(_Flags, with_defaults(parser.parse_args([]), {"verbose": True})) == _Flags(verbose=True)
+
+
+def test_a_task_overrides_the_manifests_defaults_key_by_key_and_is_checked_as_they_are():
+    defaults = TrainingDefaults(batch_size=16, trainable="head")
+    assert TaskConfig().over(defaults) == defaults  # an absent key keeps the manifest's default
+    assert TaskConfig(local_epochs=3).over(defaults) == dataclasses.replace(defaults, local_epochs=3)
+    # A key a newer server adds is compatible (PROTOCOL.md): kept on the model, not applied.
+    newer = TaskConfig.model_validate({"momentum": 0.5, "warmup_steps": 10})
+    assert newer.over(defaults) == dataclasses.replace(defaults, momentum=0.5)
+    with pytest.raises(ValueError, match="--batch-size must be >= 2"):
+        TaskConfig(batch_size=1).over(defaults)

@@ -11,7 +11,7 @@ import pytest
 
 from fedper.cli import main
 from fedper.common.errors import ConfigError
-from fedper.device_runtime.fleet_config import FleetConfig
+from fedper.device_runtime.runtime_config import RuntimeConfig
 
 PROBE = """
 import json, sys
@@ -35,6 +35,6 @@ def test_both_engines_get_the_count(threads: int) -> None:
 def test_a_negative_count_is_a_clear_error(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("FEDPER_ENROLLMENT_KEY", raising=False)  # refused before the key is looked for
     with pytest.raises(ConfigError, match="--threads"):
-        FleetConfig(threads=-1)
+        RuntimeConfig(threads=-1)
     assert main(["device", "--threads", "-1", "--storage", "/nonexistent/device"]) == 2
     assert "--threads must be 0 (every core) or more" in capsys.readouterr().err

@@ -42,6 +42,7 @@ from fedper.device_runtime.fleet import _collect, run_fleet
 from fedper.device_runtime.fleet_config import FleetConfig
 from fedper.device_runtime.local_data import LocalData, share
 from fedper.device_runtime.network_faults import RecordingTransport
+from fedper.device_runtime.runtime_config import RuntimeConfig
 from fedper.results import RunRecorder
 from fedper.trainer import Trainer, to_torch
 from tests.server_support import ENROLL, admin, decode_update, serve
@@ -104,8 +105,8 @@ def fleet_runs(artifacts: Path, tmp_path_factory: pytest.TempPathFactory) -> dic
     runs: dict[str, dict] = {}
     for engine in ("executorch", "eager"):
         with serve(artifacts, root / f"server-{engine}", **SERVER) as server:  # type: ignore[arg-type]
-            fleet = FleetConfig(server=server.url, devices=3, workers=2, storage=root / engine, engine=engine,
-                                out=root / engine / "results", max_idle_wait=0.5)  # fmt: skip
+            fleet = FleetConfig(runtime=RuntimeConfig(server=server.url, engine=engine, threads=1), devices=3, workers=2,
+                                storage=root / engine, out=root / engine / "results", max_idle_wait=0.5)  # fmt: skip
             recorder = run_fleet(fleet, DATA, ENROLL, show=False)
             runs[engine] = {
                 "results": json.loads((fleet.out / "results.json").read_text()),  # type: ignore[operator]
@@ -502,7 +503,8 @@ def test_the_devices_of_a_fleet_host_share_one_loaded_training_program(artifacts
     monkeypatch.setattr(device_module, "make_trainer", counting)
     events: list[tuple[int, FleetEvent]] = []
     with serve(artifacts, tmp_path / "server", **{**SERVER, "rounds": 1}) as server:  # type: ignore[arg-type]
-        fleet = FleetConfig(server=server.url, devices=3, storage=tmp_path / "fleet", max_idle_wait=0.5)
+        fleet = FleetConfig(runtime=RuntimeConfig(server=server.url, threads=1), devices=3, storage=tmp_path / "fleet",
+                            max_idle_wait=0.5)  # fmt: skip
         trainers = SharedTrainers("executorch", "onnx")
         host_devices(0, [0, 1, 2], fleet, DATA, ENROLL, events.append, trainers)
         assert _round(server.url, 1)["received"] == 3

@@ -1,5 +1,6 @@
 import copy
 import json
+import re
 import shutil
 from importlib.metadata import version
 
@@ -17,6 +18,7 @@ from fedper.device_runtime.training_program import (
     check_training_metadata,
 )
 from fedper.eager_trainer import EagerTrainer
+from fedper.export.export_command import export_log
 from fedper.export.pipeline import PROGRAM_FILES, ExportConfig, ExportConfigError, run_export
 from fedper.models import ModelConfig, build_model, exchanged_state, split
 
@@ -348,6 +350,19 @@ def test_export_from_a_server_base_and_a_device_head(artifacts, tmp_path):
     )  # fmt: skip
     assert all(np.all(v == 0.25) for v in weights.load(out / "base.safetensors").values())
     assert all(np.all(v == 0.5) for v in weights.load(out / "head.safetensors").values())
+
+
+def test_the_export_command_prints_its_own_lines_and_logs_the_libraries(artifacts):
+    """The session's export is ``fedper export`` in a process (conftest); what it printed is its
+    terminal. torch's pytree deprecation (W1203, when ExecuTorch loads) and the runtime's CPU probe
+    (``[cpuinfo_utils.cpp:71] ...``, when the check loads the program) go to OUT.log beside OUT."""
+    terminal = (artifacts.parent / "export-fast.log").read_text()
+    log = export_log(artifacts).read_text()
+    assert export_log(artifacts) == artifacts.parent / "artifacts.log"
+    assert "export took" in terminal and str(export_log(artifacts)) in terminal.replace("\n", "")
+    libraries = re.compile(r"^(\[\w+\.cpp:\d+\]|W\d{4} .*_pytree)", re.MULTILINE)
+    assert not libraries.search(terminal), terminal
+    assert libraries.search(log), log
 
 
 def test_bad_input_is_a_clear_error_and_writes_nothing(artifacts, tmp_path, capsys):

@@ -17,6 +17,7 @@ from fedper.common.train_config import TrainConfig
 from fedper.data import DataConfig
 from fedper.device_runtime.fleet import run_fleet
 from fedper.device_runtime.fleet_config import FleetConfig
+from fedper.device_runtime.runtime_config import RuntimeConfig
 from fedper.ray_cluster import INSTALL_HINT, LOCAL_OBJECT_STORE_BYTES
 from fedper.results import ClientRecord
 from tests.server_support import ENROLL, admin, serve
@@ -48,8 +49,8 @@ def test_ray_fleet_gives_the_processes_fleets_accuracies(server_artifacts, tmp_p
     runs = {}
     for backend in ("processes", "ray"):
         with serve(server_artifacts, tmp_path / f"server-{backend}", **SERVER) as server:  # type: ignore[arg-type]
-            fleet = FleetConfig(server=server.url, devices=20, workers=2, storage=tmp_path / backend, engine="eager",
-                                backend=backend, max_idle_wait=0.5)  # fmt: skip
+            fleet = FleetConfig(runtime=RuntimeConfig(server=server.url, engine="eager", threads=1), devices=20,
+                                workers=2, storage=tmp_path / backend, backend=backend, max_idle_wait=0.5)  # fmt: skip
             recorder = run_fleet(fleet, DATA, ENROLL, show=False)
             rounds = [httpx.get(f"{server.url}/v1/rounds/{n}", headers=admin()).json() for n in (1, 2)]
         runs[backend] = _by_key(recorder.records("fedper"))

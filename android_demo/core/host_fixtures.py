@@ -14,6 +14,7 @@ the Java ``OrtSession.getInputNames()`` reports on a phone); ir_version.txt: its
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -47,7 +48,7 @@ def make(out: Path) -> None:
     write_server_only_export(out / "artifacts-kp1", alpha=0.25, kp=1, seed=0)
     head_only = write_server_only_export(out / "artifacts-head", alpha=0.25, kp=2, seed=0)
     manifest = read_manifest(head_only, verify_files=False)
-    training = manifest.training.model_copy(update={"trainable": "head"})
+    training = dataclasses.replace(manifest.training, trainable="head")
     write_manifest(head_only, manifest.model_copy(update={"training": training}))
     tensors = {
         "stem.conv.weight": (np.arange(24, dtype=np.float32).reshape(2, 3, 2, 2) - 7.5) / 3,

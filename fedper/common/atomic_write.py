@@ -55,6 +55,17 @@ def atomic_write_text(path: Path, text: str, mode: int = 0o644) -> None:
     atomic_write_bytes(path, text.encode("utf-8"), mode)
 
 
+def make_parent(target: Path) -> Path:
+    """The directory that will hold output directory ``target``, created if need be; an
+    ``OSError`` naming ``target`` if it cannot be."""
+    parent = Path(target).absolute().parent
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise OSError(f"cannot create the output directory {Path(target).absolute()}: {exc.strerror}") from exc
+    return parent
+
+
 @contextlib.contextmanager
 def atomic_directory(target: Path, overwrite: bool = True) -> Iterator[Path]:
     """Yield a staging directory that becomes ``target`` only if the block succeeds.
@@ -62,11 +73,7 @@ def atomic_directory(target: Path, overwrite: bool = True) -> Iterator[Path]:
     A failure leaves ``target`` as it was (absent, or the previous complete version).
     """
     target = Path(target).absolute()
-    parent = target.parent
-    try:
-        parent.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise OSError(f"cannot create the output directory {target}: {exc.strerror}") from exc
+    parent = make_parent(target)
     if target.exists() and not overwrite:
         raise FileExistsError(f"{target} already exists")
     if target.exists() and not target.is_dir():

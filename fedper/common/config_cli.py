@@ -2,7 +2,7 @@
 
 A field's default, type and help (``field(metadata={"help": ...})``) become an
 ``argparse`` option named after the field (``local_epochs`` -> ``--local-epochs``);
-``metadata["flags"]`` adds aliases, ``metadata["choices"]`` restricts values. A field made with
+``metadata["flags"]`` adds aliases; a ``Literal`` type (or ``metadata["choices"]``) restricts values. A field made with
 ``nested`` holds another config dataclass whose options join the command's own (same names, the
 holder's defaults), so a setting composed into several commands is defined once.
 
@@ -19,7 +19,7 @@ import types
 import typing
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, TypeVar, Union, get_args, get_origin
+from typing import Any, Literal, TypeVar, Union, get_args, get_origin
 
 T = TypeVar("T")
 _GIVEN = "_given_options"  # where the parsed namespace keeps the names of the options given
@@ -119,6 +119,8 @@ def _converter(tp: Any) -> tuple[Any, bool]:
         return _parse_str_tuple, False
     if tp is Path:
         return Path, False
+    if origin is Literal:
+        return type(get_args(tp)[0]), False
     return tp, False
 
 
@@ -160,9 +162,10 @@ def add_arguments(
             "default": default,
             "help": help_text,
         }
-        if "choices" in f.metadata:
-            kwargs["choices"] = f.metadata["choices"]
-        if "choices" not in f.metadata and "metavar" not in kwargs:
+        choices = get_args(tp) if get_origin(tp) is Literal else f.metadata.get("choices")
+        if choices:
+            kwargs["choices"] = choices
+        else:
             kwargs["metavar"] = f.metadata.get("metavar") or _metavar(conv)
         parser.add_argument(*flags, **kwargs)
 

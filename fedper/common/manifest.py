@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any, Literal
 
+import pydantic.dataclasses
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from fedper.common.atomic_write import atomic_write_text
@@ -116,26 +117,14 @@ class InferenceProgramSpec(_Strict):
     weights: list[str]  # every tensor the inference weights file must hold
 
 
-_TRAIN = TrainConfig()
-
-
-class TrainingDefaults(_Strict):
+# The training settings a device uses where its task does not say otherwise: a TrainConfig (its
+# fields, defaults and checks, declared once) and what the program was built for. (A comment, not a
+# docstring: the schema, generated from this module, would carry it.)
+@pydantic.dataclasses.dataclass(frozen=True, config=ConfigDict(extra="forbid"))
+class TrainingDefaults(TrainConfig):
     loss: Literal["cross_entropy"] = "cross_entropy"
     optimizer: Literal["sgd"] = "sgd"
-    learning_rate: float = _TRAIN.learning_rate
-    momentum: float = _TRAIN.momentum
-    batch_size: int = _TRAIN.batch_size
-    local_epochs: int = _TRAIN.local_epochs
     trainable: Literal["all", "head"] = "all"
-
-    def train_config(self) -> TrainConfig:
-        """The defaults as the config local training takes."""
-        return TrainConfig(
-            local_epochs=self.local_epochs,
-            batch_size=self.batch_size,
-            learning_rate=self.learning_rate,
-            momentum=self.momentum,
-        )
 
 
 class RuntimeSpec(_Strict):

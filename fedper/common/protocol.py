@@ -11,11 +11,16 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import asdict, replace
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+
+from fedper.common.train_config import TrainConfig
+
+AnyTrainConfig = TypeVar("AnyTrainConfig", bound=TrainConfig)
 
 VERSION = 1
 REVISION = "1.4"
@@ -128,6 +133,8 @@ class Enrolled(_Body):
     token: str
 
 
+# TrainConfig's fields, each optional on the wire (tests/test_cli.py holds the two to the same names
+# and types). A comment, not the docstring: the schema carries the docstring.
 class TaskConfig(_Body):
     """Overrides the manifest's training defaults key by key (an absent key keeps the default)."""
 
@@ -135,6 +142,15 @@ class TaskConfig(_Body):
     batch_size: int | None = None
     learning_rate: float | None = None
     momentum: float | None = None
+
+    @classmethod
+    def asking(cls, config: TrainConfig) -> TaskConfig:
+        """The task config that asks for every setting of ``config``."""
+        return cls(**asdict(config))
+
+    def over(self, defaults: AnyTrainConfig) -> AnyTrainConfig:
+        """``defaults`` with the keys this config gives; checked as ``defaults`` is."""
+        return replace(defaults, **self.model_dump(include=set(type(self).model_fields), exclude_none=True))
 
 
 class Task(_Body):

@@ -27,6 +27,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
+from typing import Literal, get_args
 
 import numpy as np
 
@@ -34,7 +35,8 @@ from fedper.common.aggregate import AggregationError, FedAvg
 from fedper.common.config_cli import option
 from fedper.common.errors import ConfigError
 
-AGGREGATES: tuple[str, ...] = ("mean", "median", "trimmed-mean")
+Aggregate = Literal["mean", "median", "trimmed-mean"]
+AGGREGATES: tuple[Aggregate, ...] = get_args(Aggregate)
 BATCHNORM_VARIANCE = ".running_var"  # torch's name for a BatchNorm layer's running variance
 BATCHNORM_STATISTICS = (".running_mean", BATCHNORM_VARIANCE)
 PARAMETERS, STATISTICS = "parameters", "batchnorm_statistics"  # the groups clipped apart
@@ -46,11 +48,10 @@ Update = tuple[Tensors, int]  # tensors, claimed number of examples
 class AggregationConfig:
     """How a round's base updates become the next base: the server's and the simulation's."""
 
-    aggregate: str = option(
+    aggregate: Aggregate = option(
         "mean",
         "how a round's updates are combined: mean (sample-weighted FedAvg), median or trimmed-mean "
         "(coordinate-wise, every device weighted equally)",
-        choices=AGGREGATES,
     )
     clip_factor: float = option(
         3.0, "an update's distance from the round's base is scaled down to at most this many times the "

@@ -3,35 +3,35 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import torch
 
 from fedper.common.errors import ConfigError
-from fedper.models.heads import HEADS
+from fedper.models.heads import HEADS, HeadKind
 from fedper.models.mobilenet_v1 import MobileNetV1
 from fedper.models.resnet import ResNet34
 from fedper.models.staged import StagedModel
 
 ModelName = Literal["mobilenet_v1", "resnet34"]
 BaseKind = Literal["model", "linear"]
-MODEL_NAMES: tuple[str, ...] = ("mobilenet_v1", "resnet34")
+MODEL_NAMES: tuple[ModelName, ...] = get_args(ModelName)
 
 
 @dataclass(frozen=True)
 class ModelConfig:
     """What defines a model's architecture (and therefore its tensor names and shapes)."""
 
-    name: str = "mobilenet_v1"
+    name: ModelName = "mobilenet_v1"
     num_classes: int = 10
     alpha: float = 0.25
     input_size: int = 32
     # "linear": the paper's ablation; the layers below the top ``linear_base_kp`` become one
     # linear layer. It changes the architecture, so it is part of the model config.
-    base: str = "model"
+    base: BaseKind = "model"
     linear_base_kp: int = 0
     # "ordinal": a cumulative-link head for ordered ratings (fedper.models.heads).
-    head: str = "softmax"
+    head: HeadKind = "softmax"
 
     def __post_init__(self) -> None:
         if self.name not in MODEL_NAMES:

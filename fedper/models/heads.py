@@ -8,7 +8,7 @@ log-softmax leaves them unchanged).
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, get_args
 
 import torch
 import torch.nn.functional as F
@@ -17,7 +17,7 @@ from torch import nn
 from fedper.common.errors import ConfigError
 
 HeadKind = Literal["softmax", "ordinal"]
-HEADS: tuple[str, ...] = ("softmax", "ordinal")
+HEADS: tuple[HeadKind, ...] = get_args(HeadKind)
 
 
 class OrdinalHead(nn.Module):

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import logging
 import secrets
-from dataclasses import asdict
 
 from anyio import to_thread
 from fastapi import APIRouter, Request, Response
@@ -115,7 +114,7 @@ def task(device_id: DeviceId, state: State) -> Response:
         base_url=Route.MODEL_BASE.format(version=snap.model_version),
         manifest_url=Route.ARTIFACT.format(name=MANIFEST_FILE),
         manifest_sha256=state.manifest_sha256,
-        config=TaskConfig(**asdict(state.config.training)),
+        config=TaskConfig.asking(state.config.training),
         report_by=iso_time(slot.expires_at),
     )
     return JSONResponse(body.model_dump())
