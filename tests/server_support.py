@@ -66,14 +66,14 @@ def serve(
 def serve_config(artifacts: Path, data_dir: Path, **options: object) -> ServerConfig:
     """The config ``fedper serve`` builds from these options (``clip_factor=0`` ->
     ``--clip-factor 0``), by its own parser: the same options as :func:`serve`'s process."""
-    from fedper.cli import build_parser
+    from fedper.cli import parse_arguments
     from fedper.common.config_cli import from_arguments
     from fedper.server.config import ServerConfig
 
     argv = ["serve", "--artifacts", str(artifacts), "--data-dir", str(data_dir)]
     for key, value in options.items():
         argv += [f"--{key.replace('_', '-')}", str(value)]
-    return from_arguments(ServerConfig, build_parser(only_serve=True).parse_args(argv))
+    return from_arguments(ServerConfig, parse_arguments(argv))
 
 
 class InProcessServer:
