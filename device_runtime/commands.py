@@ -26,7 +26,7 @@ class DeviceConfig:
     max_rounds: int = option(0, "stop after this many rounds (0: until the run is finished)")
 
 
-def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     from fedper.device_runtime.fleet_config import FleetConfig
 
     add_command(

@@ -27,8 +27,9 @@ class RuntimeConfig:
     evaluator: Evaluator = option("onnx", "exported model that scores the local test split (executorch engine)")
     threads: int = option(
         0,
-        "compute threads of each device's process (a fleet's: of each worker process or Ray actor): torch's and "
-        "ExecuTorch's thread pool (0 = one per core: docs/PERFORMANCE.md)",
+        "compute threads of the device's process, or of each worker process or Ray actor of a fleet: torch's and "
+        "ExecuTorch's thread pool (0 = one per core; a fleet's default, 1, lets its workers share the cores: "
+        "docs/PERFORMANCE.md)",
     )
     enrollment_key_file: Path | None = option(
         None, "file holding the enrollment key (else FEDPER_ENROLLMENT_KEY)", metavar="FILE"

@@ -27,7 +27,7 @@ ROLES_HELP = {
 }
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     add_command(
         sub, "export", export, [ExportConfig],
         help="export a split model for phones (ExecuTorch training/inference programs, ONNX)",

@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.text import Text
 
 from fedper import __version__
+from fedper.common.config_cli import CommandOptions
 from fedper.common.errors import FedperError
 
 console = Console(stderr=True)
@@ -83,19 +84,28 @@ def _uninstalled(message: str, _args: argparse.Namespace) -> int:
     raise FedperError(message)
 
 
+def parse_arguments(argv: Sequence[str]) -> argparse.Namespace:
+    """The command ``argv`` names (``run``) and its options: argparse finds the command, tyro
+    parses its options (``--help`` and bad options exit, as argparse does)."""
+    command = next((a for a in argv if not a.startswith("-")), None)
+    parser = build_parser(only_serve=command in ("serve", "admin"))
+    args, rest = parser.parse_known_args(argv)
+    options: CommandOptions | None = getattr(args, "options", None)
+    if options is not None:
+        return argparse.Namespace(**{**vars(args), **vars(options.parse(rest))})
+    if rest and not getattr(args, "any_arguments", False):
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    return args
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command. An expected failure prints one line and exits 2: a :class:`FedperError`
     (bad option or input file, a refused request, an unreachable server) or an ``OSError`` (a
     missing file, no permission, a full disk: the message names the path). Anything else is a
     bug and keeps its traceback."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    command = next((a for a in argv if not a.startswith("-")), None)
-    parser = build_parser(only_serve=command in ("serve", "admin"))
-    args, unknown = parser.parse_known_args(argv)
-    if unknown and not getattr(args, "any_arguments", False):
-        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
-    run: Command = args.run
     try:
+        args = parse_arguments(list(sys.argv[1:] if argv is None else argv))
+        run: Command = args.run
         return run(args)
     except (FedperError, OSError) as exc:
         # Not markup (a message may hold brackets), not wrapped (logs keep one line per error).

@@ -10,7 +10,7 @@ from fedper.common.config_cli import add_command, from_arguments
 from fedper.run_log import third_party_output_to
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     add_command(
         sub, "demo", demo, [DemoConfig], skip=("server", "evaluator", "threads", "enrollment_key_file"),
         help="the main job: export, serve, and run FedPer and FedAvg fleets; writes a report",

@@ -21,7 +21,7 @@ from fedper.common.config_cli import add_command, from_arguments
 console = Console(stderr=True)
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     add_command(
         sub, "pretrain", pretrain, [PretrainConfig],
         help="pretrain a base on unrated photos (no rating, no taste) for --init",

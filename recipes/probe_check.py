@@ -26,7 +26,7 @@ import torch
 
 from fedper._recipes.pretrain_probe import frozen_features, user_probe
 from fedper.common import weights
-from fedper.common.config_cli import add_command, from_arguments, option
+from fedper.common.config_cli import Positional, add_command, from_arguments, option
 from fedper.common.errors import ConfigError
 from fedper.common.manifest import read_manifest
 from fedper.data import DataConfig, load_federated
@@ -43,14 +43,14 @@ class ProbeCheckConfig:
             raise ConfigError(f"--min-accuracy must be in [0, 1], got {self.min_accuracy}")
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    parser = add_command(
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    add_command(
         sub, "probe-check", probe_check, [ProbeCheckConfig, DataConfig], skip=("holdout_clients", "validate"),
+        positionals=[Positional("candidate", Path, "BASE", "the candidate base (safetensors)")],
         help="judge a candidate base on a probe set (for fedper serve --publish-command)",
         description="Fit a linear probe per client of the probe set on the candidate base's frozen features; "
         "exit 0 if their mean test accuracy reaches --min-accuracy, 1 if not.",
     )  # fmt: skip
-    parser.add_argument("candidate", type=Path, metavar="BASE", help="the candidate base (safetensors)")
 
 
 def probe_accuracy(artifacts: Path, candidate: Path, data: DataConfig) -> list[float]:

@@ -7,7 +7,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from fedper.common.errors import FedperError
+from fedper.common.config_cli import Positional, add_command
+from fedper.common.errors import ConfigError, FedperError
 
 
 def load_results(run_dir: Path) -> dict[str, Any]:
@@ -69,11 +70,17 @@ def markdown_table(run_dirs: list[Path], at_rounds: tuple[int, ...] = (10, 20)) 
     return "\n".join(lines)
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = sub.add_parser(
-        "report",
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    add_command(
+        sub, "report", report, [],
         help="markdown table of final accuracies from run directories",
         description="Print one markdown table comparing the results.json of finished runs.",
-    )
-    p.add_argument("runs", nargs="+", type=Path, metavar="RUN_DIR", help="directories of runs")
-    p.set_defaults(run=lambda args: print(markdown_table(args.runs)) or 0)
+        positionals=[Positional("runs", tuple[Path, ...], "RUN_DIR", "directories of runs")],
+    )  # fmt: skip
+
+
+def report(args: argparse.Namespace) -> int:
+    if not args.runs:
+        raise ConfigError("name at least one RUN_DIR: a directory holding a finished run's results.json")
+    print(markdown_table(list(args.runs)))
+    return 0

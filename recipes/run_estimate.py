@@ -11,7 +11,7 @@ included) and prints the step time alone, without loading any data.
 
 from __future__ import annotations
 
-import argparse
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -21,7 +21,7 @@ import torch
 
 from fedper._recipes.presets import help_text, setting
 from fedper._recipes.simulation import SimulationConfig, model_config
-from fedper.common.config_cli import add_arguments
+from fedper.common.config_cli import parse
 from fedper.common.train_config import TrainConfig
 from fedper.data import DataConfig, dataset_info
 from fedper.eager_trainer import EagerTrainer
@@ -91,14 +91,11 @@ def duration(seconds: float) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        prog="python -m fedper._recipes.run_estimate",
-        description="Time one eager training step of the model `fedper simulate` would train with "
-        "these options. " + help_text(),
-    )
-    add_arguments(parser, DataConfig)
-    add_arguments(parser, SimulationConfig)
-    chosen = setting(parser.parse_args(argv))
+    description = ("Time one eager training step of the model `fedper simulate` would train with these options. "
+                   + help_text())  # fmt: skip
+    args = parse([DataConfig, SimulationConfig], sys.argv[1:] if argv is None else argv,
+                 "python -m fedper._recipes.run_estimate", description)  # fmt: skip
+    chosen = setting(args)
     sim, data = chosen.simulation, chosen.data
     if sim.threads:
         torch.set_num_threads(sim.threads)

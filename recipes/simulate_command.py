@@ -20,7 +20,7 @@ from fedper.models import ModelConfig
 console = Console(stderr=True)
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     add_command(
         sub, "simulate", simulate, [DataConfig, SimulationConfig],
         help="compare FedPer, FedAvg and local training in one process",

@@ -33,7 +33,7 @@ class RollbackConfig:
     to: int = option(-1, "the model version to go on from (required)", metavar="N")
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     admin = sub.add_parser("admin", help="operator calls to a running server (admin token)",
                            description="Operator calls to a running `fedper serve`.")  # fmt: skip
     calls = admin.add_subparsers(dest="call", metavar="CALL", required=True)

@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     from fedper.server.state import ServerState
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     add_command(
         sub, "serve", serve, [ServerConfig],
         help="serve the aggregation endpoint that devices talk to",
@@ -23,7 +23,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         "robust defaults (clipping, a weight cap; docs/SERVER.md). "
         "Secrets come from FEDPER_ADMIN_TOKEN / FEDPER_ENROLLMENT_KEY, or are generated at first "
         "start into the data directory (mode 0600) and printed once. Restarting on the same "
-        "--data-dir resumes the run.",
+        "--data-dir resumes the run. Every option can also be set in the environment, as FEDPER_<OPTION> "
+        "(FEDPER_ROUNDS=100, FEDPER_CLIP_FACTOR=0); a flag wins.",
+        env_prefix="FEDPER_",
     )  # fmt: skip
 
 

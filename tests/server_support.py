@@ -16,6 +16,7 @@ import numpy as np
 
 from fedper.common import weights
 from fedper.common.manifest import Manifest
+from fedper.common.protocol import Env
 from fedper.server import process as server_process
 from fedper.server.metrics_registry import METRICS_PATH
 
@@ -24,6 +25,12 @@ if TYPE_CHECKING:
 
 ADMIN = "admin-token-for-tests-0123456789abcdef"
 ENROLL = "enrollment-key-for-tests"
+
+
+def secrets_env(secrets: bool = True) -> dict[str, str]:
+    """The server's secrets, as a test's server takes them from the environment (or none: the
+    server generates its own)."""
+    return {Env.ADMIN_TOKEN: ADMIN, Env.ENROLLMENT_KEY: ENROLL} if secrets else {}
 
 
 class ServerUnderTest(server_process.ServerProcess):
@@ -58,7 +65,7 @@ def serve(
     """A test server process: the secrets above (unless ``secrets=False``), its log beside
     ``data_dir``; ``python``: another environment's interpreter (default: this one)."""
     port = server_process.free_port()
-    env = {"FEDPER_ADMIN_TOKEN": ADMIN, "FEDPER_ENROLLMENT_KEY": ENROLL} if secrets else {}
+    env = secrets_env(secrets)
     log = data_dir.parent / f"server-{port}.log"
     return ServerUnderTest(artifacts, data_dir, options, env=env, log=log, port=port, python=python or sys.executable)
 
@@ -66,14 +73,14 @@ def serve(
 def serve_config(artifacts: Path, data_dir: Path, **options: object) -> ServerConfig:
     """The config ``fedper serve`` builds from these options (``clip_factor=0`` ->
     ``--clip-factor 0``), by its own parser: the same options as :func:`serve`'s process."""
-    from fedper.cli import build_parser
+    from fedper.cli import parse_arguments
     from fedper.common.config_cli import from_arguments
     from fedper.server.config import ServerConfig
 
     argv = ["serve", "--artifacts", str(artifacts), "--data-dir", str(data_dir)]
     for key, value in options.items():
         argv += [f"--{key.replace('_', '-')}", str(value)]
-    return from_arguments(ServerConfig, build_parser(only_serve=True).parse_args(argv))
+    return from_arguments(ServerConfig, parse_arguments(argv))
 
 
 class InProcessServer:
@@ -93,7 +100,7 @@ class InProcessServer:
     ) -> None:
         self.data_dir, self._clock = data_dir, clock
         self.config = serve_config(artifacts, data_dir, **options)
-        self._env = {"FEDPER_ADMIN_TOKEN": ADMIN, "FEDPER_ENROLLMENT_KEY": ENROLL} if secrets else {}
+        self._env = secrets_env(secrets)
         self._stack = contextlib.ExitStack()
 
     def __enter__(self) -> InProcessServer:
@@ -104,11 +111,14 @@ class InProcessServer:
 
         with self._stack as stack:
             stack.enter_context(mock.patch.dict(os.environ, self._env))
-            for name in ("FEDPER_ADMIN_TOKEN", "FEDPER_ENROLLMENT_KEY"):
+            for name in (Env.ADMIN_TOKEN, Env.ENROLLMENT_KEY):
                 if name not in self._env:
                     os.environ.pop(name, None)
             # A test's clock is given to the state, opened here; otherwise the lifespan opens it.
-            app = create_app(self.config, open_state(self.config, self._clock) if self._clock else None)
+            state = open_state(self.config, self._clock) if self._clock else None
+            if state is not None:  # closed by the lifespan too; here in case the client never starts
+                stack.callback(state.db.close)
+            app = create_app(self.config, state)
             self.http = stack.enter_context(TestClient(app, client=("127.0.0.1", 50000)))
             self._stack = stack.pop_all()
         return self

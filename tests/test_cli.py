@@ -12,7 +12,7 @@ import pytest
 from fedper import cli
 from fedper._recipes.demo_config import DemoConfig
 from fedper._recipes.simulation import SimulationConfig
-from fedper.common.config_cli import add_arguments, from_arguments, given, option, with_defaults
+from fedper.common.config_cli import from_arguments, given, option, parse, with_defaults
 from fedper.common.errors import ConfigError, FedperError
 from fedper.common.manifest import TrainingDefaults
 from fedper.common.protocol import TaskConfig
@@ -24,9 +24,7 @@ HOLDERS = [ServerConfig, ExportConfig, SimulationConfig, DemoConfig]
 
 
 def _parse(cls: type, argv: list[str]) -> object:
-    parser = argparse.ArgumentParser()
-    add_arguments(parser, cls)
-    return from_arguments(cls, parser.parse_args(argv))
+    return from_arguments(cls, parse([cls], argv, "test"))
 
 
 @pytest.mark.parametrize("holder", HOLDERS, ids=lambda c: c.__name__)
@@ -92,9 +90,7 @@ def test_expected_errors_print_one_line_and_bugs_keep_their_traceback(monkeypatc
 
 
 def _parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser()
-    add_arguments(parser, SimulationConfig)
-    return parser.parse_args(argv)
+    return parse([SimulationConfig], argv, "test")
 
 
 def test_the_options_given_are_told_apart_from_defaults():
@@ -126,11 +122,11 @@ class _Flags:
 
 
 def test_a_boolean_flag_is_given_whichever_way_it_is_set():
-    parser = argparse.ArgumentParser()
-    add_arguments(parser, _Flags)
-    assert given(parser.parse_args(["--no-verbose"])) == {"verbose"}
-    assert from_arguments(_Flags, with_defaults(parser.parse_args(["--no-verbose"]), {"verbose": True})) == _Flags()
-    assert from_arguments(_Flags, with_defaults(parser.parse_args([]), {"verbose": True})) == _Flags(verbose=True)
+    assert given(parse([_Flags], ["--no-verbose"], "test")) == {"verbose"}
+    assert (
+        from_arguments(_Flags, with_defaults(parse([_Flags], ["--no-verbose"], "test"), {"verbose": True})) == _Flags()
+    )
+    assert from_arguments(_Flags, with_defaults(parse([_Flags], [], "test"), {"verbose": True})) == _Flags(verbose=True)
 
 
 def test_a_task_overrides_the_manifests_defaults_key_by_key_and_is_checked_as_they_are():
@@ -142,3 +138,18 @@ def test_a_task_overrides_the_manifests_defaults_key_by_key_and_is_checked_as_th
     assert newer.over(defaults) == dataclasses.replace(defaults, momentum=0.5)
     with pytest.raises(ValueError, match="--batch-size must be >= 2"):
         TaskConfig(batch_size=1).over(defaults)
+
+
+def test_the_servers_settings_come_from_a_flag_then_a_fedper_variable_then_the_default(monkeypatch):
+    monkeypatch.setenv("FEDPER_ROUNDS", "7")
+    monkeypatch.setenv("FEDPER_CLIP_FACTOR", "0")  # nested configs' options are flat, as flags are
+    monkeypatch.setenv("fedper_local_epochs", "3")  # as pydantic-settings reads them: any case
+    config = from_arguments(ServerConfig, cli.parse_arguments(["serve", "--rounds", "9"]))
+    assert (config.rounds, config.aggregation.clip_factor, config.training.local_epochs) == (9, 0.0, 3)
+    assert config.port == ServerConfig().port
+    # Only the server reads them: a simulation's --rounds is its own.
+    assert from_arguments(SimulationConfig, cli.parse_arguments(["simulate"])).rounds == SimulationConfig().rounds
+    monkeypatch.setenv("FEDPER_AGGREGATE", "max")
+    with pytest.raises(ConfigError, match="FEDPER_AGGREGATE: Input should be 'mean', 'median' or 'trimmed-mean'"):
+        cli.parse_arguments(["serve"])
+    assert cli.main(["serve"]) == 2  # one line, no traceback

@@ -370,7 +370,7 @@ def test_bad_input_is_a_clear_error_and_writes_nothing(artifacts, tmp_path, caps
     with pytest.raises(SystemExit) as exit_info:
         main(["export", "--model", "vgg", "--out", str(out)])
     assert exit_info.value.code == 2
-    assert "invalid choice: 'vgg'" in capsys.readouterr().err
+    assert "invalid choice 'vgg'" in capsys.readouterr().err
     with pytest.raises(ValueError, match="kp must be between 0 and 14"):
         run_export(ExportConfig(kp=15, out=out))
     with pytest.raises(ExportConfigError, match="--train head needs kp >= 1"):

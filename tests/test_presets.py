@@ -16,7 +16,7 @@ from fedper.data import DataConfig
 
 
 def _setting(*argv: str):
-    return setting(cli.build_parser().parse_args(["simulate", *argv]))
+    return setting(cli.parse_arguments(["simulate", *argv]))
 
 
 def test_flickr_aes_defaults_to_flowers_fedper_baseline():

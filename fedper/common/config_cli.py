@@ -1,14 +1,19 @@
-"""Command-line options generated from config dataclasses, so each setting lives in one place.
+"""Command-line options from config dataclasses, parsed by tyro, so each setting lives in one place.
 
-A field's default, type and help (``field(metadata={"help": ...})``) become an
-``argparse`` option named after the field (``local_epochs`` -> ``--local-epochs``);
-``metadata["flags"]`` adds aliases; a ``Literal`` type (or ``metadata["choices"]``) restricts values. A field made with
-``nested`` holds another config dataclass whose options join the command's own (same names, the
-holder's defaults), so a setting composed into several commands is defined once.
+A field's default, type and help (``field(metadata={"help": ...})``, which tyro reads) become an
+option named after the field (``local_epochs`` -> ``--local-epochs``); ``metadata["flags"]`` adds
+aliases, ``metadata["metavar"]`` names the value; a ``Literal`` type restricts the values (tyro
+lists them). A field made with :func:`nested` holds another config whose options join the
+command's own (same names, the holder's defaults), so a setting composed into several commands
+is defined once.
 
-The parsed options remember which ones the user gave (:func:`given`), so a command can bring
-other defaults for the rest (:func:`with_defaults`, e.g. a dataset's paper setting) without
-declaring any option again.
+What is written here rather than taken from tyro, and why: a command's options are the fields of
+*several* configs with some left out (``skip``: ``fedper fleet`` has ``--devices``, not the data
+config's ``--clients``), which tyro's nesting cannot say, so the configs are flattened into one
+dataclass for tyro; the two value syntaxes older than this module (``--images-per-user 100-200``,
+``--algorithms fedper,fedavg``) are tyro constructors. The parsed options remember which ones the
+user gave (:func:`given`), so a command can bring other defaults for the rest
+(:func:`with_defaults`, e.g. a dataset's paper setting).
 """
 
 from __future__ import annotations
@@ -19,36 +24,191 @@ import types
 import typing
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal, TypeVar, Union, get_args, get_origin
+from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar, Union, get_args, get_origin
 
-T = TypeVar("T")
+import tyro
+from tyro.constructors import PrimitiveConstructorSpec
+
+from fedper.common.errors import ConfigError
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+T = TypeVar("T", bound="DataclassInstance")
 _GIVEN = "_given_options"  # where the parsed namespace keeps the names of the options given
 
 
-def _note_given(namespace: argparse.Namespace, dest: str) -> None:
-    vars(namespace).setdefault(_GIVEN, set()).add(dest)
+def option(default: Any, help: str, **extra: Any) -> Any:
+    """A dataclass field carrying its command-line help."""
+    return dataclasses.field(default=default, metadata={"help": help, **extra})
 
 
-class _Store(argparse.Action):
-    """``store``, noting that the user gave the option."""
-
-    def __call__(
-        self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
-        values: Any, option_string: str | None = None,
-    ) -> None:  # fmt: skip
-        setattr(namespace, self.dest, values)
-        _note_given(namespace, self.dest)
+def nested(factory: Callable[[], object], role: str = "") -> Any:
+    """A dataclass field holding another config; ``factory`` gives the holder's defaults, ``role``
+    what the holder does with them (appended to each option's help)."""
+    return dataclasses.field(default_factory=factory, metadata={"nested": True, "role": role})
 
 
-class _StoreFlag(argparse.BooleanOptionalAction):
-    """``--flag/--no-flag``, noting that the user gave it."""
+@dataclasses.dataclass(frozen=True)
+class Positional:
+    """A positional argument of a command (not a config setting: what the command acts on)."""
 
-    def __call__(
-        self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
-        values: Any, option_string: str | None = None,
-    ) -> None:  # fmt: skip
-        super().__call__(parser, namespace, values, option_string)
-        _note_given(namespace, self.dest)
+    name: str
+    type: Any
+    metavar: str
+    help: str
+
+
+@dataclasses.dataclass(frozen=True)
+class _Option:
+    name: str
+    type: Any  # annotated for tyro
+    default: Any
+    flags: tuple[str, ...]
+
+
+def _range(text: str) -> tuple[int, int]:
+    lo, sep, hi = text.partition("-")
+    try:
+        return (int(lo), int(hi)) if sep else (int(lo), int(lo))
+    except ValueError as exc:
+        raise ValueError(f"expected N or MIN-MAX, got {text!r}") from exc
+
+
+def _names(text: str) -> tuple[str, ...]:
+    return tuple(s for s in map(str.strip, text.split(",")) if s)
+
+
+# ``--images-per-user 100-200`` and ``--algorithms fedper,fedavg``: one word each, as before tyro.
+_RANGE = PrimitiveConstructorSpec(
+    nargs=1, metavar="N|MIN-MAX", instance_from_str=lambda args: _range(args[0]),
+    is_instance=lambda v: isinstance(v, tuple) and len(v) == 2, str_from_instance=lambda v: [f"{v[0]}-{v[1]}"],
+)  # fmt: skip
+_NAMES = PrimitiveConstructorSpec(
+    nargs=1, metavar="A,B,...", instance_from_str=lambda args: _names(args[0]),
+    is_instance=lambda v: isinstance(v, tuple), str_from_instance=lambda v: [",".join(str(s) for s in v)],
+)  # fmt: skip
+_METAVARS: dict[Any, str] = {int: "N", float: "X", str: "TEXT", Path: "PATH"}
+
+
+def _default(f: dataclasses.Field[Any], defaults: object | None) -> Any:
+    if defaults is not None:
+        return getattr(defaults, f.name)
+    if f.default is dataclasses.MISSING and f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return f.default
+
+
+def _annotated(tp: Any, f: dataclasses.Field[Any], help: str) -> Any:
+    """The field's type with what tyro needs to show and parse it as this module's options do."""
+    optional = get_origin(tp) in (Union, types.UnionType)
+    base = next(a for a in get_args(tp) if a is not type(None)) if optional else tp
+    markers: list[Any] = []
+    if get_origin(base) is tuple:
+        markers.append(_RANGE if get_args(base) == (int, int) else _NAMES)
+    metavar = f.metadata.get("metavar") or (None if get_origin(tp) is Literal or base is bool else _METAVARS.get(base))
+    markers.append(tyro.conf.arg(help=help, aliases=tuple(f.metadata.get("flags", ())) or None, metavar=metavar))
+    return Annotated[tp, *markers]
+
+
+def _options(cls: type, skip: tuple[str, ...], defaults: object | None = None, role: str = "") -> list[_Option]:
+    """One option per field of dataclass ``cls`` (fields without help are skipped); a nested
+    config's options take their defaults from the holder's instance and say its ``role``."""
+    hints = typing.get_type_hints(cls)
+    out: list[_Option] = []
+    for f in dataclasses.fields(cls):
+        if f.name in skip:
+            continue
+        if f.metadata.get("nested"):
+            out += _options(hints[f.name], skip, _default(f, defaults), f.metadata["role"])
+        elif "help" in f.metadata:
+            help = f.metadata["help"] + (f", {role}" if role else "")
+            flags = (f"--{f.name.replace('_', '-')}", *f.metadata.get("flags", ()))
+            out.append(_Option(f.name, _annotated(hints[f.name], f, help), _default(f, defaults), flags))
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class CommandOptions:
+    """A command's options: the fields of its ``configs`` but ``skip``, then its positionals."""
+
+    prog: str
+    description: str
+    configs: Sequence[type[DataclassInstance]]
+    skip: tuple[str, ...] = ()
+    positionals: Sequence[Positional] = ()
+    env_prefix: str = ""  # set: each option's default comes from PREFIX<OPTION> where that is set
+
+    def flag_table(self, cls: type[DataclassInstance]) -> list[tuple[str, ...]]:
+        """The flags of each option of ``cls`` this command has."""
+        return [o.flags for o in _options(cls, self.skip)]
+
+    def parse(self, argv: Sequence[str]) -> argparse.Namespace:
+        """The options in ``argv`` (``--help`` prints them and exits), with :func:`given` known."""
+        options = [o for cls in self.configs for o in _options(cls, self.skip)]
+        if self.env_prefix:
+            options = _from_environment(options, self.env_prefix)
+        fields: list[tuple[str, Any] | tuple[str, Any, Any]] = [
+            (p.name, Annotated[p.type, tyro.conf.Positional, tyro.conf.arg(metavar=p.metavar, help=p.help)])
+            for p in self.positionals
+        ]
+        fields += [(o.name, o.type, dataclasses.field(default=o.default)) for o in options]
+        flat = dataclasses.make_dataclass("Options", fields, frozen=True)
+        parsed: Any = tyro.cli(flat, args=list(argv), prog=self.prog, description=self.description)
+        namespace = argparse.Namespace(**{name: getattr(parsed, name) for name, *_ in fields})
+        setattr(namespace, _GIVEN, frozenset(o.name for o in options if _written(o, argv)))
+        return namespace
+
+
+def _from_environment(options: list[_Option], prefix: str) -> list[_Option]:
+    """The options, with their defaults from the ``PREFIX<NAME>`` environment variables that are
+    set (read and checked by pydantic-settings; a flag still wins)."""
+    from pydantic import ValidationError, create_model
+    from pydantic_settings import BaseSettings, SettingsConfigDict
+
+    class Environment(BaseSettings):
+        model_config = SettingsConfigDict(env_prefix=prefix, extra="ignore", frozen=True)
+
+    fields: dict[str, Any] = {o.name: (get_args(o.type)[0], o.default) for o in options}
+    try:
+        found = create_model("Environment", __base__=Environment, **fields)()
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        variable = f"{prefix}{str(error['loc'][0]).upper()}"
+        raise ConfigError(f"{variable}: {error['msg']}, got {error['input']!r}") from exc
+    given = found.model_fields_set
+    return [dataclasses.replace(o, default=getattr(found, o.name)) if o.name in given else o for o in options]
+
+
+def _written(option: _Option, argv: Sequence[str]) -> bool:
+    """Whether ``argv`` sets ``option`` (tyro takes no abbreviation: a flag is written whole)."""
+    names = {*option.flags, *(f"--no-{flag[2:]}" for flag in option.flags)}
+    return any(arg.split("=", 1)[0] in names for arg in argv if arg.startswith("--"))
+
+
+def parse(configs: Sequence[type[DataclassInstance]], argv: Sequence[str], prog: str, description: str = "",
+          skip: tuple[str, ...] = ()) -> argparse.Namespace:  # fmt: skip
+    """The options of ``configs`` in ``argv``: what a script that is not a ``fedper`` command uses."""
+    return CommandOptions(prog, description, configs, skip).parse(argv)
+
+
+def add_command(
+    sub: argparse._SubParsersAction[argparse.ArgumentParser],
+    name: str,
+    run: Callable[[argparse.Namespace], int],
+    configs: Sequence[type[DataclassInstance]],
+    help: str,
+    description: str,
+    skip: tuple[str, ...] = (),
+    positionals: Sequence[Positional] = (),
+    env_prefix: str = "",
+) -> argparse.ArgumentParser:
+    """A subcommand whose options are the fields of ``configs`` and which calls ``run``: the
+    command line (``fedper.cli.main``) finds the command, then tyro parses the rest."""
+    parser = sub.add_parser(name, help=help, description=description, add_help=False)
+    options = CommandOptions(parser.prog, description, configs, skip, positionals, env_prefix)
+    parser.set_defaults(run=run, options=options)
+    return parser
 
 
 def given(args: argparse.Namespace) -> frozenset[str]:
@@ -74,149 +234,18 @@ def with_defaults(args: argparse.Namespace, defaults: Mapping[str, object]) -> a
     return out
 
 
-def option(default: Any, help: str, **extra: Any) -> Any:
-    """A dataclass field carrying its command-line help."""
-    return dataclasses.field(default=default, metadata={"help": help, **extra})
-
-
-def nested(factory: Callable[[], object], role: str = "") -> Any:
-    """A dataclass field holding another config; ``factory`` gives the holder's defaults, ``role``
-    what the holder does with them (appended to each option's help)."""
-    return dataclasses.field(default_factory=factory, metadata={"nested": True, "role": role})
-
-
-def _default(f: dataclasses.Field[Any], defaults: object | None) -> Any:
-    if defaults is not None:
-        return getattr(defaults, f.name)
-    if f.default is dataclasses.MISSING and f.default_factory is not dataclasses.MISSING:
-        return f.default_factory()
-    return f.default
-
-
-def _parse_int_range(text: str) -> tuple[int, int]:
-    lo, sep, hi = text.partition("-")
-    try:
-        return (int(lo), int(hi)) if sep else (int(lo), int(lo))
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"expected N or MIN-MAX, got {text!r}") from exc
-
-
-def _parse_str_tuple(text: str) -> tuple[str, ...]:
-    return tuple(s.strip() for s in text.split(",") if s.strip())
-
-
-def _converter(tp: Any) -> tuple[Any, bool]:
-    """(argparse type callable, optional?) for a field type."""
-    origin = get_origin(tp)
-    if origin in (Union, types.UnionType):
-        inner = [a for a in get_args(tp) if a is not type(None)]
-        conv, _ = _converter(inner[0])
-        return conv, True
-    if origin is tuple:
-        args = get_args(tp)
-        if args == (int, int):
-            return _parse_int_range, False
-        return _parse_str_tuple, False
-    if tp is Path:
-        return Path, False
-    if origin is Literal:
-        return type(get_args(tp)[0]), False
-    return tp, False
-
-
-def add_arguments(
-    parser: argparse.ArgumentParser,
-    cls: type,
-    skip: tuple[str, ...] = (),
-    defaults: object | None = None,
-    role: str = "",
-) -> None:
-    """Add one option per field of dataclass ``cls`` (fields without help are skipped); a nested
-    config's options take their defaults from the holder's instance and say its ``role``."""
-    hints = typing.get_type_hints(cls)
-    for f in dataclasses.fields(cls):
-        if f.name in skip:
-            continue
-        if f.metadata.get("nested"):
-            add_arguments(parser, hints[f.name], skip, _default(f, defaults), f.metadata["role"])
-            continue
-        if "help" not in f.metadata:
-            continue
-        flags = [f"--{f.name.replace('_', '-')}", *f.metadata.get("flags", ())]
-        tp = hints[f.name]
-        default = _default(f, defaults)
-        shown = _show(default)
-        described = f.metadata["help"] + (f", {role}" if role else "")
-        help_text = described + (f" (default: {shown})" if shown != "" else "")
-        if tp is bool:
-            parser.add_argument(
-                *flags, dest=f.name, action=_StoreFlag,
-                default=default, help=described,
-            )  # fmt: skip
-            continue
-        conv, _ = _converter(tp)
-        kwargs: dict[str, Any] = {
-            "dest": f.name,
-            "action": _Store,
-            "type": conv,
-            "default": default,
-            "help": help_text,
-        }
-        choices = get_args(tp) if get_origin(tp) is Literal else f.metadata.get("choices")
-        if choices:
-            kwargs["choices"] = choices
-        else:
-            kwargs["metavar"] = f.metadata.get("metavar") or _metavar(conv)
-        parser.add_argument(*flags, **kwargs)
-
-
-def add_command(
-    sub: argparse._SubParsersAction,  # type: ignore[type-arg]
-    name: str,
-    run: Callable[[argparse.Namespace], int],
-    configs: Sequence[type],
-    help: str,
-    description: str,
-    skip: tuple[str, ...] = (),
-) -> argparse.ArgumentParser:
-    """A subcommand whose options are the fields of ``configs`` and which calls ``run``."""
-    parser: argparse.ArgumentParser = sub.add_parser(name, help=help, description=description)
-    for cls in configs:
-        add_arguments(parser, cls, skip)
-    parser.set_defaults(run=run)
-    return parser
-
-
-def from_arguments(cls: type[T], args: argparse.Namespace, **overrides: Any) -> T:
-    """Build ``cls`` from parsed options (fields not on the command line keep their defaults)."""
+def from_arguments(cls: type[T], args: argparse.Namespace, defaults: object | None = None,
+                   **overrides: Any) -> T:  # fmt: skip
+    """Build config ``cls`` from parsed options; a field that is not an option of the command (left
+    out by ``skip``) keeps its default: ``defaults``'s value, or the holder's for a nested config."""
     hints = typing.get_type_hints(cls)
     values: dict[str, Any] = {}
-    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+    for f in dataclasses.fields(cls):
         if f.metadata.get("nested"):
-            inner = [g.name for g in dataclasses.fields(hints[f.name])]
-            if any(hasattr(args, name) for name in inner):
-                values[f.name] = from_arguments(hints[f.name], args)
+            values[f.name] = from_arguments(hints[f.name], args, _default(f, defaults))
         elif hasattr(args, f.name):
             values[f.name] = getattr(args, f.name)
+        elif defaults is not None:
+            values[f.name] = getattr(defaults, f.name)
     values.update(overrides)
-    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
-        if isinstance(values.get(f.name), list):
-            values[f.name] = tuple(values[f.name])
     return cls(**values)
-
-
-def _metavar(conv: Any) -> str:
-    return {
-        int: "N", float: "X", str: "TEXT", Path: "PATH",
-        _parse_int_range: "N|MIN-MAX", _parse_str_tuple: "A,B,...",
-    }.get(conv, "VALUE")  # fmt: skip
-
-
-def _show(value: Any) -> str:
-    if value is None:
-        return ""
-    if isinstance(value, tuple):
-        if len(value) == 2 and all(isinstance(v, int) for v in value):
-            return f"{value[0]}-{value[1]}"
-        return ",".join(str(v) for v in value)
-    return str(value)

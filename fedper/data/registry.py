@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal, get_args
 
 import numpy as np
 
@@ -21,22 +22,23 @@ from fedper.data.partition import (
     train_test,
 )
 
-DATASETS: tuple[str, ...] = ("digits", "aesthetic-synth", "cifar10", "cifar100", "flickr-aes")
-PARTITIONS: tuple[str, ...] = ("auto", "classes", "dirichlet", "iid", "user")
+DatasetName = Literal["digits", "aesthetic-synth", "cifar10", "cifar100", "flickr-aes"]
+DATASETS: tuple[DatasetName, ...] = get_args(DatasetName)
+Partition = Literal["auto", "classes", "dirichlet", "iid", "user"]
+PARTITIONS: tuple[Partition, ...] = get_args(Partition)
 
 
 @dataclass(frozen=True)
 class DataConfig:
     """Which data, and how it is shared among clients. Every field is reproducible from the seed."""
 
-    dataset: str = option("digits", "dataset name", choices=DATASETS)
+    dataset: DatasetName = option("digits", "dataset name")
     data_root: Path | None = option(
         None, "directory with the local files of cifar10/cifar100/flickr-aes", metavar="DIR"
     )
-    partition: str = option(
-        "auto", "how clients get their data; auto = 'user' for rating datasets, else 'classes'",
-        choices=PARTITIONS,
-    )  # fmt: skip
+    partition: Partition = option(
+        "auto", "how clients get their data; auto = 'user' for rating datasets, else 'classes'"
+    )
     num_clients: int = option(10, "number of clients", flags=("--clients",))
     classes_per_client: int = option(4, "k for the 'classes' partition (k random classes each)")
     dirichlet_alpha: float = option(0.5, "alpha for the 'dirichlet' partition")
