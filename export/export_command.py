@@ -41,11 +41,13 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 def export_log(out: Path) -> Path:
     """The export's run log, beside the output directory: an export replaces that directory whole
     (a failed one leaves it untouched), and the log of a failed export is kept too."""
-    return make_parent(out) / f"{out.absolute().name}.log"
+    out = out.absolute()
+    return out.parent / f"{out.name}.log"
 
 
 def export(args: argparse.Namespace) -> int:
     config = from_arguments(ExportConfig, args)
+    make_parent(config.out)  # where the log goes too: an unwritable place is refused before anything runs
     log = export_log(config.out)
     log.unlink(missing_ok=True)  # the log of this export only, as the directory holds this export only
     with third_party_output_to(log), console.status("exporting...") as status:

@@ -32,9 +32,8 @@ def resolve_variant(requested: str, model: nn.Module, input_size: int) -> Varian
     if requested == "plain":
         return "plain"
     mobilenet = model if isinstance(model, MobileNetV1) and "linear_base" not in model._modules else None
-    supported = mobilenet is not None
     if requested == "fast":
-        if not supported:
+        if mobilenet is None:
             raise ConfigError("the fast training graph supports MobileNet-V1 only; use --variant plain")
         return "fast"
     if requested != "auto":

@@ -38,9 +38,7 @@ from fedper.baselines import per_client_accuracy
 from fedper.data import DataConfig, ImageDataset, load_federated, to_tensor
 from fedper.local_training import accuracy
 from fedper.models import ModelConfig, build_model
-from fedper.models.heads import OrdinalHead
-
-HEADS = ("softmax", "ordinal")
+from fedper.models.heads import HEADS, OrdinalHead
 
 
 def train_pooled(config: DataConfig, head: str, epochs: int, lr: float, batch_size: int = 32) -> dict[str, list[float]]:

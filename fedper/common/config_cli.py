@@ -139,9 +139,9 @@ class CommandOptions:
     positionals: Sequence[Positional] = ()
     env_prefix: str = ""  # set: each option's default comes from PREFIX<OPTION> where that is set
 
-    def flag_table(self, cls: type[DataclassInstance]) -> list[tuple[str, ...]]:
-        """The flags of each option of ``cls`` this command has."""
-        return [o.flags for o in _options(cls, self.skip)]
+    def flags(self) -> set[str]:
+        """Every flag of the command's options (aliases included, ``--no-`` forms not)."""
+        return {flag for cls in self.configs for o in _options(cls, self.skip) for flag in o.flags}
 
     def parse(self, argv: Sequence[str]) -> argparse.Namespace:
         """The options in ``argv`` (``--help`` prints them and exits), with :func:`given` known."""
@@ -234,8 +234,7 @@ def with_defaults(args: argparse.Namespace, defaults: Mapping[str, object]) -> a
     return out
 
 
-def from_arguments(cls: type[T], args: argparse.Namespace, defaults: object | None = None,
-                   **overrides: Any) -> T:  # fmt: skip
+def from_arguments(cls: type[T], args: argparse.Namespace, defaults: object | None = None) -> T:
     """Build config ``cls`` from parsed options; a field that is not an option of the command (left
     out by ``skip``) keeps its default: ``defaults``'s value, or the holder's for a nested config."""
     hints = typing.get_type_hints(cls)
@@ -247,5 +246,4 @@ def from_arguments(cls: type[T], args: argparse.Namespace, defaults: object | No
             values[f.name] = getattr(args, f.name)
         elif defaults is not None:
             values[f.name] = getattr(defaults, f.name)
-    values.update(overrides)
     return cls(**values)
