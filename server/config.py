@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fedper.common.config_cli import nested, option
+from fedper.common.dp.config import DPConfig
 from fedper.common.errors import ConfigError
 from fedper.common.robust_aggregate import AggregationConfig
 from fedper.common.train_config import TrainConfig
@@ -71,7 +72,12 @@ class ServerConfig:
     max_update_norm: float = option(
         0.0, "largest L2 distance of an update from the round's base, over all base tensors (0: no bound)"
     )
-    aggregation: AggregationConfig = nested(AggregationConfig, "when a round closes")
+    aggregation: AggregationConfig = nested(AggregationConfig, "when a round closes (without --dp)")
+    privacy: DPConfig = nested(DPConfig)
+    dp_sampling_probability: float = option(
+        1.0, "with --dp: the probability with which each device that checks in is drawn into the round, on "
+        "its own coin (the accountant's q; the expected cohort, --cohort-size, is the noised mean's denominator)",
+    )  # fmt: skip
     publish: PublishConfig = nested(PublishConfig, "before a round's aggregate is published")
     min_free_mib: float = option(
         0.0, "free disk space (MiB) below which the server drains: downloads only, no uploads or closes "
@@ -117,11 +123,30 @@ class ServerConfig:
             raise ConfigError("--cohort-size and --report-timeout must be >= 0 (0: their defaults)")
         if not 1 <= self.over_selection <= 100:
             raise ConfigError(f"--over-selection must be in 1..100, got {self.over_selection}")
+        if self.privacy.dp:
+            self._check_privacy()
         if self.slots < self.target_clients:
             raise ConfigError(
                 f"--cohort-size x --over-selection gives {self.slots} slots, fewer than --target-clients "
                 f"{self.target_clients}: no round could ever fill"
             )
+
+    def _check_privacy(self) -> None:
+        """What the guarantee needs (docs/PRIVACY.md): devices drawn on their own coins at the end
+        of a check-in window, a deadline at which every round is published, a mean."""
+        if not 0 < self.dp_sampling_probability <= 1:
+            raise ConfigError(f"--dp-sampling-probability must be in (0, 1], got {self.dp_sampling_probability}")
+        if not (self.round_timeout > 0 and self.checkin_window > 0):
+            raise ConfigError(
+                "--dp needs --round-timeout > 0 and --checkin-window > 0: devices are drawn among those that "
+                "checked in, and every round is published at its deadline"
+            )
+        if self.aggregation.aggregate != "mean":
+            raise ConfigError(
+                f"--dp noises a sum of clipped deltas; --aggregate {self.aggregation.aggregate} has no bounded "
+                "sensitivity to noise: leave --aggregate mean"
+            )
+        self.privacy.noise(self.cohort)  # a count noise too small for z is refused at start
 
     @property
     def cohort(self) -> int:

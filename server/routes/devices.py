@@ -116,5 +116,6 @@ def task(device_id: DeviceId, state: State) -> Response:
         manifest_sha256=state.manifest_sha256,
         config=TaskConfig.asking(state.config.training),
         report_by=iso_time(slot.expires_at),
+        dp=None if rounds.privacy is None else rounds.privacy.task(),
     )
     return JSONResponse(body.model_dump())
