@@ -76,6 +76,8 @@ class RunRecorder:
         self.new_users: dict[str, Any] = {}
         # algorithm -> per round, what robust aggregation did (fedper.common.robust_aggregate.AggregationReport)
         self.aggregation: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        # algorithm -> what DP-FedAvg spent (fedper.common.dp.accountant.PrivacyBudget.to_dict), under --dp
+        self.privacy: dict[str, dict[str, Any]] = {}
         self._records: dict[str, list[ClientRecord]] = defaultdict(list)
 
     def add(self, record: ClientRecord) -> None:
@@ -187,6 +189,8 @@ class RunRecorder:
             out["new_users"] = self.new_users
         if self.aggregation:
             out["aggregation"] = dict(self.aggregation)
+        if self.privacy:
+            out["privacy"] = self.privacy
         return out
 
     def write(self, out: Path, plots: bool = True) -> None:

@@ -14,6 +14,7 @@ from fedper._recipes.presets import Setting, help_text, setting
 from fedper._recipes.run_estimate import RunEstimate, measure_step, steps_per_round
 from fedper._recipes.simulation import SimulationConfig, clients_per_round, run
 from fedper.common.config_cli import add_command
+from fedper.common.dp.accountant import PrivacyBudget
 from fedper.data import DataConfig
 from fedper.models import ModelConfig
 
@@ -43,12 +44,29 @@ def describe(chosen: Setting) -> str:
     return text
 
 
+def describe_privacy(sim: SimulationConfig, population: int) -> str:
+    """The DP mechanism and what the whole run would spend (the run stops earlier at --target-epsilon)."""
+    dp = sim.privacy
+    q = clients_per_round(sim, population) / population
+    budget = PrivacyBudget(dp.dp_noise_multiplier, q, dp.delta(population), dp.target_epsilon)
+    clip = f"{dp.dp_clip:g}"
+    if dp.adaptive:
+        clip = f"adaptive from {clip} toward quantile {dp.dp_target_quantile:g}"
+    return (
+        f"DP-FedAvg: noise multiplier {dp.dp_noise_multiplier:g}, clip {clip}, each client drawn with "
+        f"probability {q:.4g}; {sim.rounds} rounds spend epsilon {budget.epsilon(sim.rounds):.3g} at delta "
+        f"{budget.delta:.3g}" + (f" (target {dp.target_epsilon:g})" if dp.target_epsilon is not None else "")
+    )
+
+
 def simulate(args: argparse.Namespace) -> int:
     chosen = setting(args)
     sim, data = chosen.simulation, chosen.data
 
     def before_training(model: ModelConfig, train_samples: list[int]) -> None:
         console.print(describe(chosen), soft_wrap=True)
+        if sim.privacy.dp:
+            console.print(describe_privacy(sim, len(train_samples)), soft_wrap=True)
         estimate = RunEstimate(
             measure_step(model, sim.training),
             steps_per_round(train_samples, sim.training, clients_per_round(sim, len(train_samples))),
@@ -78,12 +96,15 @@ def simulate(args: argparse.Namespace) -> int:
         title=f"{data.dataset}, {len(recorder.config['clients_train_samples'])} clients, "
         f"partition {recorder.config['partition']}, kp={sim.kp}"
     )
-    columns = ("algorithm", "final mean acc", "weighted", "std", "last-5 mean", "last-5 std", "final at")
+    columns = ["algorithm", "final mean acc", "weighted", "std", "last-5 mean", "last-5 std", "final at"]
+    private = bool(recorder.privacy)
+    if private:
+        columns.append("epsilon")
     for col in columns:
         table.add_column(col, justify="right" if col != "algorithm" else "left")
     for a in recorder.algorithms:
         f = recorder.final(a)
-        table.add_row(
+        row = [
             a,
             f"{f['final_mean_accuracy']:.4f}",
             f"{f['final_weighted_mean_accuracy']:.4f}",
@@ -91,14 +112,27 @@ def simulate(args: argparse.Namespace) -> int:
             f"{f['last5_mean_accuracy']:.4f}",
             f"{f['last5_std']:.4f}",
             f["final_point"],
-        )
+        ]
+        if private:
+            row.append(_epsilon_cell(recorder.privacy.get(a)))
+        table.add_row(*row)
     for name, b in recorder.baseline_summary().items():
-        table.add_row(f"[dim]baseline: {name}[/]", f"{b['mean_accuracy']:.4f}", "", f"{b['std']:.4f}", "", "", "")
+        row = [f"[dim]baseline: {name}[/]", f"{b['mean_accuracy']:.4f}", "", f"{b['std']:.4f}", "", "", ""]
+        table.add_row(*row, *([""] if private else []))
     Console().print(table)
     if recorder.new_users:
         Console().print(new_users_table(recorder.new_users))
     console.print(f"wrote {sim.out}/results.json, metrics.csv, plots ({time.perf_counter() - start:.0f} s)")
     return 0
+
+
+def _epsilon_cell(spent: dict[str, Any] | None) -> str:
+    """epsilon at delta; "none shared" for local training, "inf" without noise."""
+    if spent is None:
+        return "none shared"
+    value = "inf" if spent["epsilon"] is None else f"{spent['epsilon']:.3g}"
+    stopped = f", stopped before round {spent['stopped_before_round']}" if spent["stopped_before_round"] else ""
+    return f"{value} (delta {spent['delta']:.2g}{stopped})"
 
 
 def new_users_table(new_users: dict[str, Any]) -> Table:

@@ -27,6 +27,10 @@ from fedper.checkpoints import Checkpoint, init_base, read_checkpoint
 from fedper.client_round import Client, ClientOutcome, ClientRound, client_round
 from fedper.common import weights
 from fedper.common.config_cli import nested, option
+from fedper.common.dp.accountant import PrivacyBudget
+from fedper.common.dp.clipping import clip_delta, distance
+from fedper.common.dp.config import DPConfig
+from fedper.common.dp.mechanism import DPReport, dp_aggregate
 from fedper.common.errors import ConfigError
 from fedper.common.robust_aggregate import AggregationConfig, refusal, robust_aggregate
 from fedper.common.train_config import TrainConfig
@@ -53,7 +57,9 @@ class SimulationConfig:
     kp: int = option(2, "personal layers counted from the top (1 = classifier)")
     rounds: int = option(30, "federated rounds")
     training: TrainConfig = nested(lambda: TrainConfig(local_epochs=2))
-    fraction: float = option(1.0, "share of clients that train each round")
+    fraction: float = option(
+        1.0, "share of clients that train each round (with --dp: each client's probability, on its own coin)"
+    )
     bn: Literal["shared", "local"] = option(
         "shared", "base BatchNorm statistics: averaged (shared) or kept per client (local)"
     )
@@ -70,7 +76,8 @@ class SimulationConfig:
         "local Ray or --ray-address; equal to serial with --threads 1)",
     )  # fmt: skip
     ray: RayConfig = nested(RayConfig)
-    aggregation: AggregationConfig = nested(AggregationConfig, "as fedper serve does")
+    aggregation: AggregationConfig = nested(AggregationConfig, "as fedper serve does (without --dp)")
+    privacy: DPConfig = nested(DPConfig)
     fine_tune_steps: int = option(50, "SGD steps each held-out user (--holdout-clients) trains for, at every N")
     init: Path | None = option(None, f"every algorithm's initial base: {INIT_HELP}", metavar="PATH")
     out: Path = option(Path("runs/simulation"), "output directory")
@@ -85,6 +92,11 @@ class SimulationConfig:
             raise ConfigError(f"fraction must be in (0, 1], got {self.fraction}")
         if self.fine_tune_steps < 1:
             raise ConfigError(f"--fine-tune-steps must be >= 1, got {self.fine_tune_steps}")
+        if self.privacy.dp and self.aggregation.aggregate != "mean":
+            raise ConfigError(
+                f"--dp noises a sum of clipped deltas; --aggregate {self.aggregation.aggregate} has no bounded "
+                "sensitivity to noise: leave --aggregate mean"
+            )
         if self.base == "linear" and checkpoint_path(self.init) is not None:
             raise ConfigError(
                 "--base linear replaces every layer a checkpoint could start with one linear layer: "
@@ -228,38 +240,91 @@ def _run_algorithm(
         rounds = RayRounds(ray, mcfg, seed, clients)
     rng = np.random.default_rng([seed, 20])
     n_train = clients_per_round(sim, len(clients))
+    private = _Private(sim.privacy, n_train, len(clients)) if sim.privacy.dp and shared else None
+    last = 0
     for rnd in range(1, sim.rounds + 1):
-        selected = set(rng.choice(len(clients), size=n_train, replace=False).tolist())
+        if private is not None and not private.budget.allows(rnd):
+            private.stopped_before = rnd
+            break
+        last = rnd
+        if private is not None:  # each client on its own coin: what the accountant assumes
+            selected = set(np.flatnonzero(rng.random(len(clients)) < private.budget.sampling_probability).tolist())
+        else:
+            selected = set(rng.choice(len(clients), size=n_train, replace=False).tolist())
         tasks = [ClientRound(cid, rnd, seed, cid in selected, sim.training, shared, personal_names)
                  for cid in range(len(clients))]  # fmt: skip
         updates: list[tuple[dict[str, np.ndarray], int]] = []
+        unclipped: list[bool] = []
+        received = weights.to_numpy(global_shared)
         for task, client, outcome in zip(tasks, clients, rounds.run(tasks, global_shared, personal), strict=True):
             if outcome.personal is not None:
                 personal[task.client_id] = outcome.personal
             if shared and outcome.update is not None:  # in client order, as ever
                 sent: tuple[Arrays, int] | None = (weights.to_numpy(outcome.update), client.num_samples)
+                if private is not None and sent is not None:  # the device clips before it sends
+                    clipped = clip_delta(sent[0], received, shared, private.clip)
+                    sent = (clipped.tensors, sent[1])
+                    unclipped.append(clipped.unclipped)
                 if tamper is not None and sent is not None:
-                    sent = tamper(task.client_id, *sent, weights.to_numpy(global_shared))
-                if sent is not None and refusal(sent[0]) is None:  # what the server would accept
+                    sent = tamper(task.client_id, *sent, received)
+                if sent is not None and _accepted(sent[0], received, shared, private):  # as the server decides
                     updates.append(sent)
+                elif private is not None:
+                    unclipped.pop()
             if outcome.accuracy is not None:  # a client without test examples has no accuracy, as a device
                 recorder.add(ClientRecord(algorithm, rnd, task.client_id, client.num_samples, outcome.accuracy,
                                           outcome.accuracy_after, outcome.loss))  # fmt: skip
-        if shared and updates:  # none (every one refused): the base stays, as an abandoned round's
-            aggregate, report = robust_aggregate(layout, weights.to_numpy(global_shared), partial(iter, updates),
-                                                 sim.aggregation)  # fmt: skip
+        if private is not None:  # every round is published, however many took part
+            noise = np.random.default_rng([seed, 31, rnd])
+            contributions = [(u, bit) for (u, _), bit in zip(updates, unclipped, strict=True)]
+            noised, dp_report = dp_aggregate(layout, received, contributions, private.clip, sim.privacy, n_train, noise)
+            global_shared = to_torch(noised)
+            recorder.aggregation[algorithm].append({"round": rnd, **private.record(dp_report, rnd)})
+        elif shared and updates:  # none (every one refused): the base stays, as an abandoned round's
+            aggregate, report = robust_aggregate(layout, received, partial(iter, updates), sim.aggregation)
             global_shared = to_torch(aggregate)
             recorder.aggregation[algorithm].append({"round": rnd, **report.to_dict()})
         if progress is not None:
             progress(algorithm, rnd, sim.rounds)
+    if private is not None:
+        recorder.privacy[algorithm] = private.summary(last)
     # The final point: final base + own final head, evaluated only.
-    final = [ClientRound(cid, sim.rounds + 1, seed, False, sim.training, shared, personal_names)
+    final = [ClientRound(cid, last + 1, seed, False, sim.training, shared, personal_names)
              for cid in range(len(clients))]  # fmt: skip
     for task, client, outcome in zip(final, clients, rounds.run(final, global_shared, personal), strict=True):
         if outcome.accuracy is not None:
             recorder.add(ClientRecord(algorithm, task.round, task.client_id, client.num_samples, outcome.accuracy,
                                       final=True))  # fmt: skip
     _write_state(sim.out / algorithm, global_shared, personal)
+
+
+class _Private:
+    """An algorithm's DP state in a simulated run: its budget and the clip, which adaptive
+    clipping moves round by round."""
+
+    def __init__(self, config: DPConfig, expected_cohort: int, population: int) -> None:
+        q = expected_cohort / population
+        self.budget = PrivacyBudget(config.dp_noise_multiplier, q, config.delta(population), config.target_epsilon)
+        self.clip = config.dp_clip
+        config.noise(expected_cohort)  # a count noise too small for z is refused before any training
+        self.stopped_before: int | None = None
+
+    def record(self, report: DPReport, rnd: int) -> dict[str, object]:
+        """The round's report with the epsilon spent so far; the next round's clip taken."""
+        self.clip = report.next_clip
+        spent = self.budget.epsilon(rnd)
+        return {**report.to_dict(), "epsilon": spent if np.isfinite(spent) else None}
+
+    def summary(self, rounds: int) -> dict[str, object]:
+        return {**self.budget.to_dict(rounds), "stopped_before_round": self.stopped_before}
+
+
+def _accepted(tensors: Arrays, received: Arrays, shared: tuple[str, ...], private: _Private | None) -> bool:
+    """Whether the server would accept these update tensors: finite, no negative BatchNorm
+    variance, and under DP a delta within the round's clip."""
+    if refusal(tensors) is not None:
+        return False
+    return private is None or distance(tensors, received, shared) <= private.clip
 
 
 class ClientRounds(Protocol):

@@ -131,6 +131,13 @@ class FedAvg:
                     np.dot(weights, rows, out=total)
                 np.add(acc[start:end], total, out=acc[start:end])
 
+    def weighted_sum(self) -> dict[str, np.ndarray]:
+        """sum_i(n_i * w_i) per tensor, float64 views on the accumulator (zeros before any
+        :meth:`add`): what DP-FedAvg noises (:mod:`fedper.common.dp.mechanism`)."""
+        if self._pending:
+            self._fold()
+        return {name: self._views[name].reshape(shape) for name, shape in self._shapes.items()}
+
     def result(self) -> dict[str, np.ndarray]:
         """The weighted mean as float32 tensors (what goes on the wire)."""
         if self.count == 0:
