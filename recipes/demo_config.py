@@ -39,9 +39,6 @@ class DemoConfig:
     kp: int = option(SYNTH_KP, "FedPer's personal layers from the top (FedAvg's fleet has none)")
     # Ten devices make a small cohort: the count's default noise (0.05 x 10) would be below z/2.
     privacy: DPConfig = nested(lambda: DPConfig(dp_count_stddev=1.0), "for both fleets' servers")
-    dp_sampling_probability: float = option(
-        1.0, "with --dp: each device's probability of being drawn into a round, on its own coin"
-    )
     dp_round_seconds: float = option(
         20.0, "with --dp: each round's length (a DP round closes at its deadline, whoever reported; the first "
         "2 seconds are its check-in window)",
@@ -70,10 +67,10 @@ class DemoConfig:
             **asdict(self.training),
         }
         if self.privacy.dp:
-            expected = max(1, round(self.devices * self.dp_sampling_probability))
+            expected = max(1, round(self.devices * self.privacy.dp_sampling_probability))
             options.update(
                 round_timeout=self.dp_round_seconds, checkin_window=DP_CHECKIN_SECONDS, cohort_size=expected,
-                target_clients=expected, min_clients=1, dp_sampling_probability=self.dp_sampling_probability,
+                target_clients=expected, min_clients=1,
                 **{k: v for k, v in asdict(self.privacy).items() if v is not None},
             )  # fmt: skip
         own = {f.name for f in fields(ServerConfig)}

@@ -56,7 +56,7 @@ class Cohort:
         checked_in = [d for d in self.db.take_checkins(conn, number) if not self.over_limit(number, d)]
         if self.config.privacy.dp:  # each on its own coin, no cap: what the accountant assumes
             for device_id in sorted(checked_in):
-                if self._rng.random() < self.config.dp_sampling_probability:
+                if self._rng.random() < self.config.privacy.dp_sampling_probability:
                     self.db.put_slot(conn, Slot(number, device_id, now, self.expiry(now, deadline)))
             return
         previous = self.db.reporters(number - 1)

@@ -74,10 +74,6 @@ class ServerConfig:
     )
     aggregation: AggregationConfig = nested(AggregationConfig, "when a round closes (without --dp)")
     privacy: DPConfig = nested(DPConfig)
-    dp_sampling_probability: float = option(
-        1.0, "with --dp: the probability with which each device that checks in is drawn into the round, on "
-        "its own coin (the accountant's q; the expected cohort, --cohort-size, is the noised mean's denominator)",
-    )  # fmt: skip
     publish: PublishConfig = nested(PublishConfig, "before a round's aggregate is published")
     min_free_mib: float = option(
         0.0, "free disk space (MiB) below which the server drains: downloads only, no uploads or closes "
@@ -134,8 +130,6 @@ class ServerConfig:
     def _check_privacy(self) -> None:
         """What the guarantee needs (docs/PRIVACY.md): devices drawn on their own coins at the end
         of a check-in window, a deadline at which every round is published, a mean."""
-        if not 0 < self.dp_sampling_probability <= 1:
-            raise ConfigError(f"--dp-sampling-probability must be in (0, 1], got {self.dp_sampling_probability}")
         if not (self.round_timeout > 0 and self.checkin_window > 0):
             raise ConfigError(
                 "--dp needs --round-timeout > 0 and --checkin-window > 0: devices are drawn among those that "

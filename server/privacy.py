@@ -51,7 +51,7 @@ class ServerPrivacy:
 
     def budget(self) -> PrivacyBudget:
         return PrivacyBudget(
-            self.dp.dp_noise_multiplier, self.config.dp_sampling_probability, self.delta(), self.dp.target_epsilon
+            self.dp.dp_noise_multiplier, self.dp.dp_sampling_probability, self.delta(), self.dp.target_epsilon
         )
 
     def aggregate(

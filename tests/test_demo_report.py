@@ -102,8 +102,8 @@ def test_demo_dp_runs_both_servers_with_dp_and_reports_what_they_spent(tmp_path)
     from fedper.server.process import option_flags
 
     assert DemoConfig().privacy.dp_count_stddev == 1.0  # ten devices: the count's default noise would be too small
-    privacy = DPConfig(dp=True, dp_noise_multiplier=0.8, dp_count_stddev=1.0)
-    config = DemoConfig(devices=10, privacy=privacy, dp_sampling_probability=0.5)
+    privacy = DPConfig(dp=True, dp_noise_multiplier=0.8, dp_count_stddev=1.0, dp_sampling_probability=0.5)
+    config = DemoConfig(devices=10, privacy=privacy)
     options = config.server_options()
     assert options["dp"] is True and options["checkin_window"] == 2.0 and options["round_timeout"] == 20.0
     assert options["cohort_size"] == 5 and options["dp_sampling_probability"] == 0.5
