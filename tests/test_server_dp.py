@@ -192,3 +192,22 @@ def test_a_non_dp_round_refuses_the_dp_bit(server_artifacts, tmp_path):
         assert task["dp"] is None
         r = _upload(server, headers, 1, _base(server, 0), "1")
         assert r.status_code == 422 and r.json()["code"] == ErrorCode.BAD_METADATA
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(bit=st.one_of(st.none(), st.text(max_size=8), st.sampled_from(["0", "1", " 1", "1.0", "true", "01"])))
+def test_the_dp_bit_is_exactly_0_or_1_in_a_dp_round_and_absent_elsewhere(server_artifacts, bit):
+    manifest = read_manifest(server_artifacts)
+    base = {n: np.ones(s, np.float32) for n, s in manifest.layout("base")}
+    with tempfile.TemporaryDirectory() as tmp:
+        body = Path(tmp) / "u.safetensors"
+        body.write_bytes(update_body(base, extra_metadata={} if bit is None else {Metadata.UNCLIPPED: bit}))
+        round_base = {n: v.astype(np.float64) for n, v in base.items()}
+        for clip in (0.5, None):  # a DP round, then any other
+            allowed = bit in ("0", "1") if clip is not None else bit is None
+            try:
+                upload = validate(body, manifest, 100_000, round_base, 0, clip)
+            except ProtocolError as exc:
+                assert not allowed and exc.status == 422 and exc.code == ErrorCode.BAD_METADATA
+            else:
+                assert allowed and upload.unclipped == (None if clip is None else bit == "1")
