@@ -70,6 +70,7 @@ class DemoConfig:
             expected = max(1, round(self.devices * self.privacy.dp_sampling_probability))
             options.update(
                 round_timeout=self.dp_round_seconds, checkin_window=DP_CHECKIN_SECONDS, cohort_size=expected,
+                start_devices=self.devices,  # the fleet takes a while to start: no round passes without it
                 target_clients=expected, min_clients=1,
                 **{k: v for k, v in asdict(self.privacy).items() if v is not None},
             )  # fmt: skip

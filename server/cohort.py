@@ -35,6 +35,7 @@ from fedper.server.config import ServerConfig
 from fedper.server.storage import Database, RoundState, Slot
 
 MAX_RETRY_AFTER = 3600  # seconds; no device is told to wait longer than this
+WAITING_KEY = "waiting_for_devices"  # meta: "1" while round 1 waits for --start-devices enrollments
 
 
 class Cohort:
@@ -102,7 +103,7 @@ class Cohort:
                 return held  # the same task again; asking again does not extend the slot
             if self.over_limit(number, device_id):
                 return None
-            if now < self.window_end(current.opened_at):
+            if now < self.window_end(current.opened_at) or self.db.get_meta(WAITING_KEY) == "1":
                 self.db.put_checkin(conn, number, device_id, now)
                 return None
             if self.config.checkin_window:

@@ -24,6 +24,10 @@ class ServerConfig:
     target_clients: int = option(10, "a round closes as soon as this many updates are accepted")
     min_clients: int = option(2, "at the deadline, a round closes if it has at least this many")
     round_timeout: float = option(600.0, "seconds a round stays open (0: no deadline)")
+    start_devices: int = option(
+        0, "round 1's clock (its check-in window and deadline) starts once this many devices have enrolled "
+        "(0: at the first start); until then devices only check in",
+    )  # fmt: skip
     cohort_size: int = option(0, "devices a round wants reports from, before over-selection (0: --target-clients)")
     over_selection: float = option(
         1.3, "a round assigns ceil(cohort size x this) slots, so that dropouts do not stall it (>= 1)"
@@ -90,6 +94,8 @@ class ServerConfig:
             raise ConfigError("need 1 <= --min-clients <= --target-clients")
         if self.round_timeout < 0:
             raise ConfigError("--round-timeout must be >= 0")
+        if self.start_devices < 0:
+            raise ConfigError(f"--start-devices must be >= 0, got {self.start_devices}")
         if self.max_num_samples < 1:
             raise ConfigError("--max-num-samples must be >= 1")
         positive = {

@@ -44,7 +44,7 @@ from fedper.common.protocol import RoundInfo
 from fedper.common.robust_aggregate import NonFiniteAggregateError, robust_aggregate
 from fedper.server import publish_check
 from fedper.server.clock import SteadyClock
-from fedper.server.cohort import Cohort
+from fedper.server.cohort import WAITING_KEY, Cohort
 from fedper.server.config import ServerConfig
 from fedper.server.disk_room import DiskRoom, out_of_space
 from fedper.server.privacy import ServerPrivacy
@@ -139,10 +139,13 @@ class RoundManager:
                 weights.load_checked([initial_base], self._layout)  # served as is, so it must load
                 atomic_write_bytes(target, initial_base.read_bytes())
                 now = self.clock()
+                waiting = self.db.count_devices() < self.config.start_devices  # no clock until they come
                 with self.db.transaction() as conn:
                     self.db.insert_version(conn, 0, sha256_file(target), target.name, now, None)
-                    self.db.open_round(conn, 1, 0, now, self._deadline(now))
+                    self.db.open_round(conn, 1, 0, now, None if waiting else self._deadline(now))
                     self.db.set_meta(conn, "state", "running")
+                    if waiting:
+                        self.db.set_meta(conn, WAITING_KEY, "1")
                 log.info(json.dumps({"event": "round_opened", "round": 1, "model_version": 0}))
             current = self.db.latest_round()
             assert current is not None
@@ -154,7 +157,24 @@ class RoundManager:
             self.store.remove_leftovers(open_round, {f for f in referenced if f is not None})
             self._remove_unrecorded_models()
             self._refresh()
+        self.enrolled()  # enough devices may have enrolled before a restart
         self.tick()  # a deadline that passed while we were down, or a full round not yet closed
+
+    def enrolled(self) -> None:
+        """After an enrollment: start round 1's clock once ``--start-devices`` devices have enrolled."""
+        if self.db.get_meta(WAITING_KEY) != "1" or self.db.count_devices() < self.config.start_devices:
+            return
+        with self._lock:
+            if self.db.get_meta(WAITING_KEY) != "1":
+                return
+            now = self.clock()
+            try:
+                with self.db.transaction() as conn:
+                    self.db.start_round_clock(conn, 1, now, self._deadline(now))
+                    self.db.set_meta(conn, WAITING_KEY, "0")
+            finally:
+                self._refresh()
+        log.info(json.dumps({"event": "round_clock_started", "round": 1, "devices": self.db.count_devices()}))
 
     def _remove_unrecorded_models(self) -> None:
         """At start: temp files of writes a crash interrupted (``.v1.safetensors.*.tmp``), version

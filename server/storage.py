@@ -435,6 +435,10 @@ class Database:
             (number, version, now, deadline),
         )
 
+    def start_round_clock(self, conn: sqlite3.Connection, number: int, now: float, deadline: float | None) -> None:
+        """Round ``number`` (open, waiting for devices) starts now: its window and deadline count from here."""
+        conn.execute("UPDATE rounds SET opened_at = ?, deadline = ? WHERE round = ?", (now, deadline, number))
+
     def end_round(
         self,
         conn: sqlite3.Connection,

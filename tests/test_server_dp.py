@@ -211,3 +211,26 @@ def test_the_dp_bit_is_exactly_0_or_1_in_a_dp_round_and_absent_elsewhere(server_
                 assert not allowed and exc.status == 422 and exc.code == ErrorCode.BAD_METADATA
             else:
                 assert allowed and upload.unclipped == (None if clip is None else bit == "1")
+
+
+def test_round_one_waits_for_start_devices_before_its_clock_runs(server_artifacts, tmp_path):
+    """--start-devices 3: with two devices enrolled the round has no deadline and every ask is a
+    check-in; the third enrollment starts its window and deadline; then it runs as any DP round."""
+    clock = FakeClock()
+    options = _dp(dp_noise_multiplier=0, dp_clip_learning_rate=0, start_devices=3, dp_sampling_probability=1)
+    with InProcessServer(server_artifacts, tmp_path / "data", clock=clock, **options) as server:
+        early = [enroll(server.http)[1] for _ in range(2)]
+        clock.now += 10 * TIMEOUT  # a day without devices burns no round
+        server.state.rounds.tick()
+        assert all(ask(server.http, h).status_code == 204 for h in early)
+        status = server.http.get("/v1/status").json()
+        assert status["round"] == 1 and status["privacy"]["rounds"] == 0
+        assert server.state.db.round(1).deadline is None  # type: ignore[union-attr]
+        late = enroll(server.http)[1]
+        started = server.state.db.round(1)
+        assert started is not None and started.opened_at == clock.now and started.deadline == clock.now + TIMEOUT
+        tasks = _drawn(server, clock, [*early, late])
+        assert all(t is not None and t["round"] == 1 for t in tasks)
+        clock.now += TIMEOUT
+        server.state.rounds.tick()
+        assert server.http.get("/v1/status").json()["privacy"]["rounds"] == 1

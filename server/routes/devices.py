@@ -91,6 +91,7 @@ async def enroll(request: Request, state: State) -> Enrolled:
     device_id, token = f"d-{secrets.token_hex(8)}", new_token()
     await to_thread.run_sync(state.db.add_device, device_id, token_hash(token), platform)
     log.info(json.dumps({"event": "device_enrolled", "device": device_id, "platform": platform}))
+    await to_thread.run_sync(state.rounds.enrolled)
     return Enrolled(device_id=device_id, token=token)
 
 
