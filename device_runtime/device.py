@@ -25,6 +25,7 @@ import numpy as np
 
 from fedper.client_round import Client, ClientRound, score_held, train_held
 from fedper.common import weights
+from fedper.common.dp.clipping import clip_delta
 from fedper.common.errors import FedperError
 from fedper.common.manifest import MANIFEST_FILE, Manifest, read_manifest, sha256_file
 from fedper.common.protocol import ErrorCode, Metadata, Route, Task, TaskConfig
@@ -220,11 +221,13 @@ class Device:
         if rng.random() < self.options.straggler:
             self._sleep(self.options.straggler_delay)
         metrics = {"accuracy": accuracy, "accuracy_after": accuracy_after, "train_loss": loss}
-        body = weights.encode(
-            update,
-            {Metadata.NUM_SAMPLES: str(client.num_samples), Metadata.BASE_VERSION: str(task.model_version),
-             **metric_metadata(metrics)},
-        )  # fmt: skip
+        metadata = {Metadata.NUM_SAMPLES: str(client.num_samples), Metadata.BASE_VERSION: str(task.model_version),
+                    **metric_metadata(metrics)}  # fmt: skip
+        sent: weights.Tensors = update
+        if task.dp is not None:  # DP-FedAvg (revision 1.5): the server checks the clip, so clip exactly as it measures
+            clipped = clip_delta(weights.to_numpy(update), base, manifest.base_names, task.dp.clip_norm)
+            sent, metadata[Metadata.UNCLIPPED] = clipped.tensors, "1" if clipped.unclipped else "0"
+        body = weights.encode(sent, metadata)
         try:
             received = self.client.upload(task.round, body)
         except NotInCohortError:

@@ -14,10 +14,11 @@ import os
 import secrets
 import shutil
 import time
-from dataclasses import asdict, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import httpx
 from rich.console import Console
 
 from fedper._recipes.demo_config import DemoConfig
@@ -25,7 +26,7 @@ from fedper._recipes.demo_report import compare, render_report
 from fedper._recipes.new_users import FINAL_BASE, new_user_curves
 from fedper.checkpoints import read_checkpoint
 from fedper.common.atomic_write import atomic_write_text
-from fedper.common.protocol import Env
+from fedper.common.protocol import Env, Route
 from fedper.data import DataConfig, load_federated
 from fedper.device_runtime.fleet import run_fleet
 from fedper.device_runtime.fleet_config import FleetConfig
@@ -41,15 +42,7 @@ DEMO_ALPHA, DEMO_INPUT_SIZE = 0.25, 32  # the exported model: MobileNet-V1 width
 
 
 def _server(artifacts: Path, data_dir: Path, log: Path, config: DemoConfig, keys: dict[str, str]) -> ServerProcess:
-    options = {
-        "rounds": config.rounds,
-        "target_clients": config.devices,
-        "min_clients": max(1, config.devices // 2),
-        "round_timeout": 600,
-        "retry_after": 1,
-        **asdict(config.training),
-    }
-    return ServerProcess(artifacts, data_dir, options, env=keys, log=log)
+    return ServerProcess(artifacts, data_dir, config.server_options(), env=keys, log=log)
 
 
 def _new_user_curves(config: DemoConfig, data: DataConfig, out: Path) -> dict[str, Any]:
@@ -148,6 +141,8 @@ def run_demo(config: DemoConfig) -> dict[str, Any]:
                 "up": int(server.metric("fedper_bytes_received_total")),
                 "down": int(server.metric("fedper_bytes_sent_total")),
             }
+            if config.privacy.dp:  # what the run spent, as the server reports it
+                recorder.privacy[label] = httpx.get(server.url + Route.STATUS, timeout=30).json()["privacy"]
         timings[label] = time.perf_counter() - t
     if config.new_users:
         t = time.perf_counter()

@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 from fedper._recipes.presets import SYNTH_HEAD, SYNTH_INIT, SYNTH_KP, SYNTH_LOCAL_EPOCHS, SYNTH_ROUNDS
 from fedper.common.config_cli import nested, option
+from fedper.common.dp.config import DPConfig
 from fedper.common.errors import ConfigError
 from fedper.common.train_config import TrainConfig
 from fedper.device_runtime.runtime_config import RuntimeConfig
 from fedper.models.heads import HeadKind
 from fedper.pretrained import INIT_HELP
+from fedper.server.config import ServerConfig
+
+DP_CHECKIN_SECONDS = 2.0  # a DP round's check-in window in the demo (devices ask about every second)
 
 
 @dataclass(frozen=True)
@@ -33,6 +37,12 @@ class DemoConfig:
     init: Path = option(SYNTH_INIT, f"the base's version 0: {INIT_HELP}", metavar="PATH")
     head: HeadKind = option(SYNTH_HEAD, "the personal classifier: softmax or ordinal (for ratings)")
     kp: int = option(SYNTH_KP, "FedPer's personal layers from the top (FedAvg's fleet has none)")
+    # Ten devices make a small cohort: the count's default noise (0.05 x 10) would be below z/2.
+    privacy: DPConfig = nested(lambda: DPConfig(dp_count_stddev=1.0), "for both fleets' servers")
+    dp_round_seconds: float = option(
+        20.0, "with --dp: each round's length (a DP round closes at its deadline, whoever reported; the first "
+        "2 seconds are its check-in window)",
+    )  # fmt: skip
 
     def __post_init__(self) -> None:
         if self.devices < 1 or self.rounds < 1:
@@ -41,3 +51,30 @@ class DemoConfig:
             raise ConfigError(
                 f"--new-users must be >= 0 and --fine-tune-steps >= 1, got {self.new_users} and {self.fine_tune_steps}"
             )
+        if self.privacy.dp:
+            if not self.dp_round_seconds > DP_CHECKIN_SECONDS:
+                raise ConfigError(f"--dp-round-seconds must be above {DP_CHECKIN_SECONDS}, got {self.dp_round_seconds}")
+            self.server_options()  # the servers' own checks, before anything runs
+
+    def server_options(self) -> dict[str, object]:
+        """The options both fleets' ``fedper serve`` run with."""
+        options: dict[str, object] = {
+            "rounds": self.rounds,
+            "target_clients": self.devices,
+            "min_clients": max(1, self.devices // 2),
+            "round_timeout": 600,
+            "retry_after": 1,
+            **asdict(self.training),
+        }
+        if self.privacy.dp:
+            expected = max(1, round(self.devices * self.privacy.dp_sampling_probability))
+            options.update(
+                round_timeout=self.dp_round_seconds, checkin_window=DP_CHECKIN_SECONDS, cohort_size=expected,
+                start_devices=self.devices,  # the fleet takes a while to start: no round passes without it
+                target_clients=expected, min_clients=1,
+                **{k: v for k, v in asdict(self.privacy).items() if v is not None},
+            )  # fmt: skip
+        own = {f.name for f in fields(ServerConfig)}
+        flat = {k: v for k, v in options.items() if k in own}
+        ServerConfig(**flat, training=self.training, privacy=self.privacy)  # type: ignore[arg-type]  # serve's checks
+        return options

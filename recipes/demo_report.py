@@ -147,6 +147,7 @@ def render_report(config: DemoConfig, results: dict[str, Any], out: Path) -> str
     return page.substitute(
         meaning=html.escape(meaning),
         rows=rows,
+        privacy=_privacy_section(results.get("privacy")),
         accuracy_plot=img("accuracy_per_round.png"),
         client_plot=img("final_accuracy_per_client.png"),
         new_users=new_users,
@@ -168,6 +169,27 @@ def render_report(config: DemoConfig, results: dict[str, Any], out: Path) -> str
         timings=timings,
         sizes=sizes,
         traffic=traffic,
+    )
+
+
+def _privacy_section(privacy: dict[str, Any] | None) -> str:
+    """With --dp: what each fleet's server reported it spent (docs/PRIVACY.md)."""
+    if not privacy:
+        return ""
+
+    def spent(p: dict[str, Any]) -> str:
+        return "infinite (no noise)" if p["epsilon"] is None else format(p["epsilon"], ".3g")
+
+    items = "".join(
+        f"<li>{html.escape(a)}: epsilon {spent(p)} at delta {p['delta']:.3g} after {p['rounds']} noised rounds "
+        f"(noise multiplier {p['noise_multiplier']:g}, each device drawn with probability "
+        f"{p['sampling_probability']:g}, last clip norm {p['clip_norm']:.3g})</li>"
+        for a, p in privacy.items()
+    )
+    return (
+        "<h2>Privacy</h2><p>Both fleets ran DP-FedAvg: each device clipped its base delta, the server added "
+        "Gaussian noise to their sum and published every round at its deadline; epsilon is what the server's "
+        f"accountant (dp-accounting, RDP) reports at the end (docs/PRIVACY.md).</p><ul>{items}</ul>"
     )
 
 

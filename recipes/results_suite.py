@@ -91,10 +91,12 @@ def run_one(fedper: str, experiment: Experiment, seed: int, root: Path) -> Path:
     return out
 
 
-def run_all(fedper: str, root: Path, seeds: Sequence[int], jobs: int) -> dict[str, list[Path]]:
+def run_all(
+    fedper: str, root: Path, seeds: Sequence[int], jobs: int, experiments: Sequence[Experiment] = EXPERIMENTS
+) -> dict[str, list[Path]]:
     """Every experiment on every seed (longest first); experiment name -> run dirs, seed order."""
     root.mkdir(parents=True, exist_ok=True)
-    work = [(e, s) for e in EXPERIMENTS for s in seeds]
+    work = [(e, s) for e in experiments for s in seeds]
     with ThreadPoolExecutor(max_workers=jobs) as pool:
         dirs = list(pool.map(lambda es: run_one(fedper, es[0], es[1], root), work))
     out: dict[str, list[Path]] = {}

@@ -23,7 +23,7 @@ console = Console(stderr=True)
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     add_command(
-        sub, "simulate", simulate, [DataConfig, SimulationConfig],
+        sub, "simulate", simulate, [DataConfig, SimulationConfig], skip=("dp_sampling_probability",),
         help="compare FedPer, FedAvg and local training in one process",
         description="In-process simulation (eager PyTorch) of FedPer vs FedAvg vs local training. "
         "Writes results.json, metrics.csv, plots and final weights into --out. " + help_text(),

@@ -312,8 +312,7 @@ class _Private:
     def record(self, report: DPReport, rnd: int) -> dict[str, object]:
         """The round's report with the epsilon spent so far; the next round's clip taken."""
         self.clip = report.next_clip
-        spent = self.budget.epsilon(rnd)
-        return {**report.to_dict(), "epsilon": spent if np.isfinite(spent) else None}
+        return {**report.to_dict(), "epsilon": self.budget.reported(rnd)}
 
     def summary(self, rounds: int) -> dict[str, object]:
         return {**self.budget.to_dict(rounds), "stopped_before_round": self.stopped_before}

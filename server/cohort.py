@@ -8,6 +8,11 @@ Without this, every device that asks trains, and all but the first ``target_clie
 are thrown away. Devices without a slot are told when to ask again, spread over the expected
 rest of the round, so that thousands of them do not come back at the same moment.
 
+Under ``--dp`` (docs/PRIVACY.md), the draw is the privacy accountant's Poisson sampling: each
+device that checked in gets a slot on its own coin of probability ``--dp-sampling-probability``,
+with no cap and no order, and a device that did not check in gets none: one device's presence
+never changes another's chance, which the amplification theorem needs.
+
 First come is what a few fast sybils exploit: polling every half second, they take every slot.
 With ``--checkin-window S``, the devices that ask during the first S seconds of a round only
 check in (204, asked back when the window ends); then the slots are drawn at random among
@@ -30,6 +35,7 @@ from fedper.server.config import ServerConfig
 from fedper.server.storage import Database, RoundState, Slot
 
 MAX_RETRY_AFTER = 3600  # seconds; no device is told to wait longer than this
+WAITING_KEY = "waiting_for_devices"  # meta: "1" while round 1 waits for --start-devices enrollments
 
 
 class Cohort:
@@ -49,6 +55,11 @@ class Cohort:
         """Give the free slots to devices drawn at random among those that checked in; those that
         reported in the previous round only after all others."""
         checked_in = [d for d in self.db.take_checkins(conn, number) if not self.over_limit(number, d)]
+        if self.config.privacy.dp:  # each on its own coin, no cap: what the accountant assumes
+            for device_id in sorted(checked_in):
+                if self._rng.random() < self.config.privacy.dp_sampling_probability:
+                    self.db.put_slot(conn, Slot(number, device_id, now, self.expiry(now, deadline)))
+            return
         previous = self.db.reporters(number - 1)
         self._rng.shuffle(checked_in)
         checked_in.sort(key=lambda d: d in previous)  # stable: random within each group
@@ -92,7 +103,7 @@ class Cohort:
                 return held  # the same task again; asking again does not extend the slot
             if self.over_limit(number, device_id):
                 return None
-            if now < self.window_end(current.opened_at):
+            if now < self.window_end(current.opened_at) or self.db.get_meta(WAITING_KEY) == "1":
                 self.db.put_checkin(conn, number, device_id, now)
                 return None
             if self.config.checkin_window:
@@ -100,6 +111,8 @@ class Cohort:
                 drawn = self.db.slot(number, device_id)
                 if drawn is not None and self._held(drawn, now):
                     return drawn
+            if self.config.privacy.dp:  # a device that did not check in, or lost its coin, waits
+                return None
             if self.db.count_updates(number) >= self.config.target_clients or not self.has_room(number, now):
                 return None
             slot = Slot(number, device_id, now, self.expiry(now, current.deadline))

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fedper.common.config_cli import nested, option
+from fedper.common.dp.config import DPConfig
 from fedper.common.errors import ConfigError
 from fedper.common.robust_aggregate import AggregationConfig
 from fedper.common.train_config import TrainConfig
@@ -23,6 +24,10 @@ class ServerConfig:
     target_clients: int = option(10, "a round closes as soon as this many updates are accepted")
     min_clients: int = option(2, "at the deadline, a round closes if it has at least this many")
     round_timeout: float = option(600.0, "seconds a round stays open (0: no deadline)")
+    start_devices: int = option(
+        0, "round 1's clock (its check-in window and deadline) starts once this many devices have enrolled "
+        "(0: at the first start); until then devices only check in",
+    )  # fmt: skip
     cohort_size: int = option(0, "devices a round wants reports from, before over-selection (0: --target-clients)")
     over_selection: float = option(
         1.3, "a round assigns ceil(cohort size x this) slots, so that dropouts do not stall it (>= 1)"
@@ -71,7 +76,8 @@ class ServerConfig:
     max_update_norm: float = option(
         0.0, "largest L2 distance of an update from the round's base, over all base tensors (0: no bound)"
     )
-    aggregation: AggregationConfig = nested(AggregationConfig, "when a round closes")
+    aggregation: AggregationConfig = nested(AggregationConfig, "when a round closes (without --dp)")
+    privacy: DPConfig = nested(DPConfig)
     publish: PublishConfig = nested(PublishConfig, "before a round's aggregate is published")
     min_free_mib: float = option(
         0.0, "free disk space (MiB) below which the server drains: downloads only, no uploads or closes "
@@ -88,6 +94,8 @@ class ServerConfig:
             raise ConfigError("need 1 <= --min-clients <= --target-clients")
         if self.round_timeout < 0:
             raise ConfigError("--round-timeout must be >= 0")
+        if self.start_devices < 0:
+            raise ConfigError(f"--start-devices must be >= 0, got {self.start_devices}")
         if self.max_num_samples < 1:
             raise ConfigError("--max-num-samples must be >= 1")
         positive = {
@@ -117,11 +125,28 @@ class ServerConfig:
             raise ConfigError("--cohort-size and --report-timeout must be >= 0 (0: their defaults)")
         if not 1 <= self.over_selection <= 100:
             raise ConfigError(f"--over-selection must be in 1..100, got {self.over_selection}")
+        if self.privacy.dp:
+            self._check_privacy()
         if self.slots < self.target_clients:
             raise ConfigError(
                 f"--cohort-size x --over-selection gives {self.slots} slots, fewer than --target-clients "
                 f"{self.target_clients}: no round could ever fill"
             )
+
+    def _check_privacy(self) -> None:
+        """What the guarantee needs (docs/PRIVACY.md): devices drawn on their own coins at the end
+        of a check-in window, a deadline at which every round is published, a mean."""
+        if not (self.round_timeout > 0 and self.checkin_window > 0):
+            raise ConfigError(
+                "--dp needs --round-timeout > 0 and --checkin-window > 0: devices are drawn among those that "
+                "checked in, and every round is published at its deadline"
+            )
+        if self.aggregation.aggregate != "mean":
+            raise ConfigError(
+                f"--dp noises a sum of clipped deltas; --aggregate {self.aggregation.aggregate} has no bounded "
+                "sensitivity to noise: leave --aggregate mean"
+            )
+        self.privacy.noise(self.cohort)  # a count noise too small for z is refused at start
 
     @property
     def cohort(self) -> int:

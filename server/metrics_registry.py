@@ -10,6 +10,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from fedper.common.protocol import PrivacySpent
+
 METRICS_PATH = "/metrics"  # an operator endpoint, outside the device protocol
 
 
@@ -50,6 +52,7 @@ class MetricsRegistry:
     def render(
         self, rounds_closed: int, current_round: int, aggregation_seconds: float, in_flight: int,
         clipped: int = 0, capped: int = 0, not_published: int = 0, draining: bool = False,
+        privacy: PrivacySpent | None = None,
     ) -> bytes:  # fmt: skip
         with self._lock:
             rejected = CounterMetricFamily("fedper_updates_rejected", "updates refused, by error code", labels=["code"])
@@ -83,6 +86,15 @@ class MetricsRegistry:
                     "fedper_draining", "1 while the disk is too full to take uploads", value=int(draining)
                 ),
             ]
+            if privacy is not None:  # DP-FedAvg (docs/PRIVACY.md); no epsilon without noise
+                families += [
+                    GaugeMetricFamily("fedper_dp_clip_norm", "the open round's DP clip norm", value=privacy.clip_norm),
+                    CounterMetricFamily("fedper_dp_rounds", "rounds noised so far", value=privacy.rounds),
+                    GaugeMetricFamily("fedper_dp_delta", "the delta epsilon is reported at", value=privacy.delta),
+                ]
+                if privacy.epsilon is not None:
+                    epsilon = GaugeMetricFamily("fedper_dp_epsilon", "epsilon spent so far", value=privacy.epsilon)
+                    families.append(epsilon)
         registry = CollectorRegistry(auto_describe=False)
         registry.register(_Families(families))
         return generate_latest(registry)

@@ -54,6 +54,16 @@ def metric_sample(exposition: str, name: str) -> float:
     return 0.0
 
 
+def option_flags(options: Mapping[str, object]) -> list[str]:
+    """``fedper serve``'s flags for ``options``: ``target_clients=3`` -> ``--target-clients 3``,
+    ``dp=True`` -> ``--dp``, ``dp=False`` -> ``--no-dp``."""
+    args: list[str] = []
+    for key, value in options.items():
+        flag = f"--{key.replace('_', '-')}"
+        args += [flag] if value is True else [f"--no-{flag[2:]}"] if value is False else [flag, str(value)]
+    return args
+
+
 class ServerProcess:
     """One ``fedper serve``: ``options`` become its flags (``target_clients=3`` ->
     ``--target-clients 3``), ``env`` its environment (secrets), ``log`` gets its output;
@@ -85,8 +95,7 @@ class ServerProcess:
         # -P: the installed fedper, never a folder of that name in the working directory.
         args = [str(self.python), "-P", "-m", "fedper.cli", "serve", "--artifacts", str(self.artifacts),
                 "--data-dir", str(self.data_dir), "--port", str(self.port)]  # fmt: skip
-        for key, value in self.options.items():
-            args += [f"--{key.replace('_', '-')}", str(value)]
+        args += option_flags(self.options)
         self.log.parent.mkdir(parents=True, exist_ok=True)
         self._log_file = self.log.open("a")
         self.proc = subprocess.Popen(args, env=self.env, stdout=self._log_file, stderr=subprocess.STDOUT, text=True)

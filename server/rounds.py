@@ -37,15 +37,17 @@ import numpy as np
 
 from fedper.common import weights
 from fedper.common.atomic_write import atomic_write_bytes
+from fedper.common.dp.mechanism import DPReport
 from fedper.common.manifest import Manifest, sha256_file
 from fedper.common.metrics import summarize
 from fedper.common.protocol import RoundInfo
 from fedper.common.robust_aggregate import NonFiniteAggregateError, robust_aggregate
 from fedper.server import publish_check
 from fedper.server.clock import SteadyClock
-from fedper.server.cohort import Cohort
+from fedper.server.cohort import WAITING_KEY, Cohort
 from fedper.server.config import ServerConfig
 from fedper.server.disk_room import DiskRoom, out_of_space
+from fedper.server.privacy import ServerPrivacy
 from fedper.server.refusals import (
     AlreadyReportedError,
     DeviceRevokedError,
@@ -110,6 +112,7 @@ class RoundManager:
         self._layout = manifest.layout("base")
         self.store = UpdateStore(data_dir, self._layout)
         self.cohort = Cohort(config, db)
+        self.privacy = ServerPrivacy(config, db) if config.privacy.dp else None
         self._lock = threading.RLock()
         self._bases: dict[int, dict[str, np.ndarray]] = {}  # model versions, for the update bound
         self.snapshot = Snapshot(False, 0, RoundState.OPEN, 0, None, 0, 0)
@@ -136,10 +139,13 @@ class RoundManager:
                 weights.load_checked([initial_base], self._layout)  # served as is, so it must load
                 atomic_write_bytes(target, initial_base.read_bytes())
                 now = self.clock()
+                waiting = self.db.count_devices() < self.config.start_devices  # no clock until they come
                 with self.db.transaction() as conn:
                     self.db.insert_version(conn, 0, sha256_file(target), target.name, now, None)
-                    self.db.open_round(conn, 1, 0, now, self._deadline(now))
+                    self.db.open_round(conn, 1, 0, now, None if waiting else self._deadline(now))
                     self.db.set_meta(conn, "state", "running")
+                    if waiting:
+                        self.db.set_meta(conn, WAITING_KEY, "1")
                 log.info(json.dumps({"event": "round_opened", "round": 1, "model_version": 0}))
             current = self.db.latest_round()
             assert current is not None
@@ -151,7 +157,24 @@ class RoundManager:
             self.store.remove_leftovers(open_round, {f for f in referenced if f is not None})
             self._remove_unrecorded_models()
             self._refresh()
+        self.enrolled()  # enough devices may have enrolled before a restart
         self.tick()  # a deadline that passed while we were down, or a full round not yet closed
+
+    def enrolled(self) -> None:
+        """After an enrollment: start round 1's clock once ``--start-devices`` devices have enrolled."""
+        if self.db.get_meta(WAITING_KEY) != "1" or self.db.count_devices() < self.config.start_devices:
+            return
+        with self._lock:
+            if self.db.get_meta(WAITING_KEY) != "1":
+                return
+            now = self.clock()
+            try:
+                with self.db.transaction() as conn:
+                    self.db.start_round_clock(conn, 1, now, self._deadline(now))
+                    self.db.set_meta(conn, WAITING_KEY, "0")
+            finally:
+                self._refresh()
+        log.info(json.dumps({"event": "round_clock_started", "round": 1, "devices": self.db.count_devices()}))
 
     def _remove_unrecorded_models(self) -> None:
         """At start: temp files of writes a crash interrupted (``.v1.safetensors.*.tmp``), version
@@ -293,13 +316,14 @@ class RoundManager:
                 try:
                     relative = self.store.commit(staged.temp, staged.round, staged.device_id)
                     update = StoredUpdate(staged.round, staged.device_id, staged.upload.num_samples,
-                                          staged.upload.base_version, relative, staged.upload.metrics)  # fmt: skip
+                                          staged.upload.base_version, relative, staged.upload.metrics,
+                                          staged.upload.unclipped)  # fmt: skip
                     with self.db.transaction() as conn:
                         self.db.insert_update(conn, update, now)
                 finally:
                     self._refresh()
                 received = self.snapshot.received
-                if received >= self.config.target_clients:
+                if received >= self.config.target_clients and self.privacy is None:
                     self._try_close(staged.round, "target reached")
                 return received
         finally:
@@ -338,12 +362,19 @@ class RoundManager:
             return ((tensors, u.num_samples) for u, tensors in self._stored(number))
 
         round_base = self.round_base(number)
+        dp_report = None
         try:  # group=1: one loaded update in memory at a time (for the mean)
-            base, report = robust_aggregate(self._layout, round_base, stored, self.config.aggregation, 1)
+            if self.privacy is not None:
+                contributions = ((tensors, bool(u.unclipped)) for u, tensors in self._stored(number))
+                base, dp_report = self.privacy.aggregate(self._layout, round_base, contributions)
+                count = dp_report.updates
+            else:
+                base, report = robust_aggregate(self._layout, round_base, stored, self.config.aggregation, 1)
+                count = report.updates
         except NonFiniteAggregateError as exc:
             self._refuse(number, current.model_version, str(exc))
             return
-        if report.updates < len(updates):
+        if count < len(updates):
             self._refresh()
             log.warning(json.dumps({"event": "round_close_deferred", "round": number,
                                     "dropped": len(updates) - report.updates}))  # fmt: skip
@@ -356,7 +387,7 @@ class RoundManager:
                 f.flush()
                 refused = publish_check.command_problem(self.config.publish, candidate)
         if refused is not None:
-            self._refuse(number, current.model_version, refused)
+            self._refuse(number, current.model_version, refused, dp_report)
             return
         version = self.db.latest_version() + 1
         target = self.models_dir / f"v{version}.safetensors"
@@ -370,6 +401,8 @@ class RoundManager:
                 self.db.insert_version(conn, version, sha256_file(target), target.name, now, number)
                 self.db.end_round(conn, number, RoundState.CLOSED, now, version, metrics)
                 self.db.set_meta(conn, STEPS_KEY, json.dumps(steps))
+                if self.privacy is not None and dp_report is not None and not self.privacy.record(conn, dp_report):
+                    finished = True  # the next round would take epsilon above --target-epsilon
                 if finished:
                     self.db.set_meta(conn, "state", "finished")
                 else:
@@ -378,12 +411,14 @@ class RoundManager:
             self._refresh()
         self.store.remove_round(number)
         self.aggregation_seconds += time.perf_counter() - start
-        self.updates_clipped += report.clipped
-        self.updates_capped += report.capped
+        if dp_report is None:
+            self.updates_clipped += report.clipped
+            self.updates_capped += report.capped
+        done = report.to_dict() if dp_report is None else self._privacy_log(dp_report)
         log.info(json.dumps({
             "event": "round_closed", "round": number, "reason": reason, "updates": len(updates),
             "model_version": version, "seconds": round(time.perf_counter() - start, 3), "finished": finished,
-            "aggregation": report.to_dict(),
+            "aggregation" if dp_report is None else "privacy": done,
         }))  # fmt: skip
         self._prune()
 
@@ -413,20 +448,30 @@ class RoundManager:
             self.store.remove(self.models_dir / f"v{v}.safetensors")
         log.info(json.dumps({"event": "versions_pruned", "versions": doomed}))
 
-    def _refuse(self, number: int, version: int, why: str) -> None:
-        """A round whose aggregate may not be published: abandoned, counted, logged as a warning."""
-        self._abandon(number, version)
+    def _privacy_log(self, report: DPReport) -> dict[str, object]:
+        assert self.privacy is not None
+        spent = self.privacy.spent()
+        return {**report.to_dict(), "epsilon": spent.epsilon, "noised_rounds": spent.rounds}
+
+    def _refuse(self, number: int, version: int, why: str, dp_report: DPReport | None = None) -> None:
+        """A round whose aggregate may not be published: abandoned, counted, logged as a warning.
+        A noised round counts against the privacy budget all the same (its refusal is visible)."""
+        self._abandon(number, version, dp_report)
         self.rounds_refused += 1
         log.warning(json.dumps({"event": "round_not_published", "round": number, "model_version": version,
                                 "reason": why}))  # fmt: skip
 
-    def _abandon(self, number: int, version: int) -> None:
-        """End the round unaggregated and open the next on the same version."""
+    def _abandon(self, number: int, version: int, dp_report: DPReport | None = None) -> None:
+        """End the round unaggregated and open the next on the same version (or finish the run,
+        when a refused noised round used up the privacy budget)."""
         now = self.clock()
         try:
             with self.db.transaction() as conn:
                 self.db.end_round(conn, number, RoundState.ABANDONED, now)
-                self.db.open_round(conn, number + 1, version, now, self._deadline(now))
+                if self.privacy is not None and dp_report is not None and not self.privacy.record(conn, dp_report):
+                    self.db.set_meta(conn, "state", "finished")
+                else:
+                    self.db.open_round(conn, number + 1, version, now, self._deadline(now))
         finally:
             self._refresh()
         self.store.remove_round(number)
@@ -505,14 +550,18 @@ class RoundManager:
         snap = self.snapshot
         now = self.clock()
         due = snap.deadline is not None and now >= snap.deadline
-        if snap.finished or not snap.is_open or not (due or snap.received >= self.config.target_clients):
+        full = snap.received >= self.config.target_clients and self.privacy is None
+        if snap.finished or not snap.is_open or not (due or full):
             return
         with self._lock:
             current = self.db.latest_round()
             if current is None or current.state != RoundState.OPEN or self._finished():
                 return
             received = self.db.count_updates(current.round)
-            if received >= self.config.target_clients:
+            if self.privacy is not None:  # every noised round is published, at its deadline
+                if current.deadline is not None and now >= current.deadline:
+                    self._try_close(current.round, "deadline")
+            elif received >= self.config.target_clients:
                 self._try_close(current.round, "target reached")
             elif current.deadline is not None and now >= current.deadline:
                 if received >= self.config.min_clients:

@@ -64,6 +64,7 @@ CREATE TABLE IF NOT EXISTS updates (
     file TEXT,
     metrics TEXT NOT NULL,
     received_at REAL NOT NULL,
+    unclipped INTEGER,
     PRIMARY KEY (round, device_id)
 );
 CREATE INDEX IF NOT EXISTS updates_by_device ON updates (device_id, round);
@@ -136,6 +137,7 @@ class StoredUpdate:
     base_version: int
     file: str | None
     metrics: dict[str, float]
+    unclipped: bool | None = None  # under DP (revision 1.5): the delta was within the clip before clipping
 
 
 class DatabaseBusyError(Exception):
@@ -234,7 +236,11 @@ class Database:
         old.close()
 
     def _migrate(self) -> None:
-        """Data directories of protocol revision 1.0 cannot record a ``stopped`` round: widen the check."""
+        """Data directories of protocol revision 1.0 cannot record a ``stopped`` round: widen the
+        check; those before 1.5 have no column for an update's DP bit: add it."""
+        columns = {r["name"] for r in self._conn.execute("PRAGMA table_info(updates)")}
+        if columns and "unclipped" not in columns:
+            self._conn.execute("ALTER TABLE updates ADD COLUMN unclipped INTEGER")
         rows = list(self._conn.execute("SELECT sql FROM sqlite_master WHERE type = 'table' AND name = 'rounds'"))
         if not rows or "'stopped'" in rows[0]["sql"]:
             return
@@ -345,6 +351,7 @@ class Database:
                 r["base_version"],
                 r["file"],
                 json.loads(r["metrics"]),
+                _bit(r["unclipped"] if "unclipped" in r.keys() else None),  # noqa: SIM118 (a Row: keys)
             )
             for r in rows
         ]
@@ -357,10 +364,10 @@ class Database:
 
     def insert_update(self, conn: sqlite3.Connection, update: StoredUpdate, received_at: float) -> None:
         conn.execute(
-            "INSERT INTO updates (round, device_id, num_samples, base_version, file, metrics, received_at) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?)",
+            "INSERT INTO updates (round, device_id, num_samples, base_version, file, metrics, received_at, "
+            "unclipped) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
             (update.round, update.device_id, update.num_samples, update.base_version, update.file,
-             json.dumps(update.metrics), received_at),
+             json.dumps(update.metrics), received_at, None if update.unclipped is None else int(update.unclipped)),
         )  # fmt: skip
 
     def delete_update(self, conn: sqlite3.Connection, number: int, device_id: str) -> None:
@@ -428,6 +435,10 @@ class Database:
             (number, version, now, deadline),
         )
 
+    def start_round_clock(self, conn: sqlite3.Connection, number: int, now: float, deadline: float | None) -> None:
+        """Round ``number`` (open, waiting for devices) starts now: its window and deadline count from here."""
+        conn.execute("UPDATE rounds SET opened_at = ?, deadline = ? WHERE round = ?", (now, deadline, number))
+
     def end_round(
         self,
         conn: sqlite3.Connection,
@@ -482,6 +493,10 @@ _HELD = (
     + _REPORTED
     + ")"
 )
+
+
+def _bit(value: int | None) -> bool | None:
+    return None if value is None else bool(value)
 
 
 def _round(row: sqlite3.Row) -> Round:

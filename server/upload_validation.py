@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 from safetensors import SafetensorError, safe_open
 
+from fedper.common.dp.clipping import distance
 from fedper.common.manifest import Manifest
 from fedper.common.protocol import ErrorCode, Metadata
 from fedper.common.robust_aggregate import negative_variance
@@ -48,10 +49,13 @@ class Upload:
     num_samples: int
     base_version: int
     metrics: dict[str, float]
+    unclipped: bool | None = None  # under DP: the device's bit (Metadata.UNCLIPPED)
 
     def metadata(self) -> dict[str, str]:
         """What the stored (canonical) file carries beside the tensors."""
         out = {Metadata.NUM_SAMPLES: str(self.num_samples), Metadata.BASE_VERSION: str(self.base_version)}
+        if self.unclipped is not None:
+            out[Metadata.UNCLIPPED] = "1" if self.unclipped else "0"
         out.update({f"{Metadata.METRIC_PREFIX}{k}": repr(v) for k, v in self.metrics.items()})
         return out
 
@@ -148,11 +152,16 @@ def validate(
     max_num_samples: int,
     round_base: Mapping[str, np.ndarray] | None = None,
     max_update_norm: float = 0.0,
+    clip: float | None = None,
 ) -> Upload:
     """The upload in ``path`` as float32 tensors and metadata, or a ProtocolError (400, then 422).
 
     With ``max_update_norm`` > 0, the L2 distance from ``round_base`` over all base tensors
-    must not exceed it (422 ``update_out_of_bounds``).
+    must not exceed it (422 ``update_out_of_bounds``). With a DP ``clip`` (revision 1.5), the
+    metadata must carry the device's bit and the delta from ``round_base``, measured as the
+    clipping contract defines it (:func:`fedper.common.dp.clipping.distance`, in the manifest's
+    order), must be within the clip (422 ``delta_above_clip``): a device's clipping is checked,
+    not trusted.
     """
     entries, metadata, data_offset = read_header(path)
     library_layout, library_metadata = _library_view(path)
@@ -182,9 +191,36 @@ def validate(
         if e.dtype not in ACCEPTED_DTYPES:
             raise unprocessable(ErrorCode.WRONG_DTYPE, f"tensor {e.name!r} is {e.dtype}; send F32 or F16")
     num_samples, base_version, metrics = check_metadata(metadata, max_num_samples)
+    unclipped = _unclipped(metadata, clip is not None)
     located = {e.name: (e, data_offset + e.start) for e in entries}
     tensors = _load_tensors(path, located, round_base if max_update_norm > 0 else None, max_update_norm)
-    return Upload(tensors, num_samples, base_version, metrics)
+    if clip is not None:
+        assert round_base is not None, "a DP round's uploads are checked against its base"
+        norm = distance(tensors, round_base, list(base))
+        if not norm <= clip:
+            raise unprocessable(
+                ErrorCode.DELTA_ABOVE_CLIP,
+                f"the base delta has L2 norm {norm:.9g}, above this round's clip_norm {clip!r}; clip it as "
+                'PROTOCOL.md, "Clipping the base delta", defines (the server measures it the same way)',
+            )
+    return Upload(tensors, num_samples, base_version, metrics, unclipped)
+
+
+def _unclipped(metadata: Mapping[str, str], private: bool) -> bool | None:
+    """The DP bit: "1" or "0" in a DP round, absent in any other."""
+    text = metadata.get(Metadata.UNCLIPPED)
+    if not private:
+        if text is not None:
+            message = f"{Metadata.UNCLIPPED} is only sent in a round whose task has dp"
+            raise unprocessable(ErrorCode.BAD_METADATA, message)
+        return None
+    if text not in ("0", "1"):
+        raise unprocessable(
+            ErrorCode.BAD_METADATA,
+            f'this round runs DP-FedAvg: {Metadata.UNCLIPPED} must be "1" (the delta was within clip_norm before '
+            f'clipping) or "0", got {None if text is None else text[:16]!r}',
+        )
+    return text == "1"
 
 
 def _load_tensors(
@@ -245,7 +281,7 @@ def check_metadata(metadata: Mapping[str, str], max_num_samples: int) -> tuple[i
         raise unprocessable(ErrorCode.BAD_METADATA, "base_version must be the integer model version you trained from")
     metrics: dict[str, float] = {}
     for key, text in metadata.items():
-        if key in (Metadata.NUM_SAMPLES, Metadata.BASE_VERSION):
+        if key in (Metadata.NUM_SAMPLES, Metadata.BASE_VERSION, Metadata.UNCLIPPED):
             continue
         if not key.startswith(Metadata.METRIC_PREFIX):
             raise unprocessable(ErrorCode.BAD_METADATA, f"metadata key {key[:80]!r} is not allowed")

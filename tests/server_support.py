@@ -78,9 +78,7 @@ def serve_config(artifacts: Path, data_dir: Path, **options: object) -> ServerCo
     from fedper.server.config import ServerConfig
 
     argv = ["serve", "--artifacts", str(artifacts), "--data-dir", str(data_dir)]
-    for key, value in options.items():
-        argv += [f"--{key.replace('_', '-')}", str(value)]
-    return from_arguments(ServerConfig, parse_arguments(argv))
+    return from_arguments(ServerConfig, parse_arguments(argv + server_process.option_flags(options)))
 
 
 class InProcessServer:
@@ -116,6 +114,7 @@ class InProcessServer:
                     os.environ.pop(name, None)
             # A test's clock is given to the state, opened here; otherwise the lifespan opens it.
             state = open_state(self.config, self._clock) if self._clock else None
+            self.state = state  # a test on its own clock ticks it: ``server.state.rounds.tick()``
             if state is not None:  # closed by the lifespan too; here in case the client never starts
                 stack.callback(state.db.close)
             app = create_app(self.config, state)

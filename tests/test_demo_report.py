@@ -94,3 +94,32 @@ def test_demo_report_shows_the_new_users_curve(tmp_path):
     assert page.count("data:image/png;base64,") == 3  # the new-users plot is embedded too
     assert "<tr><td>5</td><td>2</td><td>0.432 ± 0.071</td><td>0.432 ± 0.071</td></tr>" in page
     assert "<tr><td>50</td><td>0</td><td>-</td><td>-</td></tr>" in page
+
+
+def test_demo_dp_runs_both_servers_with_dp_and_reports_what_they_spent(tmp_path):
+    from fedper.common.dp.config import DPConfig
+    from fedper.common.errors import ConfigError
+    from fedper.server.process import option_flags
+
+    assert DemoConfig().privacy.dp_count_stddev == 1.0  # ten devices: the count's default noise would be too small
+    privacy = DPConfig(dp=True, dp_noise_multiplier=0.8, dp_count_stddev=1.0, dp_sampling_probability=0.5)
+    config = DemoConfig(devices=10, privacy=privacy)
+    options = config.server_options()
+    assert options["dp"] is True and options["checkin_window"] == 2.0 and options["round_timeout"] == 20.0
+    assert options["cohort_size"] == 5 and options["dp_sampling_probability"] == 0.5
+    flags = option_flags(options)
+    assert "--dp" in flags and "--dp-delta" not in flags  # unset options keep the server's default
+    assert "--target-clients" in flags and "--no-dp" not in flags
+    assert "dp" not in DemoConfig().server_options()
+    with pytest.raises(ConfigError, match="--dp-round-seconds"):
+        DemoConfig(privacy=DPConfig(dp=True), dp_round_seconds=2)
+    with pytest.raises(ConfigError, match="--dp-count-stddev"):
+        DemoConfig(privacy=DPConfig(dp=True, dp_count_stddev=0.1))
+    from fedper._recipes.demo_report import _privacy_section
+
+    spent = {"epsilon": 3.21, "delta": 0.0005, "rounds": 4, "noise_multiplier": 0.8, "sampling_probability": 0.5,
+             "clip_norm": 0.9, "target_epsilon": None}  # fmt: skip
+    section = _privacy_section({"fedper": spent, "fedavg": {**spent, "epsilon": None}})
+    assert "fedper: epsilon 3.21 at delta 0.0005 after 4 noised rounds" in section
+    assert "fedavg: epsilon infinite (no noise)" in section
+    assert _privacy_section(None) == ""

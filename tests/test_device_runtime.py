@@ -23,6 +23,7 @@ from fedper._recipes.simulation import SimulationConfig
 from fedper._recipes.simulation import run as simulate
 from fedper.common import weights
 from fedper.common.manifest import Manifest, read_manifest, sha256_file
+from fedper.common.protocol import Metadata
 from fedper.common.train_config import TrainConfig
 from fedper.data import DataConfig
 from fedper.device_runtime.client import ProtocolClient, RefusedError
@@ -603,3 +604,34 @@ def test_device_killed_mid_training_keeps_head_and_token_and_rejoins(artifacts, 
         "largest change of a head tensor", max(float(np.abs(kept[k] - initial_head[k]).max()) for k in kept), 1e-2
     )
     assert head_file.read_bytes() != after_round_1
+
+
+@pytest.mark.slow
+def test_devices_clip_their_deltas_for_a_dp_server_and_it_accepts_them(artifacts, tmp_path):
+    """A real ``fedper serve --dp`` (revision 1.5) and two Python devices training the exported
+    program: every upload carries the DP bit and is within the task's clip by the contract's norm,
+    measured here against the version it trained from; the server publishes both rounds at their
+    deadlines and reports what they spent."""
+    from fedper.common.dp.accountant import epsilon
+    from fedper.common.dp.clipping import distance
+
+    manifest = read_manifest(artifacts)
+    recording = RecordingTransport()
+    clip = 0.05  # below any real delta: every device clips
+    dp = {"dp": True, "dp_clip": clip, "dp_clip_learning_rate": 0, "dp_noise_multiplier": 0.5, "dp_delta": 1e-5,
+          "checkin_window": 2, "round_timeout": 20, "cohort_size": 2, "target_clients": 2, "min_clients": 1}  # fmt: skip
+    with serve(artifacts, tmp_path / "server", **{**SERVER, **dp}) as s:  # type: ignore[arg-type]
+        options = [DeviceOptions(client_id=i, seed=0, max_idle_wait=0.5) for i in range(2)]
+        reports = _run_devices(s.url, tmp_path / "devices", options, recording)
+        status = httpx.get(f"{s.url}/v1/status").json()
+    assert [len(r) for r in reports] == [2, 2] and all(r.uploaded for rs in reports for r in rs)
+    uploads = [body for method, path, body in recording.requests if method == "POST" and "/updates" in path]
+    assert len(uploads) == 4
+    for body in uploads:
+        tensors, meta = decode_update(body)
+        assert meta[Metadata.UNCLIPPED] == "0"
+        trained_from = weights.load(tmp_path / "server" / "models" / f"v{meta[Metadata.BASE_VERSION]}.safetensors")
+        assert distance(tensors, trained_from, manifest.base_names) <= clip
+    spent = status["privacy"]
+    assert status["state"] == "finished" and spent["rounds"] == 2
+    assert spent["epsilon"] == pytest.approx(epsilon(0.5, 1.0, 2, 1e-5))

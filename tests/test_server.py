@@ -97,7 +97,7 @@ def test_full_protocol_flow_and_weighted_mean(server, server_manifest, server_ar
         np.testing.assert_allclose(got[name], ref.astype(np.float32), rtol=1.2e-7, atol=1e-30)
     status = http.get("/v1/status").json()
     assert status == {"state": "running", "round": 2, "model_version": 1, "rounds_total": 3, "draining": False,
-                      "rounds_closed": 1, "devices": 3}  # fmt: skip
+                      "rounds_closed": 1, "devices": 3, "privacy": None}  # fmt: skip
     assert http.get("/v1/task", headers=h0).json()["model_version"] == 1
     latest = http.get("/v1/admin/models/latest/base", headers=admin())
     assert latest.content == v1.content

@@ -10,6 +10,9 @@ base holds tensors that ``artifacts`` keeps personal.
 ``make`` exported, and input_names.txt: ONNX Runtime's input names for it, one a line, in order (what
 the Java ``OrtSession.getInputNames()`` reports on a phone); ir_version.txt: its ONNX IR version.
 ``host_fixtures.py verify-ptd FILE``: checks a ``.ptd`` the Java side rewrote, with ExecuTorch's reader.
+``make`` also writes ``clipping/<case>/``: a received and a trained base and what Python's clipping
+(``fedper.common.dp.clipping``, PROTOCOL.md "Clipping the base delta") uploads for them, with the bound,
+the norm, the scale, the bit and the names' order in its metadata: the Java core must give the same bytes.
 """
 
 from __future__ import annotations
@@ -61,6 +64,36 @@ def make(out: Path) -> None:
     from fedper.device_runtime.weights_file import encode_ptd
 
     (out / "python_written.ptd").write_bytes(encode_ptd({k: torch.from_numpy(v) for k, v in ptd_tensors().items()}))
+    clipping_cases(out / "clipping", out / "artifacts")
+
+
+def clipping_cases(out: Path, artifacts: Path) -> None:
+    """The real base (kp 2, MobileNet 0.25) moved by training-sized noise, clipped (0.5) and within
+    the bound (10); and a base 300x larger with a bound of 1e-3, where rounding to float32 makes
+    the first scale land above the bound and the margins are needed."""
+    from fedper.common import weights
+    from fedper.common.dp.clipping import clip_delta
+    from fedper.common.manifest import ARTIFACT_FILES, read_manifest
+
+    manifest = read_manifest(artifacts, verify_files=False)
+    names = manifest.base_names
+    base = weights.load(artifacts / ARTIFACT_FILES["initial_base"])
+    rng = np.random.default_rng(31)
+    trained = {n: (v + 0.01 * rng.standard_normal(v.shape)).astype(np.float32) for n, v in base.items()}
+    large = {n: (300 * v).astype(np.float32) for n, v in base.items()}
+    large_trained = {n: (v + 1e-6 * rng.standard_normal(v.shape)).astype(np.float32) for n, v in large.items()}
+    cases = {"clipped": (base, trained, 0.5), "within": (base, trained, 10.0), "margins": (large, large_trained, 1e-3)}
+    for case, (received, moved, bound) in cases.items():
+        clipped = clip_delta(moved, received, names, bound)
+        if case == "margins":
+            assert clipped.scale < bound / clipped.norm, "the margins case must need a margin"
+        folder = out / case
+        folder.mkdir(parents=True, exist_ok=True)
+        save_file({n: received[n] for n in names}, str(folder / "received.safetensors"))
+        save_file({n: moved[n] for n in names}, str(folder / "trained.safetensors"))
+        meta = {"bound": repr(bound), "norm": repr(clipped.norm), "scale": repr(clipped.scale),
+                "unclipped": "1" if clipped.unclipped else "0", "names": ",".join(names)}  # fmt: skip
+        save_file(clipped.tensors, str(folder / "expected.safetensors"), metadata=meta)
 
 
 def onnx_inputs(out: Path) -> None:

@@ -23,7 +23,7 @@ from fedper.common.train_config import TrainConfig
 AnyTrainConfig = TypeVar("AnyTrainConfig", bound=TrainConfig)
 
 VERSION = 1
-REVISION = "1.4"
+REVISION = "1.5"
 PREFIX = "/v1"
 
 
@@ -73,6 +73,7 @@ class ErrorCode(StrEnum):
     BAD_METADATA = "bad_metadata"  # 422
     PERSONAL_TENSOR_IN_UPLOAD = "personal_tensor_in_upload"  # 422
     UPDATE_OUT_OF_BOUNDS = "update_out_of_bounds"  # 422
+    DELTA_ABOVE_CLIP = "delta_above_clip"  # 422, since revision 1.5
     RATE_LIMITED = "rate_limited"  # 429
     INTERNAL_ERROR = "internal_error"  # 500
     SERVER_BUSY = "server_busy"  # 503
@@ -90,6 +91,10 @@ class Metadata:
     # Since revision 1.4: metrics bounded to their meaning, by the words of their names.
     FRACTION_METRIC_PATTERN = r"([a-z0-9]+_)*accuracy(_[a-z0-9]+)*"  # in [0, 1]
     NON_NEGATIVE_METRIC_PATTERN = r"([a-z0-9]+_)*loss(_[a-z0-9]+)*"  # >= 0
+    # Since revision 1.5, in a round whose task carries ``dp``: "1" if the base delta's norm was
+    # within the clip before clipping, else "0" (adaptive clipping counts them); required there,
+    # refused elsewhere.
+    UNCLIPPED = "dp_unclipped"
 
 
 class Header:
@@ -153,6 +158,14 @@ class TaskConfig(_Body):
         return replace(defaults, **self.model_dump(include=set(type(self).model_fields), exclude_none=True))
 
 
+class DPTask(_Body):
+    """Since revision 1.5: the round runs DP-FedAvg (docs/PRIVACY.md). The device clips its base
+    delta (trained base minus the base it received) to L2 norm ``clip_norm`` as PROTOCOL.md,
+    "Clipping the base delta", defines it, and says in its update's metadata whether it had to."""
+
+    clip_norm: float = Field(gt=0)
+
+
 class Task(_Body):
     round: int
     model_version: int
@@ -165,6 +178,9 @@ class Task(_Body):
     # an update that arrives later is refused (409 not_in_cohort); the device asks again.
     # Null when the slot lasts as long as the round.
     report_by: str | None = None
+    # Since revision 1.5: set when the server runs DP-FedAvg; a device that cannot clip must not
+    # upload (the server refuses an update whose delta is longer than the clip).
+    dp: DPTask | None = None
 
 
 class Accepted(_Body):
@@ -192,6 +208,18 @@ class RoundInfo(_Body):
     metrics: dict[str, MetricSummary]
 
 
+class PrivacySpent(_Body):
+    """Since revision 1.5: what the run's DP-FedAvg has spent (docs/PRIVACY.md, "The accounting")."""
+
+    epsilon: float | None  # at ``delta`` after ``rounds`` noised rounds; null: no noise (infinite)
+    delta: float
+    rounds: int
+    noise_multiplier: float
+    sampling_probability: float
+    clip_norm: float  # the open round's
+    target_epsilon: float | None
+
+
 class Status(_Body):
     state: Literal["running", "finished"]
     round: int
@@ -200,6 +228,7 @@ class Status(_Body):
     rounds_closed: int
     devices: int
     draining: bool = False  # since revision 1.4: the disk is full; downloads only, no uploads
+    privacy: PrivacySpent | None = None  # since revision 1.5: under DP-FedAvg
 
 
 class Revoked(_Body):
@@ -227,8 +256,8 @@ class Error(_Body):
 
 
 MODELS: tuple[type[BaseModel], ...] = (
-    Health, EnrollmentRequest, Enrolled, TaskConfig, Task, Accepted, MetricSummary, RoundInfo, Status, Revoked,
-    Stopped, RolledBack, Error,
+    Health, EnrollmentRequest, Enrolled, TaskConfig, DPTask, Task, Accepted, MetricSummary, RoundInfo,
+    PrivacySpent, Status, Revoked, Stopped, RolledBack, Error,
 )  # fmt: skip
 SCHEMA_FILE = Path(__file__).resolve().parents[2] / "docs" / "protocol.schema.json"
 

@@ -91,6 +91,7 @@ async def enroll(request: Request, state: State) -> Enrolled:
     device_id, token = f"d-{secrets.token_hex(8)}", new_token()
     await to_thread.run_sync(state.db.add_device, device_id, token_hash(token), platform)
     log.info(json.dumps({"event": "device_enrolled", "device": device_id, "platform": platform}))
+    await to_thread.run_sync(state.rounds.enrolled)
     return Enrolled(device_id=device_id, token=token)
 
 
@@ -116,5 +117,6 @@ def task(device_id: DeviceId, state: State) -> Response:
         manifest_sha256=state.manifest_sha256,
         config=TaskConfig.asking(state.config.training),
         report_by=iso_time(slot.expires_at),
+        dp=None if rounds.privacy is None else rounds.privacy.task(),
     )
     return JSONResponse(body.model_dump())

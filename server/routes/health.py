@@ -35,6 +35,7 @@ def status(state: State) -> Status:
         rounds_closed=snap.rounds_closed,
         devices=state.db.count_devices(),  # counted in memory
         draining=state.rounds.draining is not None,
+        privacy=None if state.rounds.privacy is None else state.rounds.privacy.spent(),
     )
 
 
@@ -44,5 +45,6 @@ def metrics(state: State) -> Response:
     rounds = state.rounds
     text = state.metrics.render(snap.rounds_closed, snap.round, rounds.aggregation_seconds, len(state.uploading),
                                 rounds.updates_clipped, rounds.updates_capped, rounds.rounds_refused,
-                                rounds.draining is not None)  # fmt: skip
+                                rounds.draining is not None,
+                                None if rounds.privacy is None else rounds.privacy.spent())  # fmt: skip
     return Response(text, media_type=CONTENT_TYPE_LATEST)

@@ -70,9 +70,11 @@ async def upload(round_number: int, request: Request, device_id: DeviceId, state
             pace = BodyPace(c.upload_timeout, c.min_upload_rate, c.upload_rate_grace)
             async with streamed_to_file(request, state.max_upload_bytes, pace, rounds.store) as body:
                 size = body.stat().st_size
-                base = await to_thread.run_sync(rounds.round_base, round_number) if c.max_update_norm else None
+                checked = c.max_update_norm or rounds.privacy is not None
+                base = await to_thread.run_sync(rounds.round_base, round_number) if checked else None
+                clip = None if rounds.privacy is None else rounds.privacy.clip()
                 parsed = await to_thread.run_sync(
-                    validate, body, state.manifest, c.max_num_samples, base, c.max_update_norm
+                    validate, body, state.manifest, c.max_num_samples, base, c.max_update_norm, clip
                 )
             staged = await to_thread.run_sync(rounds.stage, device_id, round_number, parsed)
             try:

@@ -78,11 +78,15 @@ class PrivacyBudget:
         """Whether ``rounds`` rounds stay within the target epsilon (always, without one)."""
         return self.target_epsilon is None or self.epsilon(rounds) <= self.target_epsilon
 
-    def to_dict(self, rounds: int) -> dict[str, object]:
-        """For results.json and the status endpoint (JSON has no infinity: null, no noise)."""
+    def reported(self, rounds: int) -> float | None:
+        """epsilon as JSON carries it: null for infinity (no noise)."""
         spent = self.epsilon(rounds)
+        return spent if math.isfinite(spent) else None
+
+    def to_dict(self, rounds: int) -> dict[str, object]:
+        """For results.json."""
         return {
-            "epsilon": spent if math.isfinite(spent) else None, "delta": self.delta, "rounds": rounds,
+            "epsilon": self.reported(rounds), "delta": self.delta, "rounds": rounds,
             "noise_multiplier": self.noise_multiplier, "sampling_probability": self.sampling_probability,
             "target_epsilon": self.target_epsilon, "accountant": "rdp (dp-accounting), add-or-remove-one device",
         }  # fmt: skip

@@ -36,6 +36,10 @@ class DPConfig:
         None, "adaptive clipping: std of the noise on the count of unclipped devices (default: 0.05 x the "
         "expected cohort, as TFF)",
     )  # fmt: skip
+    dp_sampling_probability: float = option(
+        1.0, "q: each device that checks in is drawn into a round on its own coin of this probability (fedper "
+        "serve and demo; fedper simulate draws each client with probability --fraction)",
+    )  # fmt: skip
     dp_delta: float | None = option(
         None, "the delta of the (epsilon, delta) guarantee (default: 1/N^1.1 for N devices)"
     )
@@ -52,6 +56,8 @@ class DPConfig:
             raise ConfigError(f"--dp-clip-learning-rate must be a finite number >= 0, got {self.dp_clip_learning_rate}")
         if not 0 < self.dp_target_quantile < 1:
             raise ConfigError(f"--dp-target-quantile must be in (0, 1), got {self.dp_target_quantile}")
+        if not 0 < self.dp_sampling_probability <= 1:
+            raise ConfigError(f"--dp-sampling-probability must be in (0, 1], got {self.dp_sampling_probability}")
         if self.dp_count_stddev is not None and not (0 < self.dp_count_stddev < math.inf):
             raise ConfigError(f"--dp-count-stddev must be a finite number > 0, got {self.dp_count_stddev}")
         if self.dp_delta is not None and not 0 < self.dp_delta < 1:

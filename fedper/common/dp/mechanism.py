@@ -23,7 +23,7 @@ import numpy as np
 from fedper.common.aggregate import AggregationError, FedAvg
 from fedper.common.dp.clipping import distance
 from fedper.common.dp.config import DPConfig
-from fedper.common.robust_aggregate import BATCHNORM_VARIANCE
+from fedper.common.robust_aggregate import BATCHNORM_VARIANCE, NonFiniteAggregateError
 
 Tensors = Mapping[str, np.ndarray]
 Contribution = tuple[Tensors, bool]  # an upload (the clipped trained base) and its unclipped bit
@@ -94,6 +94,6 @@ def dp_aggregate(
         next_clip = clip * math.exp(-config.dp_clip_learning_rate * (share - config.dp_target_quantile))
     for name, arr in out.items():
         if not np.isfinite(arr).all():
-            raise AggregationError(f"the noised aggregate of tensor {name!r} is not finite")
+            raise NonFiniteAggregateError(f"the noised aggregate of tensor {name!r} is not finite; not published")
     report = DPReport(fedavg.count, clip, next_clip, float(expected_cohort), noise_std, share, zeroed)
     return out, report

@@ -1,6 +1,6 @@
 package org.fedper.core;
 
-/** The device protocol v1 (revision 1.4): generated from
+/** The device protocol v1 (revision 1.5): generated from
  * docs/protocol.schema.json by android_demo/core/generate_protocol.py; do not edit. */
 public final class Protocol {
   private Protocol() {}
@@ -33,6 +33,7 @@ public final class Protocol {
     public static final String METRIC_PREFIX = "metric.";
     public static final String NON_NEGATIVE_METRIC_PATTERN = "([a-z0-9]+_)*loss(_[a-z0-9]+)*";
     public static final String NUM_SAMPLES = "num_samples";
+    public static final String UNCLIPPED = "dp_unclipped";
   }
 
   public static final class Header {
@@ -60,6 +61,7 @@ public final class Protocol {
     public static final String ATTESTATION_FAILED = "attestation_failed";
     public static final String BAD_METADATA = "bad_metadata";
     public static final String BAD_REQUEST = "bad_request";
+    public static final String DELTA_ABOVE_CLIP = "delta_above_clip";
     public static final String DUPLICATE_UPDATE = "duplicate_update";
     public static final String FORBIDDEN = "forbidden";
     public static final String HEADER_TIMEOUT = "header_timeout";
@@ -97,6 +99,12 @@ public final class Protocol {
       public static final String ACCEPTED = "accepted";
       public static final String RECEIVED = "received";
       public static final String ROUND = "round";
+    }
+
+    public static final class DPTask {
+      private DPTask() {}
+
+      public static final String CLIP_NORM = "clip_norm";
     }
 
     public static final class Enrolled {
@@ -138,6 +146,18 @@ public final class Protocol {
       public static final String WEIGHTED_MEAN = "weighted_mean";
     }
 
+    public static final class PrivacySpent {
+      private PrivacySpent() {}
+
+      public static final String CLIP_NORM = "clip_norm";
+      public static final String DELTA = "delta";
+      public static final String EPSILON = "epsilon";
+      public static final String NOISE_MULTIPLIER = "noise_multiplier";
+      public static final String ROUNDS = "rounds";
+      public static final String SAMPLING_PROBABILITY = "sampling_probability";
+      public static final String TARGET_EPSILON = "target_epsilon";
+    }
+
     public static final class Revoked {
       private Revoked() {}
 
@@ -174,6 +194,7 @@ public final class Protocol {
       public static final String DEVICES = "devices";
       public static final String DRAINING = "draining";
       public static final String MODEL_VERSION = "model_version";
+      public static final String PRIVACY = "privacy";
       public static final String ROUND = "round";
       public static final String ROUNDS_CLOSED = "rounds_closed";
       public static final String ROUNDS_TOTAL = "rounds_total";
@@ -192,6 +213,7 @@ public final class Protocol {
       public static final String BASE_URL = "base_url";
       public static final String CONFIG = "config";
       public static final String DEADLINE = "deadline";
+      public static final String DP = "dp";
       public static final String MANIFEST_SHA256 = "manifest_sha256";
       public static final String MANIFEST_URL = "manifest_url";
       public static final String MODEL_VERSION = "model_version";

@@ -216,6 +216,11 @@ public final class RoundLoop {
     Map<String, String> meta = new LinkedHashMap<>();
     meta.put(Protocol.Metadata.NUM_SAMPLES, Integer.toString(local.trainSize()));
     meta.put(Protocol.Metadata.BASE_VERSION, Long.toString(task.modelVersion));
+    if (task.clipNorm != null) { // DP-FedAvg: the server checks the clip, measured as here
+      DeltaClipping.Clipped clipped = DeltaClipping.clip(update, base, manifest.baseNames(), task.clipNorm);
+      update = clipped.tensors;
+      meta.put(Protocol.Metadata.UNCLIPPED, clipped.unclipped ? "1" : "0");
+    }
     double loss = steps == 0 ? Double.NaN : lossSum / steps;
     putMetric(meta, "accuracy", accuracy);
     putMetric(meta, "accuracy_after", accuracyAfter);

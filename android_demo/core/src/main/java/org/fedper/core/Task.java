@@ -11,6 +11,8 @@ public final class Task {
   public final String manifestUrl;
   public final String manifestSha256;
   public final Map<String, Object> config;
+  /** Since revision 1.5: the L2 norm the base delta is clipped to (DP-FedAvg); null: no clipping. */
+  public final Double clipNorm;
 
   Task(JsonFields m) {
     this.round = m.integer("round");
@@ -20,5 +22,17 @@ public final class Task {
     this.manifestUrl = m.string("manifest_url");
     this.manifestSha256 = m.string("manifest_sha256");
     this.config = m.plainMap("config");
+    this.clipNorm = clipNorm(m);
+  }
+
+  private static Double clipNorm(JsonFields m) {
+    if (!m.has(Protocol.Body.Task.DP)) { // absent or null
+      return null;
+    }
+    double clip = m.object(Protocol.Body.Task.DP).number(Protocol.Body.DPTask.CLIP_NORM);
+    if (!(clip > 0 && clip < Double.POSITIVE_INFINITY)) {
+      throw new IllegalArgumentException("dp.clip_norm must be a finite number > 0, got " + clip);
+    }
+    return clip;
   }
 }

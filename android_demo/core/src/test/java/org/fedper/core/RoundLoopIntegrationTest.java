@@ -262,6 +262,26 @@ public class RoundLoopIntegrationTest {
   }
 
   @Test
+  public void aDpServersDeviceClipsItsDeltaAndTheServerAcceptsIt() throws Exception {
+    stopServer();
+    // Revision 1.5: a check-in window, then a task carrying dp.clip_norm; the round closes at its deadline.
+    server = new TestServer(tmp.getRoot().toPath(), "artifacts", 1, 1, "--round-timeout", "8", "--dp",
+        "--checkin-window", "1", "--cohort-size", "1", "--dp-clip", "0.5", "--dp-clip-learning-rate", "0",
+        "--dp-noise-multiplier", "0.5", "--dp-delta", "1e-5");
+    url = server.url;
+    Device device = new Device(url, new DeviceStore(tmp.newFolder().toPath()), 1f, data(10));
+    List<RoundLoop.Report> reports = device.runUntilFinished();
+    assertEquals(1, reports.size());
+    assertEquals(1, reports.get(0).received); // accepted: the server measured it within the clip
+    assertEquals(1, device.http.uploads.size());
+    Map<String, String> meta = device.http.uploads.get(0).metadata;
+    assertEquals("0", meta.get(Protocol.Metadata.UNCLIPPED)); // base + 1 everywhere: far beyond 0.5
+    Map<String, Tensor> received = initial("artifacts", "initial_base");
+    double norm = DeltaClipping.distance(device.http.uploads.get(0).tensors, received, manifest("artifacts").baseNames());
+    assertTrue("delta norm " + norm, norm <= 0.5 && norm > 0.49);
+  }
+
+  @Test
   public void aDeviceWithAnEmptyTestSplitCompletesItsRoundWithoutAnAccuracy() throws Exception {
     startServer("artifacts", 1, 1);
     Device device = new Device(url, new DeviceStore(tmp.newFolder().toPath()), 1f, data(10, 0));

@@ -1,0 +1,80 @@
+"""DP-FedAvg on the server (docs/PRIVACY.md): the open round's clip, the noised aggregate of a
+round, and what the run has spent.
+
+Durable in the database's ``meta`` table, written in the transaction that closes (or abandons) a
+round: the clip the next round asks for, the number of rounds whose noised aggregate was
+computed (a refused one counts too: the refusal was decided on the noised result, and it is
+visible), and delta, fixed by the first noised round (``--dp-delta``, else N^-1.1 for the N
+devices enrolled then), so epsilon is reported at one delta for the whole run.
+"""
+
+from __future__ import annotations
+
+import secrets
+import sqlite3
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+
+from fedper.common.dp.accountant import PrivacyBudget
+from fedper.common.dp.mechanism import Contribution, DPReport, dp_aggregate
+from fedper.common.protocol import DPTask, PrivacySpent
+from fedper.common.weights import TensorSpec
+from fedper.server.config import ServerConfig
+from fedper.server.storage import Database
+
+CLIP_KEY = "dp_clip"  # the clip of the open round (and the next, until a round closes)
+ROUNDS_KEY = "dp_rounds"  # noised rounds so far
+DELTA_KEY = "dp_delta"
+
+
+class ServerPrivacy:
+    def __init__(self, config: ServerConfig, db: Database) -> None:
+        self.config, self.dp, self.db = config, config.privacy, db
+
+    def clip(self) -> float:
+        """The L2 bound of the open round's deltas."""
+        text = self.db.get_meta(CLIP_KEY)
+        return float(text) if text is not None else self.dp.dp_clip
+
+    def task(self) -> DPTask:
+        return DPTask(clip_norm=self.clip())
+
+    def rounds(self) -> int:
+        text = self.db.get_meta(ROUNDS_KEY)
+        return int(text) if text is not None else 0
+
+    def delta(self) -> float:
+        """The run's delta: fixed by the first noised round; before it, what it would be now."""
+        text = self.db.get_meta(DELTA_KEY)
+        return float(text) if text is not None else self.dp.delta(max(2, self.db.count_devices()))
+
+    def budget(self) -> PrivacyBudget:
+        return PrivacyBudget(
+            self.dp.dp_noise_multiplier, self.dp.dp_sampling_probability, self.delta(), self.dp.target_epsilon
+        )
+
+    def aggregate(
+        self, layout: Sequence[TensorSpec], base: dict[str, np.ndarray], uploads: Iterable[Contribution]
+    ) -> tuple[dict[str, np.ndarray], DPReport]:
+        """The round's noised mean, with noise from a generator seeded by the OS's entropy."""
+        rng = np.random.default_rng(secrets.randbits(128))
+        return dp_aggregate(layout, base, uploads, self.clip(), self.dp, self.config.cohort, rng, group=1)
+
+    def record(self, conn: sqlite3.Connection, report: DPReport) -> bool:
+        """Count the round and take the next clip (in the caller's transaction); False when the
+        next round would take epsilon above the target, so the run must finish."""
+        spent = self.rounds() + 1
+        if self.db.get_meta(DELTA_KEY) is None:
+            self.db.set_meta(conn, DELTA_KEY, repr(self.delta()))
+        self.db.set_meta(conn, ROUNDS_KEY, str(spent))
+        self.db.set_meta(conn, CLIP_KEY, repr(report.next_clip))
+        return self.budget().allows(spent + 1)
+
+    def spent(self) -> PrivacySpent:
+        budget, rounds = self.budget(), self.rounds()
+        return PrivacySpent(
+            epsilon=budget.reported(rounds), delta=budget.delta, rounds=rounds,
+            noise_multiplier=budget.noise_multiplier, sampling_probability=budget.sampling_probability,
+            clip_norm=self.clip(), target_epsilon=budget.target_epsilon,
+        )  # fmt: skip
