@@ -92,11 +92,7 @@ class SimulationConfig:
             raise ConfigError(f"fraction must be in (0, 1], got {self.fraction}")
         if self.fine_tune_steps < 1:
             raise ConfigError(f"--fine-tune-steps must be >= 1, got {self.fine_tune_steps}")
-        if self.privacy.dp and self.aggregation.aggregate != "mean":
-            raise ConfigError(
-                f"--dp noises a sum of clipped deltas; --aggregate {self.aggregation.aggregate} has no bounded "
-                "sensitivity to noise: leave --aggregate mean"
-            )
+        self.privacy.require_mean(self.aggregation.aggregate)
         if self.base == "linear" and checkpoint_path(self.init) is not None:
             raise ConfigError(
                 "--base linear replaces every layer a checkpoint could start with one linear layer: "
@@ -254,29 +250,28 @@ def _run_algorithm(
         tasks = [ClientRound(cid, rnd, seed, cid in selected, sim.training, shared, personal_names)
                  for cid in range(len(clients))]  # fmt: skip
         updates: list[tuple[dict[str, np.ndarray], int]] = []
-        unclipped: list[bool] = []
+        bits: list[bool] = []  # each update's unclipped bit, under DP
         received = weights.to_numpy(global_shared)
         for task, client, outcome in zip(tasks, clients, rounds.run(tasks, global_shared, personal), strict=True):
             if outcome.personal is not None:
                 personal[task.client_id] = outcome.personal
             if shared and outcome.update is not None:  # in client order, as ever
                 sent: tuple[Arrays, int] | None = (weights.to_numpy(outcome.update), client.num_samples)
+                bit = True
                 if private is not None and sent is not None:  # the device clips before it sends
                     clipped = clip_delta(sent[0], received, shared, private.clip)
-                    sent = (clipped.tensors, sent[1])
-                    unclipped.append(clipped.unclipped)
+                    sent, bit = (clipped.tensors, sent[1]), clipped.unclipped
                 if tamper is not None and sent is not None:
                     sent = tamper(task.client_id, *sent, received)
                 if sent is not None and _accepted(sent[0], received, shared, private):  # as the server decides
                     updates.append(sent)
-                elif private is not None:
-                    unclipped.pop()
+                    bits.append(bit)
             if outcome.accuracy is not None:  # a client without test examples has no accuracy, as a device
                 recorder.add(ClientRecord(algorithm, rnd, task.client_id, client.num_samples, outcome.accuracy,
                                           outcome.accuracy_after, outcome.loss))  # fmt: skip
         if private is not None:  # every round is published, however many took part
             noise = np.random.default_rng([seed, 31, rnd])
-            contributions = [(u, bit) for (u, _), bit in zip(updates, unclipped, strict=True)]
+            contributions = [(u, bit) for (u, _), bit in zip(updates, bits, strict=True)]
             noised, dp_report = dp_aggregate(layout, received, contributions, private.clip, sim.privacy, n_train, noise)
             global_shared = to_torch(noised)
             recorder.aggregation[algorithm].append({"round": rnd, **private.record(dp_report, rnd)})

@@ -103,7 +103,8 @@ class Cohort:
                 return held  # the same task again; asking again does not extend the slot
             if self.over_limit(number, device_id):
                 return None
-            if now < self.window_end(current.opened_at) or self.db.get_meta(WAITING_KEY) == "1":
+            waiting = number == 1 and self.db.get_meta(WAITING_KEY) == "1"  # for --start-devices
+            if now < self.window_end(current.opened_at) or waiting:
                 self.db.put_checkin(conn, number, device_id, now)
                 return None
             if self.config.checkin_window:

@@ -141,11 +141,7 @@ class ServerConfig:
                 "--dp needs --round-timeout > 0 and --checkin-window > 0: devices are drawn among those that "
                 "checked in, and every round is published at its deadline"
             )
-        if self.aggregation.aggregate != "mean":
-            raise ConfigError(
-                f"--dp noises a sum of clipped deltas; --aggregate {self.aggregation.aggregate} has no bounded "
-                "sensitivity to noise: leave --aggregate mean"
-            )
+        self.privacy.require_mean(self.aggregation.aggregate)
         self.privacy.noise(self.cohort)  # a count noise too small for z is refused at start
 
     @property

@@ -377,7 +377,7 @@ class RoundManager:
         if count < len(updates):
             self._refresh()
             log.warning(json.dumps({"event": "round_close_deferred", "round": number,
-                                    "dropped": len(updates) - report.updates}))  # fmt: skip
+                                    "dropped": len(updates) - count}))  # fmt: skip
             return
         steps = self._recent_steps()
         refused = publish_check.problem(self.config.publish, base, round_base, steps)

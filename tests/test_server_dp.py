@@ -234,3 +234,30 @@ def test_round_one_waits_for_start_devices_before_its_clock_runs(server_artifact
         clock.now += TIMEOUT
         server.state.rounds.tick()
         assert server.http.get("/v1/status").json()["privacy"]["rounds"] == 1
+
+
+def test_a_dp_round_whose_stored_update_cannot_be_loaded_defers_then_closes_without_it(
+    server_artifacts, tmp_path, caplog
+):
+    """As without DP: a stored file the loader refuses at close is quarantined and the close is
+    decided again; a DP round then closes at the next tick (its deadline has passed) without it."""
+    clock = FakeClock()
+    data = tmp_path / "data"
+    options = _dp(dp_noise_multiplier=0, dp_clip_learning_rate=0, dp_sampling_probability=1)
+    with InProcessServer(server_artifacts, data, clock=clock, **options) as server:
+        devices = [enroll(server.http) for _ in range(2)]
+        _drawn(server, clock, [h for _, h in devices])
+        base = _base(server, 0)
+        for _, headers in devices:
+            assert _upload(server, headers, 1, base, "1").status_code == 202
+        (data / "updates" / "r1" / f"{devices[0][0]}.safetensors").write_bytes(b"\x08" + b"\x00" * 7 + b"{}      ")
+        clock.now += TIMEOUT
+        with caplog.at_level("INFO", logger="fedper.server"):
+            server.state.rounds.tick()  # the close finds one update gone: deferred, nothing published
+        assert server.http.get("/v1/status").json()["round"] == 1
+        assert '"event": "round_close_deferred", "round": 1, "dropped": 1' in caplog.text
+        assert "round_close_failed" not in caplog.text
+        assert [p.name.split(".")[0] for p in (data / "quarantine").iterdir()] == [f"r1-{devices[0][0]}"]
+        server.state.rounds.tick()
+        status = server.http.get("/v1/status").json()
+        assert status["round"] == 2 and status["privacy"]["rounds"] == 1

@@ -28,23 +28,36 @@ class ClippingError(AggregationError):
     """A delta that cannot be clipped (a non-finite value, or tensors of other shapes)."""
 
 
-def distance(tensors: Tensors, base: Tensors, names: Sequence[str]) -> float:
-    """The L2 norm of ``tensors - base`` over ``names``: every element converted to float64,
-    subtracted, squared and added to one running float64 sum, tensor by tensor in ``names``'
-    order, element by element in row-major order; then a correctly rounded square root.
-    (numpy's cumulative sum adds left to right, as a plain loop does; ``np.sum`` would add
-    pairwise, an order another language would have to copy. Robust aggregation's norms,
-    :func:`fedper.common.robust_aggregate.group_norms`, are per group and independent of the
-    tensors' order instead: they are the server's own, never recomputed by a device.)"""
-    total = 0.0
+def deltas(tensors: Tensors, base: Tensors, names: Sequence[str]) -> dict[str, np.ndarray]:
+    """``tensors - base`` for each of ``names``, every element converted to float64 first."""
+    out = {}
     for name in names:
         t, b = np.asarray(tensors[name]), np.asarray(base[name])
         if t.shape != b.shape:
             raise ClippingError(f"tensor {name!r} has shape {list(t.shape)}, its base {list(b.shape)}")
-        if t.size:
-            d = t.astype(np.float64).ravel() - b.astype(np.float64).ravel()
-            total = float(np.cumsum(np.concatenate(([total], np.square(d))))[-1])
+        out[name] = t.astype(np.float64) - b.astype(np.float64)
+    return out
+
+
+def norm(deltas: Tensors, names: Sequence[str]) -> float:
+    """The L2 norm of float64 ``deltas``: each element squared and added to one running float64
+    sum, tensor by tensor in ``names``' order, element by element in row-major order; then a
+    correctly rounded square root. (numpy's cumulative sum adds left to right, as a plain loop
+    does; ``np.sum`` would add pairwise, an order another language would have to copy. Robust
+    aggregation's norms, :func:`fedper.common.robust_aggregate.group_norms`, are per group and
+    independent of the tensors' order instead: they are the server's own, never recomputed by a
+    device.)"""
+    total = 0.0
+    for name in names:
+        d = deltas[name]
+        if d.size:
+            total = float(np.cumsum(np.concatenate(([total], np.square(d.ravel()))))[-1])
     return math.sqrt(total)
+
+
+def distance(tensors: Tensors, base: Tensors, names: Sequence[str]) -> float:
+    """The contract's norm of ``tensors - base`` (PROTOCOL.md, "Clipping the base delta")."""
+    return norm(deltas(tensors, base, names), names)
 
 
 @dataclass(frozen=True)

@@ -65,6 +65,15 @@ class DPConfig:
         if self.target_epsilon is not None and not (0 < self.target_epsilon < math.inf):
             raise ConfigError(f"--target-epsilon must be a finite number > 0, got {self.target_epsilon}")
 
+    def require_mean(self, aggregate: str) -> None:
+        """Refuse a robust combination under DP: a median's or trimmed mean's sensitivity to one
+        device is not bounded by the clip, so the noise would not cover it."""
+        if self.dp and aggregate != "mean":
+            raise ConfigError(
+                f"--dp noises a sum of clipped deltas; --aggregate {aggregate} has no bounded sensitivity to "
+                "noise: leave --aggregate mean"
+            )
+
     @property
     def adaptive(self) -> bool:
         return self.dp_clip_learning_rate > 0

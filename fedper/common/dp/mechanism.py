@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from fedper.common.aggregate import AggregationError, FedAvg
-from fedper.common.dp.clipping import distance
+from fedper.common.dp.clipping import deltas, norm
 from fedper.common.dp.config import DPConfig
 from fedper.common.robust_aggregate import BATCHNORM_VARIANCE, NonFiniteAggregateError
 
@@ -69,10 +69,11 @@ def dp_aggregate(
     centred_count = 0.0
     for tensors, unclipped in uploads:
         fedavg.check(tensors)
-        norm = distance(tensors, base, names)
-        if not norm <= clip:
-            raise ClipExceededError(f"an update's delta has L2 norm {norm:.6g}, above the round's clip {clip:.6g}")
-        fedavg.add({n: np.asarray(tensors[n], np.float64) - np.asarray(base[n], np.float64) for n in names}, 1)
+        delta = deltas(tensors, base, names)
+        length = norm(delta, names)
+        if not length <= clip:
+            raise ClipExceededError(f"an update's delta has L2 norm {length:.6g}, above the round's clip {clip:.6g}")
+        fedavg.add(delta, 1)
         centred_count += 0.5 if unclipped else -0.5
     split = config.noise(expected_cohort)
     sums = fedavg.weighted_sum()
