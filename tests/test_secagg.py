@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fedper.common.errors import ConfigError
-from fedper.common.secagg import keys, shamir
+from fedper.common.secagg import keys, prg, shamir
 from fedper.common.secagg.device_session import DeviceSession, RequestRefusedError
 from fedper.common.secagg.fixed_point import FixedPoint
 from fedper.common.secagg.graph import check_threshold, default_neighbours, default_threshold, neighbour_graph
@@ -245,3 +245,16 @@ def test_masks_cancel_over_random_graphs_and_dropouts() -> None:
         w = {s: min(samples[s], 200) for s in server.masked}
         fedavg = sum(w[s] * deltas[s] for s in w) / sum(w.values())
         assert np.max(np.abs(mean - fedavg)) <= fixed.error_bound(len(w), weight)
+
+
+def test_the_mask_generator_is_aes_256_ctr_from_a_zero_counter() -> None:
+    """Known answer: AES-256 of the zero block under the zero key (the first keystream block)
+    is dc95c078a2408989ad48a21492842087; the next block uses counter 1 (big-endian)."""
+    words = prg.expand(bytes(32), 8)
+    assert words[:4].astype("<u4").tobytes().hex() == "dc95c078a2408989ad48a21492842087"
+    from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+
+    second = Cipher(algorithms.AES(bytes(32)), modes.ECB()).encryptor().update((1).to_bytes(16, "big"))
+    assert words[4:].astype("<u4").tobytes() == second
+    with pytest.raises(ValueError, match="32 bytes"):
+        prg.expand(bytes(16), 1)
