@@ -63,10 +63,13 @@ def mask_sign(owner: str, other: str) -> int:
 class DeviceSession:
     """One device in one round (``context`` names the round: the keys it derives are for it only)."""
 
-    def __init__(self, device_id: str, context: bytes) -> None:
+    def __init__(
+        self, device_id: str, context: bytes, key_pairs: keys.KeyPairs | None = None, seed: bytes | None = None
+    ) -> None:
+        """Fresh keys and seed unless given (given only by the cross-language tests)."""
         self.device_id, self.context = device_id, context
-        self._keys = keys.KeyPairs.generate()
-        self._seed = os.urandom(prg.SEED_BYTES)
+        self._keys = key_pairs or keys.KeyPairs.generate()
+        self._seed = os.urandom(prg.SEED_BYTES) if seed is None else seed
         self._neighbours: dict[str, Advertisement] = {}
         self._threshold = 0
         self._held: dict[str, HeldShares] = {}
