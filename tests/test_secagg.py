@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from fedper.common.errors import ConfigError
 from fedper.common.secagg import keys, prg, shamir
-from fedper.common.secagg.device_session import DeviceSession, RequestRefusedError
+from fedper.common.secagg.device_session import Advertisement, DeviceSession, RequestRefusedError
 from fedper.common.secagg.fixed_point import FixedPoint
 from fedper.common.secagg.graph import check_threshold, default_neighbours, default_threshold, neighbour_graph
 from fedper.common.secagg.server_session import RoundFailedError, ServerSession, StageError
@@ -234,6 +234,33 @@ def test_the_server_takes_each_stage_once_from_members_only() -> None:
         server.advertise("z", a.advertise())
     with pytest.raises(StageError, match="sent no shares"):
         server.submit("b", np.zeros(4, dtype=np.uint32))
+    with pytest.raises(StageError, match="32 bytes"):
+        server.advertise("b", Advertisement(b"short", bytes(32)))
+
+
+@settings(max_examples=30, deadline=None)
+@given(garbage=st.binary(max_size=80), words=st.lists(st.integers(0, 2**32 - 1), max_size=6))
+def test_what_a_device_sends_the_server_is_checked_before_it_is_kept(garbage: bytes, words: list[int]) -> None:
+    """A masked input of the wrong size or type, or a share that is not one, is refused with a
+    StageError (the HTTP layer's 422), and the round goes on as if it had not been sent."""
+    server, *_ = _round(5, {0}, np.random.default_rng(4), k=4, t=3)
+    with pytest.raises(StageError, match="is 51 uint32 words"):
+        server.submit("device-000", np.array(words, dtype=np.uint32))  # device-000 dropped: sent none
+    with pytest.raises(StageError, match="is 51 uint32 words"):
+        server.submit("device-000", np.zeros(51, dtype=np.int64))
+    assert "device-000" not in server.masked
+    name = sorted(server.masked)[0]
+    assert server.answers.pop(name)  # let this device answer again, with garbage
+    dropped, survivors = server.unmask_request(name)
+    about = (dropped + survivors)[0]
+    bad = dict.fromkeys(dropped + survivors, bytes(shamir.SHARE_BYTES))
+    bad[about] = garbage
+    try:
+        shamir.Share.from_bytes(garbage)
+    except shamir.ShamirError:
+        with pytest.raises(StageError, match=f"share for '{about}'"):
+            server.answer(name, bad)
+        assert name not in server.answers
 
 
 def test_masks_cancel_over_random_graphs_and_dropouts() -> None:

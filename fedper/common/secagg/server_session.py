@@ -43,6 +43,8 @@ class ServerSession:
 
     def advertise(self, device: str, advertisement: Advertisement) -> None:
         self._member(device, self.advertised, "advertised its keys")
+        if {len(advertisement.channel), len(advertisement.mask)} != {keys.KEY_BYTES}:
+            raise StageError(f"{device!r}: an X25519 public key is {keys.KEY_BYTES} bytes")
         self.advertised[device] = advertisement
 
     def neighbours(self, device: str) -> dict[str, Advertisement]:
@@ -78,6 +80,11 @@ class ServerSession:
         dropped, survivors = self.unmask_request(device)
         if device not in self.masked or set(shares) != set(dropped) | set(survivors):
             raise StageError(f"{device!r} must answer for exactly the devices it was asked about")
+        for about, share in shares.items():
+            try:
+                shamir.Share.from_bytes(share)
+            except shamir.ShamirError as e:
+                raise StageError(f"{device!r}'s share for {about!r}: {e}") from e
         self.answers[device] = dict(shares)
 
     def total(self) -> np.ndarray:
