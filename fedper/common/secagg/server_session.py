@@ -38,7 +38,8 @@ class ServerSession:
         self.advertised: dict[str, Advertisement] = {}
         self.routed: dict[str, dict[str, bytes]] = {}  # receiver -> sender -> ciphertext
         self.shared: set[str] = set()
-        self.masked: dict[str, np.ndarray] = {}
+        self.masked: set[str] = set()
+        self._sum = np.zeros(words, dtype=np.uint32)  # of the masked inputs so far: none is kept
         self.answers: dict[str, dict[str, bytes]] = {}
 
     def advertise(self, device: str, advertisement: Advertisement) -> None:
@@ -68,7 +69,8 @@ class ServerSession:
             raise StageError(f"{device!r} sent no shares, so it has no masked input in this round")
         if masked.dtype != np.uint32 or masked.shape != (self.words,):
             raise StageError(f"a masked input is {self.words} uint32 words, got {masked.dtype} {masked.shape}")
-        self.masked[device] = masked
+        self._sum += masked  # wraps mod 2^32
+        self.masked.add(device)
 
     def unmask_request(self, device: str) -> tuple[list[str], list[str]]:
         """(dropped, survivors) among the neighbours whose shares the device holds."""
@@ -91,14 +93,12 @@ class ServerSession:
         """The sum of the survivors' inputs, mod 2^32."""
         if not self.masked:
             raise RoundFailedError("no device sent a masked input")
-        total = np.zeros(self.words, dtype=np.uint32)
-        for masked in self.masked.values():
-            total += masked
-        for survivor in self.masked:
+        total = self._sum.copy()
+        for survivor in sorted(self.masked):
             total -= prg.expand(self._secret(survivor), self.words)
-        for dropped in sorted(self.shared - self.masked.keys()):
+        for dropped in sorted(self.shared - self.masked):
             key = keys.private_key(self._secret(dropped))
-            for survivor in sorted(self.graph[dropped] & self.masked.keys()):
+            for survivor in sorted(self.graph[dropped] & self.masked):
                 seed = keys.agree(key, self.advertised[survivor].mask, keys.MASK, self.context)
                 mask = prg.expand(seed, self.words)
                 total = total - mask if mask_sign(survivor, dropped) > 0 else total + mask
