@@ -31,9 +31,24 @@ class RoundFailedError(FedperError, RuntimeError):
 class ServerSession:
     """One round's cohort (fixed before it starts), its graph and what has come in."""
 
-    def __init__(self, cohort: Sequence[str], neighbours: int, threshold: int, words: int, context: bytes) -> None:
+    def __init__(
+        self,
+        cohort: Sequence[str],
+        neighbours: int,
+        threshold: int,
+        words: int,
+        context: bytes,
+        graph: Mapping[str, Sequence[str]] | None = None,
+    ) -> None:
+        """A fresh graph of ``neighbours`` each over ``cohort``, or the ``graph`` given (a stored
+        round's, replayed after a restart)."""
         check_threshold(neighbours, threshold)
-        self.graph = neighbour_graph(cohort, neighbours)
+        if graph is None:
+            self.graph = neighbour_graph(cohort, neighbours)
+        else:
+            self.graph = {d: frozenset(graph[d]) for d in cohort}
+            if any(len(v) != neighbours or d in v for d, v in self.graph.items()):
+                raise StageError(f"a stored graph is not {neighbours}-regular")
         self.threshold, self.words, self.context = threshold, words, context
         self.advertised: dict[str, Advertisement] = {}
         self.routed: dict[str, dict[str, bytes]] = {}  # receiver -> sender -> ciphertext
