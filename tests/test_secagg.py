@@ -179,7 +179,6 @@ def test_twenty_devices_three_dropping_after_sharing_keys_give_the_survivors_fed
     assert weight == w.sum() and difference <= bound
 
 
-
 def test_the_2017_protocol_everyone_neighbours_everyone() -> None:
     server, deltas, samples, fixed = _round(6, {0}, np.random.default_rng(1), k=5, t=3)
     mean, weight = fixed.decode(server.total())
