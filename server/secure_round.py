@@ -30,8 +30,8 @@ from fedper.common.secagg.config import SecAggConfig
 from fedper.common.secagg.device_session import Advertisement
 from fedper.common.secagg.fixed_point import FixedPoint
 from fedper.common.secagg.graph import neighbour_graph
-from fedper.common.secagg.server_session import RoundFailedError, ServerSession, StageError
-from fedper.server.refusals import NotInCohortError, SecureMessageError, SecureStageError
+from fedper.common.secagg.server_session import DuplicateMessageError, RoundFailedError, ServerSession, StageError
+from fedper.server.refusals import AlreadyReportedError, NotInCohortError, SecureMessageError, SecureStageError
 from fedper.server.storage import Database, SecAggSession
 
 STAGES = ("keys", "shares", "masked", "unmask")
@@ -76,7 +76,7 @@ class SecureRounds:
         ends = {stage: _iso(t) for stage, t in row.stage_ends.items()}
         return SecAggTask(session=row.session, cohort=len(row.graph), neighbours=k, threshold=row.threshold,
                           clip_norm=row.clip, weight_cap=row.weight_cap, keys_by=ends["keys"],
-                          shares_by=ends["shares"], unmask_by=ends["unmask"])  # fmt: skip
+                          shares_by=ends["shares"], masked_by=ends["masked"], unmask_by=ends["unmask"])  # fmt: skip
 
     def fixed_point(self, row: SecAggSession) -> FixedPoint:
         return FixedPoint(row.clip, len(row.graph), row.weight_cap)
@@ -146,6 +146,9 @@ class SecureRounds:
         if found is None or device not in found[0].graph:
             raise NotInCohortError(f"this device is not in round {number}'s secure cohort")
         s = found[1]
+        done = {"keys": s.advertised.keys(), "shares": s.shared, "masked": s.masked, "unmask": s.answers.keys()}
+        if device in done[stage]:  # a retry whose first answer was lost, maybe after the stage ended
+            raise AlreadyReportedError(f"{device!r} already sent its part of the {stage} stage")
         current = self.stage(number, now)
         if current != stage:
             raise SecureStageError(f"round {number} is in its {current} stage, not {stage}")
@@ -168,6 +171,8 @@ class SecureRounds:
             stored = str(path.relative_to(self.folder)).encode()
         try:
             apply(s, stage, device, stored, self.folder)
+        except DuplicateMessageError as e:
+            raise AlreadyReportedError(str(e)) from e
         except (StageError, KeyError, TypeError, ValueError) as e:
             if path is not None:
                 path.unlink(missing_ok=True)

@@ -5,10 +5,13 @@ sessions with chosen deltas, so the server's result can be compared with plain F
 from __future__ import annotations
 
 import base64
+import json
 from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from fedper.common import weights
 from fedper.common.manifest import Manifest
@@ -125,3 +128,63 @@ def test_twenty_devices_three_dropping_after_sharing_keys_publish_the_survivors_
         difference = float(np.max(np.abs(after - fedavg)))
         print(f"max abs difference {difference:.3g}, bound {bound:.3g}")
         assert difference <= bound
+
+
+JSONISH = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=40),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=12), inner, max_size=4),
+    max_leaves=12,
+)
+
+
+def _in_keys_stage(server: InProcessServer, clock: FakeClock) -> tuple[int, list[tuple[str, dict[str, str]]]]:
+    devices = [enroll(server.http) for _ in range(4)]
+    for _, headers in devices:
+        assert server.http.get("/v1/task", headers={**headers, **CAN}).status_code == 204
+    clock.now += WINDOW
+    for _, headers in devices:
+        assert server.http.get("/v1/task", headers={**headers, **CAN}).status_code == 200
+    return 1, devices
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(stage=st.sampled_from(["keys", "shares", "masked", "unmask"]), data=st.data())
+def test_whatever_a_device_sends_a_stage_is_a_4xx_or_accepted_never_a_5xx(
+    secure_server: tuple[InProcessServer, FakeClock, list[tuple[str, dict[str, str]]]],
+    stage: str,
+    data: st.DataObject,
+) -> None:
+    """Generated bodies (JSON of any shape, fields of the right names with generated values, raw
+    bytes) against every stage's POST: a JSON 4xx with a code, or 202 for a message that fits;
+    a refused one stores nothing."""
+    server, _clock, devices = secure_server
+    assert server.state is not None
+    headers = devices[data.draw(st.integers(0, len(devices) - 1))][1]
+    fields = {"keys": ["channel_key", "mask_key"], "shares": ["shares"], "unmask": ["shares"], "masked": []}[stage]
+    body = data.draw(st.one_of(
+        st.binary(max_size=300),
+        JSONISH.map(lambda v: json.dumps(v).encode()),
+        st.fixed_dictionaries({f: JSONISH | st.binary(max_size=40).map(_b64) for f in fields}).map(
+            lambda v: json.dumps(v).encode()),
+    ))  # fmt: skip
+    before = server.state.db.secagg_messages(1)
+    r = server.http.post(f"/v1/rounds/1/secagg/{stage}", headers=headers, content=body)
+    assert r.status_code < 500, r.text
+    if r.status_code != 202:
+        assert 400 <= r.status_code < 500 and r.json()["code"] and r.json()["message"], r.text
+        assert server.state.db.secagg_messages(1) == before
+
+
+@pytest.fixture(scope="module")
+def secure_server(server_artifacts: Path, tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    from tests.server_support import ADMIN, ENROLL
+
+    mp = pytest.MonkeyPatch()
+    mp.setenv("FEDPER_ADMIN_TOKEN", ADMIN)
+    mp.setenv("FEDPER_ENROLLMENT_KEY", ENROLL)
+    clock = FakeClock()
+    options = _options(cohort_size=4, target_clients=4, enroll_per_minute=10**6, auth_failures_per_minute=10**6)
+    with InProcessServer(server_artifacts, tmp_path_factory.mktemp("secure") / "data", clock=clock, **options) as s:
+        _, devices = _in_keys_stage(s, clock)
+        yield s, clock, devices
+    mp.undo()

@@ -194,6 +194,7 @@ class SecAggTask(_Body):
     weight_cap: int = Field(ge=1)
     keys_by: str
     shares_by: str
+    masked_by: str
     unmask_by: str
 
 

@@ -24,6 +24,10 @@ class StageError(FedperError, ValueError):
     """A device's message that does not fit the round's stage, or that it sent before."""
 
 
+class DuplicateMessageError(StageError):
+    """The device already sent its part of this stage (a retry whose first answer was lost)."""
+
+
 class RoundFailedError(FedperError, RuntimeError):
     """Too few devices survived to remove the masks: the round applies nothing."""
 
@@ -132,4 +136,4 @@ class ServerSession:
         if device not in self.graph:
             raise StageError(f"{device!r} is not in this round's cohort")
         if device in stage:
-            raise StageError(f"{device!r} already {what}")
+            raise DuplicateMessageError(f"{device!r} already {what}")
