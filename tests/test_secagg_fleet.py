@@ -47,10 +47,10 @@ def test_twenty_devices_three_dropping_after_sharing_keys_and_what_the_server_sa
     deltas: dict[str, np.ndarray] = {}  # each survivor's clipped delta, as its device computed it
     original = SecureRound.delta
 
-    def recorded(self: SecureRound, *args: object) -> np.ndarray:
-        delta = original(self, *args)  # type: ignore[arg-type]
+    def recorded(self: SecureRound, *args: object) -> tuple[np.ndarray, bool]:
+        delta, unclipped = original(self, *args)  # type: ignore[arg-type]
         deltas[self.session.device_id] = delta
-        return delta
+        return delta, unclipped
 
     monkeypatch.setattr(SecureRound, "delta", recorded)
     recording = RecordingTransport()
