@@ -144,6 +144,12 @@ class SecureRounds:
             at += size
         return out, weight, flags, fixed, len(s.masked)
 
+    def took_part(self, number: int, device: str) -> bool:
+        """Whether the device advertised its keys in round ``number``'s session: it cannot take
+        part again with new ones, so it gets no task until the next round."""
+        found = self.session(number)
+        return found is not None and device in found[1].advertised
+
     def masked_path(self, number: int, device_id: str) -> Path:
         return self.folder / f"r{number}" / f"{device_id}.masked"
 

@@ -73,6 +73,8 @@ def test_twenty_devices_three_dropping_after_sharing_keys_publish_the_survivors_
             r = http.post(f"/v1/rounds/{n}/secagg/keys", headers=headers_of[d],
                           json={"channel_key": _b64(a.channel), "mask_key": _b64(a.mask)})  # fmt: skip
             assert r.status_code == 202, r.text
+        # One session per device and round: asking for the task again gets no task (204).
+        assert http.get("/v1/task", headers={**headers_of[d], **CAN}).status_code == 204
         for d, s in sessions.items():
             r = http.get(f"/v1/rounds/{n}/secagg/keys", headers=headers_of[d])
             assert r.status_code == 200, r.text
