@@ -23,11 +23,11 @@ from fedper.common.protocol import (
 )
 from fedper.server import strict_json
 from fedper.server.auth import DeviceId, State, failed, limit_key
+from fedper.server.clock import iso_time
 from fedper.server.credentials import new_token, same_secret, token_hash
 from fedper.server.errors import ProtocolError, bad_request, rate_limited, run_finished
 from fedper.server.refusals import SecAggUnsupportedError
 from fedper.server.request_body import read_small
-from fedper.server.rounds import iso_time
 from fedper.server.routes.responses import ERRORS
 from fedper.server.state import ServerState
 
