@@ -8,7 +8,7 @@ INSTALLED := $(VENV)/.installed-test
 BENCH_INSTALLED := $(VENV)/.installed-bench
 DEMO_OUT ?= demo-out
 
-.PHONY: install demo test test-fast test-slow test-portable lint typecheck pytest android-test bench results poisoning bn-sharing clean
+.PHONY: install demo test test-fast test-slow test-portable lint typecheck pytest android-test bench results poisoning bn-sharing dp-results clean
 
 install: $(INSTALLED)
 
@@ -78,6 +78,11 @@ poisoning: $(INSTALLED)
 # robust aggregation) or kept on each device (FedBN), paired per client; 12 runs, one at a time.
 bn-sharing: $(INSTALLED)
 	$(BIN)/python -m fedper._recipes.bn_sharing --out runs/bn_sharing --write docs/RESULTS.md
+
+# The DP table of docs/RESULTS.md: accuracy against epsilon for FedPer and FedAvg, 1,000 users;
+# 12 runs, two at a time (about 80 minutes here).
+dp-results: $(INSTALLED)
+	$(BIN)/python -m fedper._recipes.dp_suite --out runs/dp --write docs/RESULTS.md
 
 bench: $(BENCH_INSTALLED)
 	$(BIN)/python -m bench

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
-from fedper.common.dp.accountant import PrivacyBudget, epsilon, round_event
+from fedper.common.dp.accountant import PrivacyBudget, epsilon, round_event, smallest_noise_multiplier
 from fedper.common.dp.clipping import MARGIN_STEPS, ClippingError, clip_delta, distance, shrink
 from fedper.common.dp.config import DPConfig
 from fedper.common.dp.mechanism import ClipExceededError, dp_aggregate
@@ -270,3 +270,11 @@ def test_a_budget_grows_with_rounds_and_stops_at_its_target():
     assert PrivacyBudget(0.0, 0.1, 1e-5).to_dict(3)["epsilon"] is None  # no noise: infinite, null in JSON
     with pytest.raises(ConfigError, match="sampling probability"):
         PrivacyBudget(1.0, 0.0, 1e-5)
+
+
+def test_the_smallest_noise_multiplier_is_exact_to_the_hundredth_and_refuses_a_target_out_of_reach() -> None:
+    for target, rounds in ((8.0, 20), (2.0, 50), (0.5, 1)):
+        z = smallest_noise_multiplier(target, 0.1, rounds, 1e-5)
+        assert epsilon(z, 0.1, rounds, 1e-5) <= target < epsilon(round(z - 0.01, 2), 0.1, rounds, 1e-5)
+    with pytest.raises(ConfigError, match="no noise multiplier up to 100 keeps epsilon within 0.001"):
+        smallest_noise_multiplier(0.001, 1.0, 10_000, 1e-9)

@@ -15,7 +15,7 @@ import math
 
 import dp_accounting
 
-from fedper.common.dp.accountant import epsilon, run_event
+from fedper.common.dp.accountant import epsilon, run_event, smallest_noise_multiplier
 from fedper.models import ModelConfig, build_model, exchanged_state, split
 
 POPULATION, COHORT = 1000, 100
@@ -30,14 +30,6 @@ def base_coordinates() -> int:
     return sum(state[name].numel() for name in split(model, 1).base)
 
 
-def smallest_z(target: float, q: float, rounds: int, delta: float) -> float:
-    lo, hi = 0.01, 50.0
-    while hi - lo > 0.005:
-        mid = (lo + hi) / 2
-        lo, hi = (lo, mid) if epsilon(mid, q, rounds, delta) <= target else (mid, hi)
-    return math.ceil(hi * 100) / 100
-
-
 def main() -> None:
     q, delta = COHORT / POPULATION, POPULATION**-1.1
     coordinates = base_coordinates()
@@ -47,7 +39,7 @@ def main() -> None:
     print("|---|---|---|---|---|---|")
     for rounds in ROUNDS:
         for target in TARGETS:
-            z = smallest_z(target, q, rounds, delta)
+            z = smallest_noise_multiplier(target, q, rounds, delta)
             pld = dp_accounting.pld.PLDAccountant()
             pld.compose(run_event(z, q, rounds))
             noise = z * math.sqrt(coordinates) / COHORT

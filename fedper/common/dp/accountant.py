@@ -58,6 +58,18 @@ def epsilon(noise_multiplier: float, sampling_probability: float, rounds: int, d
         absl.setLevel(level)
 
 
+def smallest_noise_multiplier(target: float, sampling_probability: float, rounds: int, delta: float) -> float:
+    """The smallest noise multiplier, in hundredths, whose epsilon after ``rounds`` rounds is at
+    most ``target`` (epsilon falls as the noise grows: a bisection over the hundredths)."""
+    lo, hi = 0, 10_000  # hi/100 = 100 is enough for any target a run would set
+    if epsilon(hi / 100, sampling_probability, rounds, delta) > target:
+        raise ConfigError(f"no noise multiplier up to {hi / 100:g} keeps epsilon within {target:g}")
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if epsilon(mid / 100, sampling_probability, rounds, delta) <= target else (mid, hi)
+    return hi / 100
+
+
 @dataclass(frozen=True)
 class PrivacyBudget:
     """A run's accounting: its mechanism's parameters, delta and the epsilon it may not exceed."""
