@@ -8,6 +8,7 @@ import sys
 BENCHMARKS = [
     "bench.payload",
     "bench.aggregate",
+    "bench.secagg_cost",
     "bench.server_ingest",
     "bench.train_step",
     "bench.export_sizes",

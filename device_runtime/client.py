@@ -110,7 +110,8 @@ class ProtocolClient:
         return enrolled.device_id, enrolled.token
 
     def task(self) -> Task | NoTask:
-        r = self._request("GET", Route.TASK, headers=self._headers())
+        """The open round's task; this device says it can take part in secure rounds (revision 1.6)."""
+        r = self._request("GET", Route.TASK, headers=self._headers({Header.CAPABILITIES: Header.SECAGG}))
         if r.status_code == 410:
             raise RunFinishedError()
         if r.status_code == 204:
@@ -162,6 +163,33 @@ class ProtocolClient:
         if refused.code == ErrorCode.NOT_IN_COHORT:
             raise NotInCohortError(_retry_after(r), refused.message)
         raise refused
+
+    # --- a secure round's stages (revision 1.6, docs/SECAGG.md) ---------------------------
+
+    def secagg_send(self, route: str, round_number: int, body: bytes, json_body: bool = True) -> None:
+        """This device's part of a stage; a repeat of what the server already has is done too."""
+        media = Header.JSON if json_body else Header.OCTET_STREAM
+        r = self._request("POST", route.format(round_number=round_number), content=body,
+                          headers=self._headers({Header.CONTENT_TYPE: media}))  # fmt: skip
+        if r.status_code == 202:
+            return
+        if r.status_code == 410:
+            raise RunFinishedError()
+        refused = self._refused(r)
+        if refused.code != ErrorCode.DUPLICATE_UPDATE:
+            raise refused
+
+    def secagg_fetch(self, route: str, round_number: int) -> dict[str, Any] | NoTask:
+        """What the server relays for a stage, or NoTask (with its Retry-After) until it has it."""
+        r = self._request("GET", route.format(round_number=round_number), headers=self._headers())
+        if r.status_code == 204:
+            return NoTask(_retry_after(r))
+        if r.status_code == 410:
+            raise RunFinishedError()
+        if r.status_code != 200:
+            raise self._refused(r)
+        body: dict[str, Any] = r.json()
+        return body
 
 
 def _retry_after(response: httpx.Response, default: float = 5.0) -> float:

@@ -46,6 +46,7 @@ from fedper.device_runtime.events import (
 from fedper.device_runtime.local_data import LocalData
 from fedper.device_runtime.retry import TransientError
 from fedper.device_runtime.runtime_config import Engine, Evaluator
+from fedper.device_runtime.secure_round import SecureRound, SecureRoundRefusedError
 from fedper.trainer import Trainer
 
 log = logging.getLogger("fedper.device")
@@ -150,12 +151,16 @@ class Device:
             except TransientError as exc:
                 log.warning("device %s: round %d failed: %s", self.device_id, task.round, exc)
                 continue
+            except SecureRoundRefusedError as exc:  # revision 1.6: the round cannot be taken part in safely
+                log.warning("device %s: out of secure round %d: %s", self.device_id, task.round, exc)
+                self._skip_round = task.round
+                continue
             except NotInCohortError as exc:  # our slot expired: not a failure
                 log.info("device %s: not in round %d's cohort; asking again", self.device_id, task.round)
                 self._sleep(min(exc.retry_after, self.options.max_idle_wait))
                 continue
             except RefusedError as exc:
-                if exc.code in (ErrorCode.ROUND_NOT_OPEN, ErrorCode.STALE_BASE_VERSION):
+                if exc.code in (ErrorCode.ROUND_NOT_OPEN, ErrorCode.STALE_BASE_VERSION, ErrorCode.SECAGG_STAGE_CLOSED):
                     self._skip_round = task.round  # too late for this round; wait for the next
                     continue
                 if exc.status == 401 and not reenrolled:
@@ -195,6 +200,12 @@ class Device:
         return accuracy
 
     def run_round(self, task: Task) -> RoundReport:
+        secure = None
+        if task.secagg is not None:  # revision 1.6: keys and shares first (short stages), then the rest
+            assert self.device_id is not None
+            secure = SecureRound(self.client, self.device_id, task.round, task.secagg, self._sleep,
+                                 self.options.max_idle_wait)  # fmt: skip
+            secure.share()
         manifest, trainer, client = self._prepare(task.manifest_sha256, task.manifest_url)
         sha = task.manifest_sha256
         base = self._base(sha, task.model_version, task.base_url, manifest)
@@ -223,6 +234,20 @@ class Device:
         metrics = {"accuracy": accuracy, "accuracy_after": accuracy_after, "train_loss": loss}
         metadata = {Metadata.NUM_SAMPLES: str(client.num_samples), Metadata.BASE_VERSION: str(task.model_version),
                     **metric_metadata(metrics)}  # fmt: skip
+        if secure is not None:  # the masked update, then the unmasking: nothing in the clear
+            update_arrays = weights.to_numpy(update)
+            words = secure.fixed.encode(secure.delta(update_arrays, base, manifest.base_names), client.num_samples)
+            try:
+                secure.send_masked(words)
+            except RefusedError as exc:
+                self._emit(Refused(task.round, exc.code))
+                raise
+            self.storage.commit_head(sha)
+            secure.unmask()
+            report = RoundReport(task.round, task.model_version, client.num_samples, accuracy, accuracy_after,
+                                 None if np.isnan(loss) else loss, True, None)  # fmt: skip
+            self._emit(Uploaded(report))
+            return report
         sent: weights.Tensors = update
         if task.dp is not None:  # DP-FedAvg (revision 1.5): the server checks the clip, so clip exactly as it measures
             clipped = clip_delta(weights.to_numpy(update), base, manifest.base_names, task.dp.clip_norm)

@@ -27,7 +27,7 @@ from fedper.server.errors import (
     refusal_handler,
 )
 from fedper.server.refusals import RefusalError
-from fedper.server.routes import admin, devices, downloads, health, rounds
+from fedper.server.routes import admin, devices, downloads, health, rounds, secagg
 from fedper.server.state import ServerState, open_state
 from fedper.server.storage import DatabaseBusyError
 
@@ -83,6 +83,6 @@ def create_app(config: ServerConfig, state: ServerState | None = None) -> FastAP
     async def path_error(_r: Request, exc: RequestValidationError) -> JSONResponse:
         return JSONResponse({"code": ErrorCode.NOT_FOUND, "message": "no such resource"}, status_code=404)
 
-    for router in (health.router, devices.router, downloads.router, rounds.router, admin.router):
+    for router in (health.router, devices.router, downloads.router, rounds.router, secagg.router, admin.router):
         app.include_router(router)
     return app

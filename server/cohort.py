@@ -30,6 +30,7 @@ from __future__ import annotations
 import math
 import random
 import sqlite3
+from collections.abc import Callable
 
 from fedper.server.config import ServerConfig
 from fedper.server.storage import Database, RoundState, Slot
@@ -38,10 +39,15 @@ MAX_RETRY_AFTER = 3600  # seconds; no device is told to wait longer than this
 WAITING_KEY = "waiting_for_devices"  # meta: "1" while round 1 waits for --start-devices enrollments
 
 
+# Called in the draw's transaction with the round, the devices drawn, the time and the deadline.
+OnDraw = Callable[[sqlite3.Connection, int, list[str], float, float | None], object]
+
+
 class Cohort:
     def __init__(self, config: ServerConfig, db: Database, rng: random.Random | None = None):
         self.config, self.db = config, db
         self._rng = rng or random.SystemRandom()  # an attacker must not predict the draw
+        self.on_draw: OnDraw | None = None  # a secure round begins at its draw
 
     def window_end(self, opened_at: float) -> float:
         return opened_at + self.config.checkin_window
@@ -66,6 +72,8 @@ class Cohort:
         free = self.config.slots - self.db.count_held_slots(number, now)
         for device_id in checked_in[: max(0, free)]:
             self.db.put_slot(conn, Slot(number, device_id, now, self.expiry(now, deadline)))
+        if self.on_draw is not None and checked_in:
+            self.on_draw(conn, number, checked_in[: max(0, free)], now, deadline)
 
     def expiry(self, now: float, deadline: float | None) -> float | None:
         """When a slot assigned at ``now`` expires: after the report timeout, at the latest at the
@@ -112,7 +120,7 @@ class Cohort:
                 drawn = self.db.slot(number, device_id)
                 if drawn is not None and self._held(drawn, now):
                     return drawn
-            if self.config.privacy.dp:  # a device that did not check in, or lost its coin, waits
+            if self.config.privacy.dp or self.config.secure.secagg:  # the draw fixed the cohort
                 return None
             if self.db.count_updates(number) >= self.config.target_clients or not self.has_room(number, now):
                 return None

@@ -10,6 +10,7 @@ from fedper.common.config_cli import nested, option
 from fedper.common.dp.config import DPConfig
 from fedper.common.errors import ConfigError
 from fedper.common.robust_aggregate import AggregationConfig
+from fedper.common.secagg.config import SecAggConfig
 from fedper.common.train_config import TrainConfig
 from fedper.server.publish_check import PublishConfig
 
@@ -78,6 +79,7 @@ class ServerConfig:
     )
     aggregation: AggregationConfig = nested(AggregationConfig, "when a round closes (without --dp)")
     privacy: DPConfig = nested(DPConfig)
+    secure: SecAggConfig = nested(SecAggConfig)
     publish: PublishConfig = nested(PublishConfig, "before a round's aggregate is published")
     min_free_mib: float = option(
         0.0, "free disk space (MiB) below which the server drains: downloads only, no uploads or closes "
@@ -127,6 +129,8 @@ class ServerConfig:
             raise ConfigError(f"--over-selection must be in 1..100, got {self.over_selection}")
         if self.privacy.dp:
             self._check_privacy()
+        if self.secure.secagg:
+            self._check_secure()
         if self.slots < self.target_clients:
             raise ConfigError(
                 f"--cohort-size x --over-selection gives {self.slots} slots, fewer than --target-clients "
@@ -143,6 +147,25 @@ class ServerConfig:
             )
         self.privacy.require_mean(self.aggregation.aggregate)
         self.privacy.noise(self.cohort)  # a count noise too small for z is refused at start
+
+    def _check_secure(self) -> None:
+        """What a secure round needs (docs/SECAGG.md): a cohort fixed at the end of a check-in
+        window, a deadline that leaves time for the three short stages and the training, and a
+        plain mean (the server never sees an update, so it can neither clip nor trim one)."""
+        stages = 3 * self.secure.secagg_stage_timeout
+        if not (self.checkin_window > 0 and self.round_timeout > self.checkin_window + stages):
+            raise ConfigError(
+                f"--secagg needs --checkin-window > 0 and --round-timeout above the window plus 3 x "
+                f"--secagg-stage-timeout ({stages:g} s) and the training's time"
+            )
+        if self.report_timeout or self.max_update_norm:
+            raise ConfigError("--secagg's stages replace --report-timeout, and --max-update-norm needs the updates "
+                              "in the clear: leave both 0")  # fmt: skip
+        if self.aggregation.aggregate != "mean":
+            raise ConfigError(f"--secagg sums the updates; --aggregate {self.aggregation.aggregate} needs each one")
+        if self.privacy.dp:
+            raise ConfigError("--secagg with --dp is not built yet (docs/SECAGG.md)")
+        self.secure.check(self.slots)
 
     @property
     def cohort(self) -> int:

@@ -24,6 +24,10 @@ from fedper.server.refusals import (
     RefusalError,
     RoundNotOpenError,
     RunFinishedError,
+    SecAggUnsupportedError,
+    SecureMessageError,
+    SecureRoundError,
+    SecureStageError,
     StaleBaseError,
     UnknownVersionError,
 )
@@ -90,6 +94,10 @@ REFUSALS: dict[type[RefusalError], tuple[int, ErrorCode]] = {
     StaleBaseError: (409, ErrorCode.STALE_BASE_VERSION),
     RunFinishedError: (410, ErrorCode.RUN_FINISHED),
     DrainingError: (503, ErrorCode.SERVER_BUSY),
+    SecAggUnsupportedError: (403, ErrorCode.SECAGG_UNSUPPORTED),
+    SecureStageError: (409, ErrorCode.SECAGG_STAGE_CLOSED),
+    SecureRoundError: (409, ErrorCode.SECURE_ROUND),
+    SecureMessageError: (422, ErrorCode.BAD_SECAGG_MESSAGE),
 }
 
 

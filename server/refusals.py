@@ -46,3 +46,20 @@ class UnknownVersionError(RefusalError):
 
 class DrainingError(RefusalError):
     """The server takes no writes until its disk has room."""
+
+
+class SecureStageError(RefusalError):
+    """Since revision 1.6: the secure round's stage this request belongs to is over, or has not
+    begun, or this device is no longer in it."""
+
+
+class SecureMessageError(RefusalError):
+    """Since revision 1.6: a secure round's message that does not fit (docs/SECAGG.md)."""
+
+
+class SecureRoundError(RefusalError):
+    """Since revision 1.6: a plain upload into a secure round."""
+
+
+class SecAggUnsupportedError(RefusalError):
+    """Since revision 1.6: the server runs secure rounds and the device cannot take part."""

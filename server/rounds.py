@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import sqlite3
 import threading
 import time
@@ -42,6 +43,7 @@ from fedper.common.manifest import Manifest, sha256_file
 from fedper.common.metrics import summarize
 from fedper.common.protocol import RoundInfo
 from fedper.common.robust_aggregate import NonFiniteAggregateError, robust_aggregate
+from fedper.common.secagg.server_session import RoundFailedError
 from fedper.server import publish_check
 from fedper.server.clock import SteadyClock
 from fedper.server.cohort import WAITING_KEY, Cohort
@@ -55,9 +57,11 @@ from fedper.server.refusals import (
     NotInCohortError,
     RoundNotOpenError,
     RunFinishedError,
+    SecureRoundError,
     StaleBaseError,
     UnknownVersionError,
 )
+from fedper.server.secure_round import DONE, SecureRounds
 from fedper.server.storage import Database, Round, RoundState, Slot, StoredUpdate
 from fedper.server.update_store import UpdateStore
 from fedper.server.upload_validation import Upload
@@ -113,6 +117,11 @@ class RoundManager:
         self.store = UpdateStore(data_dir, self._layout)
         self.cohort = Cohort(config, db)
         self.privacy = ServerPrivacy(config, db) if config.privacy.dp else None
+        self.secure: SecureRounds | None = None
+        if config.secure.secagg:
+            words = sum(math.prod(shape) for _, shape in self._layout)
+            self.secure = SecureRounds(config.secure, db, words, self.store.updates_dir)
+            self.cohort.on_draw = self.secure.begin
         self._lock = threading.RLock()
         self._bases: dict[int, dict[str, np.ndarray]] = {}  # model versions, for the update bound
         self.snapshot = Snapshot(False, 0, RoundState.OPEN, 0, None, 0, 0)
@@ -154,6 +163,8 @@ class RoundManager:
                 for _ in self._stored(open_round):  # quarantines what the loader refuses
                     pass
             referenced = {u.file for u in self.db.updates(open_round)} if open_round is not None else set()
+            if self.secure is not None and open_round is not None:
+                referenced |= self.secure.referenced(open_round)
             self.store.remove_leftovers(open_round, {f for f in referenced if f is not None})
             self._remove_unrecorded_models()
             self._refresh()
@@ -285,6 +296,8 @@ class RoundManager:
         assert current is not None
         if number != current.round or current.state != RoundState.OPEN:
             raise RoundNotOpenError(f"round {number} is not open (the open round is {current.round})")
+        if self.secure is not None:
+            raise SecureRoundError(f"round {number} is securely aggregated: send a masked input (docs/SECAGG.md)")
         if not self.cohort.may_report(number, device_id, self.clock()):
             raise self._not_in_cohort(number)
         if self.draining is not None:
@@ -364,7 +377,17 @@ class RoundManager:
         round_base = self.round_base(number)
         dp_report = None
         try:  # group=1: one loaded update in memory at a time (for the mean)
-            if self.privacy is not None:
+            if self.secure is not None:
+                try:
+                    base, count = self.secure.aggregate(number, round_base, self._layout)
+                except RoundFailedError as exc:
+                    log.warning(json.dumps({"event": "secure_round_failed", "round": number, "reason": str(exc)}))
+                    self._abandon(number, current.model_version)
+                    return
+                if count < self.config.min_clients:
+                    self._abandon(number, current.model_version)
+                    return
+            elif self.privacy is not None:
                 contributions = ((tensors, bool(u.unclipped)) for u, tensors in self._stored(number))
                 base, dp_report = self.privacy.aggregate(self._layout, round_base, contributions)
                 count = dp_report.updates
@@ -411,12 +434,16 @@ class RoundManager:
             self._refresh()
         self.store.remove_round(number)
         self.aggregation_seconds += time.perf_counter() - start
-        if dp_report is None:
+        if self.secure is not None:
+            done: dict[str, object] = {"secure": True, "updates": count}
+        elif dp_report is None:
             self.updates_clipped += report.clipped
             self.updates_capped += report.capped
-        done = report.to_dict() if dp_report is None else self._privacy_log(dp_report)
+            done = report.to_dict()
+        else:
+            done = self._privacy_log(dp_report)
         log.info(json.dumps({
-            "event": "round_closed", "round": number, "reason": reason, "updates": len(updates),
+            "event": "round_closed", "round": number, "reason": reason, "updates": count,
             "model_version": version, "seconds": round(time.perf_counter() - start, 3), "finished": finished,
             "aggregation" if dp_report is None else "privacy": done,
         }))  # fmt: skip
@@ -549,6 +576,9 @@ class RoundManager:
             return
         snap = self.snapshot
         now = self.clock()
+        if self.secure is not None:
+            self._tick_secure(now)
+            return
         due = snap.deadline is not None and now >= snap.deadline
         full = snap.received >= self.config.target_clients and self.privacy is None
         if snap.finished or not snap.is_open or not (due or full):
@@ -568,6 +598,44 @@ class RoundManager:
                     self._try_close(current.round, "deadline")
                 else:
                     self._abandon(current.round, current.model_version)
+
+    def _tick_secure(self, now: float) -> None:
+        """A secure round closes once its unmasking is over (or abandons at its deadline without
+        a session: fewer than two devices were drawn)."""
+        assert self.secure is not None
+        snap = self.snapshot
+        if snap.finished or not snap.is_open:
+            return
+        with self._lock:
+            current = self.db.latest_round()
+            if current is None or current.state != RoundState.OPEN or self._finished():
+                return
+            stage = self.secure.stage(current.round, now)
+            due = current.deadline is not None and now >= current.deadline
+            if stage == DONE:
+                self._try_close(current.round, "unmasked")
+            elif stage is None and due:
+                self._abandon(current.round, current.model_version)
+
+    def secure_post(self, number: int, device_id: str, stage: str, body: bytes) -> None:
+        assert self.secure is not None
+        with self._lock:
+            self.check_open(number)
+            self.secure.post(number, device_id, stage, body, self.clock())
+
+    def secure_get(self, number: int, device_id: str, stage: str) -> dict[str, object] | None:
+        assert self.secure is not None
+        with self._lock:
+            self.check_open(number)
+            return self.secure.get(number, device_id, stage, self.clock())
+
+    def check_open(self, number: int) -> None:
+        if self._finished():
+            raise RunFinishedError()
+        current = self.db.latest_round()
+        assert current is not None
+        if number != current.round or current.state != RoundState.OPEN:
+            raise RoundNotOpenError(f"round {number} is not open (the open round is {current.round})")
 
     def stop(self) -> None:
         """Finish the run now (operator): the open round is recorded as stopped, not aggregated."""

@@ -81,6 +81,23 @@ CREATE TABLE IF NOT EXISTS slots (
     expires_at REAL,
     PRIMARY KEY (round, device_id)
 );
+CREATE TABLE IF NOT EXISTS secagg_sessions (
+    round INTEGER PRIMARY KEY,
+    session TEXT NOT NULL,
+    graph TEXT NOT NULL,
+    threshold INTEGER NOT NULL,
+    clip REAL NOT NULL,
+    weight_cap INTEGER NOT NULL,
+    stage_ends TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS secagg_messages (
+    round INTEGER NOT NULL,
+    stage TEXT NOT NULL,
+    device_id TEXT NOT NULL,
+    body BLOB NOT NULL,
+    at REAL NOT NULL,
+    PRIMARY KEY (round, stage, device_id)
+);
 """
 
 
@@ -105,6 +122,20 @@ class ModelVersion:
     version: int
     sha256: str
     file: str
+
+
+@dataclass(frozen=True)
+class SecAggSession:
+    """A secure round's fixed part (docs/SECAGG.md): its session id, neighbour graph, threshold,
+    encoding and when each stage ends at the latest."""
+
+    round: int
+    session: str
+    graph: dict[str, list[str]]
+    threshold: int
+    clip: float
+    weight_cap: int
+    stage_ends: dict[str, float]
 
 
 @dataclass(frozen=True)
@@ -425,6 +456,39 @@ class Database:
                           "ORDER BY round DESC LIMIT 1")  # fmt: skip
         return float(rows[0]["s"]) if rows else None
 
+    # --- secure rounds (docs/SECAGG.md) ----------------------------------------------------
+
+    def put_secagg_session(self, conn: sqlite3.Connection, session: SecAggSession) -> None:
+        conn.execute(
+            "INSERT OR REPLACE INTO secagg_sessions (round, session, graph, threshold, clip, weight_cap, stage_ends) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (session.round, session.session, json.dumps(session.graph, sort_keys=True), session.threshold,
+             session.clip, session.weight_cap, json.dumps(session.stage_ends, sort_keys=True)),
+        )  # fmt: skip
+
+    def secagg_session(self, number: int) -> SecAggSession | None:
+        rows = self.query("SELECT * FROM secagg_sessions WHERE round = ?", (min(number, SQLITE_MAX),))
+        if not rows:
+            return None
+        r = rows[0]
+        return SecAggSession(int(r["round"]), str(r["session"]), json.loads(r["graph"]), int(r["threshold"]),
+                             float(r["clip"]), int(r["weight_cap"]), json.loads(r["stage_ends"]))  # fmt: skip
+
+    def put_secagg_message(
+        self, conn: sqlite3.Connection, number: int, stage: str, device_id: str, body: bytes, now: float
+    ) -> None:
+        conn.execute(
+            "INSERT INTO secagg_messages (round, stage, device_id, body, at) VALUES (?, ?, ?, ?, ?)",
+            (number, stage, device_id, body, now),
+        )
+
+    def secagg_messages(self, number: int) -> list[tuple[str, str, bytes]]:
+        """(stage, device, body) of round ``number``'s accepted messages, in the order they came."""
+        rows = self.query(
+            "SELECT stage, device_id, body FROM secagg_messages WHERE round = ? ORDER BY at, rowid", (number,)
+        )
+        return [(str(r["stage"]), str(r["device_id"]), bytes(r["body"])) for r in rows]
+
     # --- rounds (writes) ----------------------------------------------------------------
 
     def open_round(
@@ -456,6 +520,8 @@ class Database:
         conn.execute("UPDATE updates SET file = NULL WHERE round = ?", (number,))
         conn.execute("DELETE FROM slots WHERE round = ?", (number,))  # an ended round has no cohort
         conn.execute("DELETE FROM checkins WHERE round = ?", (number,))
+        conn.execute("DELETE FROM secagg_messages WHERE round = ?", (number,))  # sealed shares, answers
+        conn.execute("DELETE FROM secagg_sessions WHERE round = ?", (number,))
 
     def insert_version(
         self, conn: sqlite3.Connection, version: int, sha256: str, file: str, now: float, from_round: int | None

@@ -65,6 +65,7 @@ def make(out: Path) -> None:
 
     (out / "python_written.ptd").write_bytes(encode_ptd({k: torch.from_numpy(v) for k, v in ptd_tensors().items()}))
     clipping_cases(out / "clipping", out / "artifacts")
+    secagg_case(out / "secagg")
 
 
 def clipping_cases(out: Path, artifacts: Path) -> None:
@@ -94,6 +95,106 @@ def clipping_cases(out: Path, artifacts: Path) -> None:
         meta = {"bound": repr(bound), "norm": repr(clipped.norm), "scale": repr(clipped.scale),
                 "unclipped": "1" if clipped.unclipped else "0", "names": ",".join(names)}  # fmt: skip
         save_file(clipped.tensors, str(folder / "expected.safetensors"), metadata=meta)
+
+
+SECAGG_CONTEXT = b"fixture run|round 3"
+SECAGG_DEVICES = ("a-1", "java", "z-1", "z-2")  # the Java device has a smaller and larger neighbours
+SECAGG_THRESHOLD = 2
+
+
+def _secagg_sessions():  # type: ignore[no-untyped-def]
+    """The round's devices with fixed keys and seeds (derived from their names), Python's sessions."""
+    import hashlib
+
+    from fedper.common.secagg import keys
+    from fedper.common.secagg.device_session import DeviceSession
+
+    def secret(name: str, what: str) -> bytes:
+        return hashlib.sha256(f"{name} {what}".encode()).digest()
+
+    return {
+        n: DeviceSession(n, SECAGG_CONTEXT, keys.KeyPairs(keys.private_key(secret(n, "channel")),
+                                                           keys.private_key(secret(n, "mask"))), secret(n, "seed"))
+        for n in SECAGG_DEVICES
+    }, secret  # fmt: skip
+
+
+def secagg_case(out: Path) -> None:
+    """secagg/case.json: the Java device's keys and seed, its neighbours' public keys and the shares
+    they sealed for it (by Python), the words it masks and what Python's session of the same device
+    masks them into and answers to an unmasking request; known answers of the mask generator, the
+    key agreement and Shamir's combination. The Java test must give the same bytes."""
+    import json
+
+    from fedper.common.secagg import keys, prg, shamir
+    from fedper.common.secagg.fixed_point import FixedPoint
+
+    sessions, secret = _secagg_sessions()
+    ads = {n: s.advertise() for n, s in sessions.items()}
+    sealed = {n: s.share_keys({m: ads[m] for m in SECAGG_DEVICES if m != n}, SECAGG_THRESHOLD)
+              for n, s in sessions.items()}  # fmt: skip
+    java = sessions["java"]
+    java.receive_shares({n: sealed[n]["java"] for n in SECAGG_DEVICES if n != "java"})
+    rng = np.random.default_rng(5)
+    delta = rng.normal(size=37)
+    delta = delta * min(1.0, 0.8 / float(np.linalg.norm(delta)))
+    fixed = FixedPoint(0.8, 4, 150)
+    words = fixed.encode(delta, 97)
+    answer = java.unmask(["z-2"], ["a-1", "z-1"])
+    shares = shamir.split(secret("shamir", "secret"), 3, 5)
+    java_secrets = {what: secret("java", what).hex() for what in ("channel", "mask", "seed")}
+    prg_seed = secret("prg", "seed")
+    agreed = keys.agree(keys.private_key(secret("java", "mask")), ads["z-1"].mask, keys.MASK, SECAGG_CONTEXT)
+    shares_hex = [x.to_bytes().hex() for x in shares]
+    case = {
+        "context": SECAGG_CONTEXT.hex(),
+        "threshold": SECAGG_THRESHOLD,
+        "java": java_secrets,
+        "advertised": {n: {"channel": a.channel.hex(), "mask": a.mask.hex()} for n, a in ads.items()},
+        "sealed_for_java": {n: sealed[n]["java"].hex() for n in SECAGG_DEVICES if n != "java"},
+        "fixed_point": {"clip": 0.8, "cohort": 4, "weight_cap": 150, "num_samples": 97, "delta": delta.tolist()},
+        "words": words.astype("<u4").tobytes().hex(),
+        "masked": java.masked_input(words).astype("<u4").tobytes().hex(),
+        "unmask": {"dropped": ["z-2"], "survivors": ["a-1", "z-1"], "answer": {n: v.hex() for n, v in answer.items()}},
+        "prg": {"seed": prg_seed.hex(), "words": prg.expand(prg_seed, 9).astype("<u4").tobytes().hex()},
+        "agree": {"with": "z-1", "mask": agreed.hex()},
+        "shamir": {"secret": secret("shamir", "secret").hex(), "threshold": 3, "shares": shares_hex},
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "case.json").write_text(json.dumps(case, indent=1) + "\n")
+
+
+def verify_secagg(path: Path) -> int:
+    """What the Java device sealed for its neighbours (JSON: receiver -> hex), taken by Python's
+    sessions of the three neighbours beside each other's shares: asked for the Java device's mask
+    key (as if it dropped) and, in a second run of the round, for its seed (as if it survived),
+    their answers must give back the Java device's mask key and seed."""
+    import json
+
+    from fedper.common.secagg import shamir
+
+    java_sealed = {n: bytes.fromhex(v) for n, v in json.loads(path.read_text()).items()}
+    python = [n for n in SECAGG_DEVICES if n != "java"]
+    if sorted(java_sealed) != python:
+        print(f"sealed for {sorted(java_sealed)}, not {python}")
+        return 1
+    recovered = []
+    for java_dropped in (True, False):
+        sessions, secret = _secagg_sessions()
+        ads = {n: s.advertise() for n, s in sessions.items()}
+        sealed = {n: sessions[n].share_keys({m: ads[m] for m in SECAGG_DEVICES if m != n}, SECAGG_THRESHOLD)
+                  for n in python}  # fmt: skip
+        answers = []
+        for name in python:
+            others = [m for m in python if m != name]
+            sessions[name].receive_shares({**{m: sealed[m][name] for m in others}, "java": java_sealed[name]})
+            dropped, survivors = (["java"], others) if java_dropped else ([], ["java", *others])
+            answers.append(shamir.Share.from_bytes(sessions[name].unmask(dropped, survivors)["java"]))
+        recovered.append(shamir.combine(answers, SECAGG_THRESHOLD))
+    if recovered != [secret("java", "mask"), secret("java", "seed")]:
+        print("the Java device's shares do not give back its mask key and seed")
+        return 1
+    return 0
 
 
 def onnx_inputs(out: Path) -> None:
@@ -156,5 +257,7 @@ if __name__ == "__main__":
         onnx_inputs(target)
     elif command == "verify-ptd":
         sys.exit(verify_ptd(target))
+    elif command == "verify-secagg":
+        sys.exit(verify_secagg(target))
     else:
         sys.exit(verify(target))

@@ -23,7 +23,7 @@ from fedper.common.train_config import TrainConfig
 AnyTrainConfig = TypeVar("AnyTrainConfig", bound=TrainConfig)
 
 VERSION = 1
-REVISION = "1.5"
+REVISION = "1.6"
 PREFIX = "/v1"
 
 
@@ -42,6 +42,12 @@ class Route:
     ADMIN_STOP = f"{PREFIX}/admin/stop"
     ADMIN_LATEST_BASE = f"{PREFIX}/admin/models/latest/base"
     ADMIN_ROLLBACK = f"{PREFIX}/admin/rollback/{{version}}"  # since revision 1.4
+    # Since revision 1.6, a secure round's stages (docs/SECAGG.md): POST sends this device's
+    # part, GET fetches what the server relays to it (204 until the stage before it ends).
+    SECAGG_KEYS = f"{PREFIX}/rounds/{{round_number}}/secagg/keys"
+    SECAGG_SHARES = f"{PREFIX}/rounds/{{round_number}}/secagg/shares"
+    SECAGG_MASKED = f"{PREFIX}/rounds/{{round_number}}/secagg/masked"
+    SECAGG_UNMASK = f"{PREFIX}/rounds/{{round_number}}/secagg/unmask"
 
 
 class ErrorCode(StrEnum):
@@ -53,6 +59,7 @@ class ErrorCode(StrEnum):
     UNAUTHORIZED = "unauthorized"  # 401
     FORBIDDEN = "forbidden"  # 403
     ATTESTATION_FAILED = "attestation_failed"  # 403, since revision 1.4
+    SECAGG_UNSUPPORTED = "secagg_unsupported"  # 403, since revision 1.6
     NOT_FOUND = "not_found"  # 404
     METHOD_NOT_ALLOWED = "method_not_allowed"  # 405
     UPLOAD_TIMEOUT = "upload_timeout"  # 408
@@ -62,6 +69,8 @@ class ErrorCode(StrEnum):
     STALE_BASE_VERSION = "stale_base_version"  # 409
     NOT_IN_COHORT = "not_in_cohort"  # 409, since revision 1.2
     UPLOAD_IN_PROGRESS = "upload_in_progress"  # 409, since revision 1.4
+    SECAGG_STAGE_CLOSED = "secagg_stage_closed"  # 409, since revision 1.6: out of this secure round
+    SECURE_ROUND = "secure_round"  # 409, since revision 1.6: a plain upload into a secure round
     RUN_FINISHED = "run_finished"  # 410
     PAYLOAD_TOO_LARGE = "payload_too_large"  # 413
     MISSING_TENSOR = "missing_tensor"  # 422
@@ -74,6 +83,7 @@ class ErrorCode(StrEnum):
     PERSONAL_TENSOR_IN_UPLOAD = "personal_tensor_in_upload"  # 422
     UPDATE_OUT_OF_BOUNDS = "update_out_of_bounds"  # 422
     DELTA_ABOVE_CLIP = "delta_above_clip"  # 422, since revision 1.5
+    BAD_SECAGG_MESSAGE = "bad_secagg_message"  # 422, since revision 1.6
     RATE_LIMITED = "rate_limited"  # 429
     INTERNAL_ERROR = "internal_error"  # 500
     SERVER_BUSY = "server_busy"  # 503
@@ -105,6 +115,10 @@ class Header:
     ETAG = "ETag"
     IF_NONE_MATCH = "If-None-Match"
     OCTET_STREAM = "application/octet-stream"
+    # Since revision 1.6: what a device can do, comma-separated, on GET /v1/task; "secagg" if it
+    # can take part in a secure round (docs/SECAGG.md). A secure server refuses a device without it.
+    CAPABILITIES = "Fedper-Capabilities"
+    SECAGG = "secagg"
 
 
 class Env:
@@ -166,6 +180,24 @@ class DPTask(_Body):
     clip_norm: float = Field(gt=0)
 
 
+class SecAggTask(_Body):
+    """Since revision 1.6: the round is securely aggregated (docs/SECAGG.md). ``session`` names
+    the round in every key the devices derive; the device encodes its clipped, weighted base delta
+    as ``FixedPoint(clip_norm, cohort, weight_cap)`` and takes part in the stages before their
+    deadlines (ISO 8601 UTC); its masked input is due by the task's ``report_by``."""
+
+    session: str = Field(pattern=r"^[0-9a-f]{32}$")
+    cohort: int = Field(ge=1)
+    neighbours: int = Field(ge=1)
+    threshold: int = Field(ge=1)
+    clip_norm: float = Field(gt=0)
+    weight_cap: int = Field(ge=1)
+    keys_by: str
+    shares_by: str
+    masked_by: str
+    unmask_by: str
+
+
 class Task(_Body):
     round: int
     model_version: int
@@ -181,6 +213,47 @@ class Task(_Body):
     # Since revision 1.5: set when the server runs DP-FedAvg; a device that cannot clip must not
     # upload (the server refuses an update whose delta is longer than the clip).
     dp: DPTask | None = None
+    # Since revision 1.6: set in a securely aggregated round, given only to a device that sent
+    # the ``secagg`` capability.
+    secagg: SecAggTask | None = None
+
+
+class SecAggKeys(_Body):
+    """A device's two X25519 public keys for the round, 32 raw bytes each in base64."""
+
+    channel_key: str = Field(max_length=64)
+    mask_key: str = Field(max_length=64)
+
+
+class SecAggNeighbours(_Body):
+    """The keys of the device's neighbours that advertised, by device id."""
+
+    threshold: int
+    neighbours: dict[str, SecAggKeys]
+
+
+class SecAggSealed(_Body):
+    """Sealed share messages (base64): POSTed by device id of the receiver, fetched by the sender's."""
+
+    shares: dict[str, str]
+
+
+class SecAggUnmaskRequest(_Body):
+    """Whose mask keys (``dropped``) and seeds (``survivors``) the server asks this device for."""
+
+    dropped: list[str]
+    survivors: list[str]
+
+
+class SecAggUnmaskAnswer(_Body):
+    """The device's shares (base64) for each device named in the request."""
+
+    shares: dict[str, str]
+
+
+class SecAggAccepted(_Body):
+    round: int
+    stage: Literal["keys", "shares", "masked", "unmask"]
 
 
 class Accepted(_Body):
@@ -256,7 +329,8 @@ class Error(_Body):
 
 
 MODELS: tuple[type[BaseModel], ...] = (
-    Health, EnrollmentRequest, Enrolled, TaskConfig, DPTask, Task, Accepted, MetricSummary, RoundInfo,
+    Health, EnrollmentRequest, Enrolled, TaskConfig, DPTask, SecAggTask, Task, SecAggKeys, SecAggNeighbours,
+    SecAggSealed, SecAggUnmaskRequest, SecAggUnmaskAnswer, SecAggAccepted, Accepted, MetricSummary, RoundInfo,
     PrivacySpent, Status, Revoked, Stopped, RolledBack, Error,
 )  # fmt: skip
 SCHEMA_FILE = Path(__file__).resolve().parents[2] / "docs" / "protocol.schema.json"

@@ -25,6 +25,7 @@ from fedper.server import strict_json
 from fedper.server.auth import DeviceId, State, failed, limit_key
 from fedper.server.credentials import new_token, same_secret, token_hash
 from fedper.server.errors import ProtocolError, bad_request, rate_limited, run_finished
+from fedper.server.refusals import SecAggUnsupportedError
 from fedper.server.request_body import read_small
 from fedper.server.rounds import iso_time
 from fedper.server.routes.responses import ERRORS
@@ -95,8 +96,12 @@ async def enroll(request: Request, state: State) -> Enrolled:
     return Enrolled(device_id=device_id, token=token)
 
 
+def _capabilities(request: Request) -> set[str]:
+    return {c.strip() for c in request.headers.get(Header.CAPABILITIES, "").split(",")}
+
+
 @router.get(Route.TASK, response_model=Task, responses={204: {"description": "no task now"}, **ERRORS})
-def task(device_id: DeviceId, state: State) -> Response:
+def task(request: Request, device_id: DeviceId, state: State) -> Response:
     """The open round's task for a device holding (or now given) one of its cohort's slots; 204
     with a Retry-After otherwise (PROTOCOL.md, revision 1.2: cohorts and pace steering)."""
     rounds = state.rounds
@@ -105,9 +110,19 @@ def task(device_id: DeviceId, state: State) -> Response:
         raise run_finished()
     if not snap.is_open or rounds.draining is not None:
         return Response(status_code=204, headers={Header.RETRY_AFTER: str(state.config.retry_after)})
+    if rounds.secure is not None and Header.SECAGG not in _capabilities(request):
+        raise SecAggUnsupportedError(
+            "this server aggregates securely (protocol revision 1.6, docs/SECAGG.md) and this device did not say "
+            f"it can take part ({Header.CAPABILITIES}: {Header.SECAGG}); it gets no task"
+        )
     slot = None if state.db.has_update(snap.round, device_id) else rounds.assign(snap.round, device_id)
     if slot is None:  # reported already, or every slot is held: come back when the round may have moved on
         return Response(status_code=204, headers={Header.RETRY_AFTER: str(rounds.pace())})
+    secure = None
+    if rounds.secure is not None:
+        secure = rounds.secure.task(snap.round)
+        if secure is None:  # fewer than two devices were drawn: no secure sum this round
+            return Response(status_code=204, headers={Header.RETRY_AFTER: str(rounds.pace())})
     body = Task(
         round=snap.round,
         model_version=snap.model_version,
@@ -118,5 +133,6 @@ def task(device_id: DeviceId, state: State) -> Response:
         config=TaskConfig.asking(state.config.training),
         report_by=iso_time(slot.expires_at),
         dp=None if rounds.privacy is None else rounds.privacy.task(),
+        secagg=secure,
     )
     return JSONResponse(body.model_dump())

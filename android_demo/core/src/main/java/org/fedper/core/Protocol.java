@@ -1,6 +1,6 @@
 package org.fedper.core;
 
-/** The device protocol v1 (revision 1.5): generated from
+/** The device protocol v1 (revision 1.6): generated from
  * docs/protocol.schema.json by android_demo/core/generate_protocol.py; do not edit. */
 public final class Protocol {
   private Protocol() {}
@@ -17,6 +17,10 @@ public final class Protocol {
     public static final String HEALTH = "/v1/health";
     public static final String MODEL_BASE = "/v1/models/{version}/base";
     public static final String ROUND = "/v1/rounds/{round_number}";
+    public static final String SECAGG_KEYS = "/v1/rounds/{round_number}/secagg/keys";
+    public static final String SECAGG_MASKED = "/v1/rounds/{round_number}/secagg/masked";
+    public static final String SECAGG_SHARES = "/v1/rounds/{round_number}/secagg/shares";
+    public static final String SECAGG_UNMASK = "/v1/rounds/{round_number}/secagg/unmask";
     public static final String STATUS = "/v1/status";
     public static final String TASK = "/v1/task";
     public static final String UPDATES = "/v1/rounds/{round_number}/updates";
@@ -40,12 +44,14 @@ public final class Protocol {
     private Header() {}
 
     public static final String AUTHORIZATION = "Authorization";
+    public static final String CAPABILITIES = "Fedper-Capabilities";
     public static final String CONTENT_TYPE = "Content-Type";
     public static final String ETAG = "ETag";
     public static final String IF_NONE_MATCH = "If-None-Match";
     public static final String JSON = "application/json";
     public static final String OCTET_STREAM = "application/octet-stream";
     public static final String RETRY_AFTER = "Retry-After";
+    public static final String SECAGG = "secagg";
   }
 
   public static final class Env {
@@ -61,6 +67,7 @@ public final class Protocol {
     public static final String ATTESTATION_FAILED = "attestation_failed";
     public static final String BAD_METADATA = "bad_metadata";
     public static final String BAD_REQUEST = "bad_request";
+    public static final String BAD_SECAGG_MESSAGE = "bad_secagg_message";
     public static final String DELTA_ABOVE_CLIP = "delta_above_clip";
     public static final String DUPLICATE_UPDATE = "duplicate_update";
     public static final String FORBIDDEN = "forbidden";
@@ -79,6 +86,9 @@ public final class Protocol {
     public static final String RATE_LIMITED = "rate_limited";
     public static final String ROUND_NOT_OPEN = "round_not_open";
     public static final String RUN_FINISHED = "run_finished";
+    public static final String SECAGG_STAGE_CLOSED = "secagg_stage_closed";
+    public static final String SECAGG_UNSUPPORTED = "secagg_unsupported";
+    public static final String SECURE_ROUND = "secure_round";
     public static final String SERVER_BUSY = "server_busy";
     public static final String STALE_BASE_VERSION = "stale_base_version";
     public static final String UNAUTHORIZED = "unauthorized";
@@ -188,6 +198,61 @@ public final class Protocol {
       public static final String TARGET_CLIENTS = "target_clients";
     }
 
+    public static final class SecAggAccepted {
+      private SecAggAccepted() {}
+
+      public static final String ROUND = "round";
+      public static final String STAGE = "stage";
+    }
+
+    public static final class SecAggKeys {
+      private SecAggKeys() {}
+
+      public static final String CHANNEL_KEY = "channel_key";
+      public static final String MASK_KEY = "mask_key";
+    }
+
+    public static final class SecAggNeighbours {
+      private SecAggNeighbours() {}
+
+      public static final String NEIGHBOURS = "neighbours";
+      public static final String THRESHOLD = "threshold";
+    }
+
+    public static final class SecAggSealed {
+      private SecAggSealed() {}
+
+      public static final String SHARES = "shares";
+    }
+
+    public static final class SecAggTask {
+      private SecAggTask() {}
+
+      public static final String CLIP_NORM = "clip_norm";
+      public static final String COHORT = "cohort";
+      public static final String KEYS_BY = "keys_by";
+      public static final String MASKED_BY = "masked_by";
+      public static final String NEIGHBOURS = "neighbours";
+      public static final String SESSION = "session";
+      public static final String SHARES_BY = "shares_by";
+      public static final String THRESHOLD = "threshold";
+      public static final String UNMASK_BY = "unmask_by";
+      public static final String WEIGHT_CAP = "weight_cap";
+    }
+
+    public static final class SecAggUnmaskAnswer {
+      private SecAggUnmaskAnswer() {}
+
+      public static final String SHARES = "shares";
+    }
+
+    public static final class SecAggUnmaskRequest {
+      private SecAggUnmaskRequest() {}
+
+      public static final String DROPPED = "dropped";
+      public static final String SURVIVORS = "survivors";
+    }
+
     public static final class Status {
       private Status() {}
 
@@ -219,6 +284,7 @@ public final class Protocol {
       public static final String MODEL_VERSION = "model_version";
       public static final String REPORT_BY = "report_by";
       public static final String ROUND = "round";
+      public static final String SECAGG = "secagg";
     }
 
     public static final class TaskConfig {

@@ -1,0 +1,262 @@
+"""Secure rounds on the server (docs/SECAGG.md; PROTOCOL.md revision 1.6): the open round's
+SecAgg+ session, begun at the draw, every accepted message stored before it is answered, and
+replayed from the database after a restart; which stage a round is in; and the round's sum of
+weighted deltas at the end.
+
+A stage ends at its time (fixed at the draw) or as soon as every device that could still take
+part in it has: the key stage when the whole cohort advertised, the share stage when every device
+that advertised shared, the masked stage when every device that shared sent its input, the
+unmasking when every device that sent an input answered. What a device sends for a stage that is
+over is refused (``secagg_stage_closed``), and for one not begun it is told to come back.
+
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import math
+import secrets
+import sqlite3
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+import numpy as np
+
+from fedper.common.atomic_write import atomic_write_bytes
+from fedper.common.protocol import SecAggKeys, SecAggNeighbours, SecAggSealed, SecAggTask, SecAggUnmaskRequest
+from fedper.common.secagg.config import SecAggConfig
+from fedper.common.secagg.device_session import Advertisement
+from fedper.common.secagg.fixed_point import FixedPoint
+from fedper.common.secagg.graph import neighbour_graph
+from fedper.common.secagg.server_session import DuplicateMessageError, RoundFailedError, ServerSession, StageError
+from fedper.server.refusals import AlreadyReportedError, NotInCohortError, SecureMessageError, SecureStageError
+from fedper.server.storage import Database, SecAggSession
+
+STAGES = ("keys", "shares", "masked", "unmask")
+DONE = "done"
+# What GET relays for a stage is known once the stage at this index has begun: the neighbours'
+# keys once the key stage is over, the shares once the share stage is, whom to unmask once the
+# masked inputs are in.
+RELAYED_AFTER = {"keys": 1, "shares": 2, "unmask": 3}
+
+
+class SecureRounds:
+    """The secure rounds of one server: the open round's session, cached, rebuilt on demand."""
+
+    def __init__(self, settings: SecAggConfig, db: Database, words: int, folder: Path) -> None:
+        self.settings, self.db, self.words, self.folder = settings, db, words, folder
+        self._cached: tuple[int, ServerSession] | None = None
+
+    def begin(
+        self, conn: sqlite3.Connection, number: int, cohort: list[str], now: float, deadline: float | None
+    ) -> SecAggSession | None:
+        """At the draw: the round's fixed part, stored in the draw's transaction (None: fewer than
+        two devices were drawn, and the round can have no secure sum)."""
+        if len(cohort) < 2 or deadline is None:
+            return None
+        k = self.settings.neighbours(len(cohort))
+        graph = neighbour_graph(sorted(cohort), k)
+        timeout = self.settings.secagg_stage_timeout
+        ends = {"keys": now + timeout, "shares": now + 2 * timeout, "masked": deadline - timeout, "unmask": deadline}
+        row = SecAggSession(number, secrets.token_hex(16), {d: sorted(v) for d, v in graph.items()},
+                            self.settings.threshold(len(cohort)), self.settings.secagg_clip,
+                            self.settings.secagg_weight_cap, ends)  # fmt: skip
+        self.db.put_secagg_session(conn, row)
+        self._cached = None
+        return row
+
+    def task(self, number: int) -> SecAggTask | None:
+        """What a task of round ``number`` tells a drawn device (None: the round has no session)."""
+        row = self.db.secagg_session(number)
+        if row is None:
+            return None
+        k = len(next(iter(row.graph.values())))
+        ends = {stage: _iso(t) for stage, t in row.stage_ends.items()}
+        return SecAggTask(session=row.session, cohort=len(row.graph), neighbours=k, threshold=row.threshold,
+                          clip_norm=row.clip, weight_cap=row.weight_cap, keys_by=ends["keys"],
+                          shares_by=ends["shares"], masked_by=ends["masked"], unmask_by=ends["unmask"])  # fmt: skip
+
+    def fixed_point(self, row: SecAggSession) -> FixedPoint:
+        return FixedPoint(row.clip, len(row.graph), row.weight_cap)
+
+    def session(self, number: int) -> tuple[SecAggSession, ServerSession] | None:
+        """Round ``number``'s row and session, replayed from the stored messages when not cached."""
+        row = self.db.secagg_session(number)
+        if row is None:
+            return None
+        if self._cached is not None and self._cached[0] == number:
+            return row, self._cached[1]
+        k = len(next(iter(row.graph.values())))
+        session = ServerSession(sorted(row.graph), k, row.threshold, self.words + 1, row.session.encode(), row.graph)
+        for stage, device, body in self.db.secagg_messages(number):
+            apply(session, stage, device, body, self.folder)
+        self._cached = (number, session)
+        return row, session
+
+    def stage(self, number: int, now: float) -> str | None:
+        """The stage round ``number`` is in (``DONE`` once the unmasking ended), None if not secure."""
+        found = self.session(number)
+        if found is None:
+            return None
+        row, s = found
+        waiting = {
+            "keys": set(s.graph) - s.advertised.keys(),
+            "shares": set(s.advertised) - s.shared,
+            "masked": s.shared - s.masked,
+            "unmask": s.masked - s.answers.keys(),
+        }
+        for stage in STAGES:
+            if now < row.stage_ends[stage] and waiting[stage]:
+                return stage
+        return DONE
+
+    def aggregate(
+        self, number: int, base: Mapping[str, np.ndarray], layout: list[tuple[str, tuple[int, ...]]]
+    ) -> tuple[dict[str, np.ndarray], int]:
+        """The new base (float32: the round's base plus the survivors' weighted mean delta) and
+        how many devices it averages; RoundFailedError when the masks cannot be removed."""
+        found = self.session(number)
+        if found is None:
+            raise RoundFailedError(f"round {number} has no secure session")
+        row, s = found
+        mean, weight = self.fixed_point(row).decode(s.total())
+        if weight == 0:
+            raise RoundFailedError(f"round {number}'s survivors sent no weight")
+        out, at = {}, 0
+        for name, shape in layout:
+            size = math.prod(shape)
+            out[name] = (base[name] + mean[at : at + size].reshape(shape)).astype(np.float32)
+            at += size
+        return out, len(s.masked)
+
+    def masked_path(self, number: int, device_id: str) -> Path:
+        return self.folder / f"r{number}" / f"{device_id}.masked"
+
+    def referenced(self, number: int) -> set[str]:
+        """The masked inputs' files of round ``number`` (relative to the updates folder)."""
+        return {body.decode() for stage, _, body in self.db.secagg_messages(number) if stage == "masked"}
+
+    # --- a device's requests (the caller holds the rounds' lock) ---------------------------
+
+    def _check(self, number: int, device: str, stage: str, now: float) -> ServerSession:
+        """The round's session if ``stage`` is the one it is in and the device may take part in it."""
+        found = self.session(number)
+        if found is None or device not in found[0].graph:
+            raise NotInCohortError(f"this device is not in round {number}'s secure cohort")
+        s = found[1]
+        done = {"keys": s.advertised.keys(), "shares": s.shared, "masked": s.masked, "unmask": s.answers.keys()}
+        if device in done[stage]:  # a retry whose first answer was lost, maybe after the stage ended
+            raise AlreadyReportedError(f"{device!r} already sent its part of the {stage} stage")
+        current = self.stage(number, now)
+        if current != stage:
+            raise SecureStageError(f"round {number} is in its {current} stage, not {stage}")
+        before = {"keys": set(s.graph), "shares": set(s.advertised), "masked": s.shared, "unmask": s.masked}
+        if device not in before[stage]:
+            raise SecureStageError(f"this device missed a stage before {stage}: it is out of round {number}")
+        return s
+
+    def post(self, number: int, device: str, stage: str, body: bytes, now: float) -> None:
+        """A device's message for ``stage`` (JSON body; for ``masked``, the words' bytes),
+        checked, stored, then applied."""
+        s = self._check(number, device, stage, now)
+        stored = body
+        path = None
+        if stage == "masked":
+            path = self.masked_path(number, device)
+            if len(body) != 4 * (self.words + 1):
+                raise SecureMessageError(f"a masked input is {self.words + 1} uint32 words, got {len(body)} bytes")
+            store_masked(path, np.frombuffer(body, dtype="<u4"))
+            stored = str(path.relative_to(self.folder)).encode()
+        try:
+            apply(s, stage, device, stored, self.folder)
+        except DuplicateMessageError as e:
+            raise AlreadyReportedError(str(e)) from e
+        except (StageError, KeyError, TypeError, ValueError) as e:
+            if path is not None:
+                path.unlink(missing_ok=True)
+            raise SecureMessageError(f"{stage}: {e}") from e
+        try:
+            with self.db.transaction() as conn:
+                self.db.put_secagg_message(conn, number, stage, device, stored, now)
+        except BaseException:
+            self._cached = None  # the session is ahead of the database: rebuild it from there
+            raise
+
+    def get(self, number: int, device: str, stage: str, now: float) -> dict[str, object] | None:
+        """What the server relays to the device for ``stage`` once the stage before it is over
+        (None: not yet)."""
+        found = self.session(number)
+        if found is None or device not in found[0].graph:
+            raise NotInCohortError(f"this device is not in round {number}'s secure cohort")
+        row, s = found
+        current = self.stage(number, now)
+        if current is None or _index(current) < RELAYED_AFTER[stage]:
+            return None
+        if stage == "keys":
+            if device not in s.advertised:
+                raise SecureStageError(f"this device advertised no keys: it is out of round {number}")
+            return SecAggNeighbours(threshold=row.threshold, neighbours={
+                n: SecAggKeys(channel_key=_text(a.channel), mask_key=_text(a.mask))
+                for n, a in s.neighbours(device).items()}).model_dump()  # fmt: skip
+        if stage == "shares":
+            if device not in s.shared:
+                raise SecureStageError(f"this device sent no shares: it is out of round {number}")
+            return SecAggSealed(shares={n: _text(c) for n, c in s.shares_for(device).items()}).model_dump()
+        if device not in s.masked:
+            raise SecureStageError(f"this device sent no masked input: it is out of round {number}")
+        dropped, survivors = s.unmask_request(device)
+        return SecAggUnmaskRequest(dropped=dropped, survivors=survivors).model_dump()
+
+    def retry_after(self, number: int, now: float) -> int:
+        """Seconds until the round's current stage ends at the latest (at least 1)."""
+        row = self.db.secagg_session(number)
+        current = self.stage(number, now)
+        if row is None or current in (None, DONE):
+            return 1
+        return max(1, min(60, int(row.stage_ends[current] - now) + 1))
+
+
+def _iso(timestamp: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(timestamp))
+
+
+def _index(stage: str) -> int:
+    return len(STAGES) if stage == DONE else STAGES.index(stage)
+
+
+def _text(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+def apply(session: ServerSession, stage: str, device: str, body: bytes, folder: Path) -> None:
+    """One stored (or arriving) message into the session; StageError if it does not fit."""
+    if stage == "keys":
+        keys = json.loads(body)
+        session.advertise(device, Advertisement(_b64(keys["channel_key"]), _b64(keys["mask_key"])))
+    elif stage == "shares":
+        session.share(device, {to: _b64(v) for to, v in json.loads(body)["shares"].items()})
+    elif stage == "masked":
+        path = folder / body.decode()
+        session.submit(device, np.frombuffer(path.read_bytes(), dtype="<u4").astype(np.uint32))
+    elif stage == "unmask":
+        session.answer(device, {about: _b64(v) for about, v in json.loads(body)["shares"].items()})
+    else:
+        raise StageError(f"no stage {stage!r}")
+
+
+def store_masked(path: Path, words: np.ndarray) -> None:
+    """A masked input, as the little-endian words it is (the only form of an update the server keeps)."""
+    atomic_write_bytes(path, words.astype("<u4").tobytes())
+
+
+def _b64(text: str) -> bytes:
+    try:
+        return base64.b64decode(text, validate=True)
+    except (ValueError, TypeError) as e:
+        raise StageError(f"not base64: {e}") from e
+
+
+def sealed_body(shares: Mapping[str, bytes]) -> bytes:
+    return json.dumps({"shares": {k: base64.b64encode(v).decode() for k, v in sorted(shares.items())}}).encode()

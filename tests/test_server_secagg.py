@@ -1,0 +1,190 @@
+"""``fedper serve --secagg`` (protocol revision 1.6, docs/SECAGG.md): a secure round over the
+app's real routes, in process, on a test's clock; devices played by the protocol's own device
+sessions with chosen deltas, so the server's result can be compared with plain FedAvg."""
+
+from __future__ import annotations
+
+import base64
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from fedper.common import weights
+from fedper.common.manifest import Manifest
+from fedper.common.protocol import ErrorCode, Header
+from fedper.common.secagg.device_session import Advertisement, DeviceSession
+from fedper.common.secagg.fixed_point import FixedPoint
+from tests.server_support import FakeClock, InProcessServer, admin, enroll, round_info
+
+pytestmark = pytest.mark.usefixtures("server_secrets")
+WINDOW, STAGE, TIMEOUT = 5, 10, 120
+CAN = {Header.CAPABILITIES: Header.SECAGG}
+
+
+def _options(**more: object) -> dict[str, object]:
+    return {"secagg": True, "checkin_window": WINDOW, "secagg_stage_timeout": STAGE, "round_timeout": TIMEOUT,
+            "cohort_size": 20, "over_selection": 1.0, "target_clients": 20, "min_clients": 2, **more}  # fmt: skip
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+def _base(server: InProcessServer, version: int) -> dict[str, np.ndarray]:
+    r = server.http.get(f"/v1/models/{version}/base", headers=admin())
+    assert r.status_code == 200, r.text
+    return weights.decode(r.content, f"version {version}")
+
+
+def _flat(tensors: dict[str, np.ndarray], manifest: Manifest) -> np.ndarray:
+    return np.concatenate([tensors[n].astype(np.float64).ravel() for n in manifest.base_names])
+
+
+def test_twenty_devices_three_dropping_after_sharing_keys_publish_the_survivors_fedavg(
+    server_artifacts: Path, server_manifest: Manifest, tmp_path: Path
+) -> None:
+    clock = FakeClock()
+    with InProcessServer(server_artifacts, tmp_path / "data", clock=clock, **_options()) as server:
+        http = server.http
+        devices = [enroll(http) for _ in range(20)]
+        for _, headers in devices:
+            assert http.get("/v1/task", headers={**headers, **CAN}).status_code == 204  # checked in
+        r = http.get("/v1/task", headers=devices[0][1])
+        assert r.status_code == 403 and r.json()["code"] == ErrorCode.SECAGG_UNSUPPORTED
+        clock.now += WINDOW
+        tasks = {}
+        for device_id, headers in devices:
+            r = http.get("/v1/task", headers={**headers, **CAN})
+            assert r.status_code == 200, r.text
+            tasks[device_id] = r.json()
+        task = next(iter(tasks.values()))
+        secagg = task["secagg"]
+        assert (secagg["cohort"], secagg["neighbours"], secagg["threshold"]) == (20, 10, 6)
+        context = secagg["session"].encode()
+        sessions = {d: DeviceSession(d, context) for d, _ in devices}
+        headers_of = dict(devices)
+        n = task["round"]
+        for d, s in sessions.items():
+            a = s.advertise()
+            r = http.post(f"/v1/rounds/{n}/secagg/keys", headers=headers_of[d],
+                          json={"channel_key": _b64(a.channel), "mask_key": _b64(a.mask)})  # fmt: skip
+            assert r.status_code == 202, r.text
+        for d, s in sessions.items():
+            r = http.get(f"/v1/rounds/{n}/secagg/keys", headers=headers_of[d])
+            assert r.status_code == 200, r.text
+            body = r.json()
+            neighbours = {m: Advertisement(base64.b64decode(k["channel_key"]), base64.b64decode(k["mask_key"]))
+                          for m, k in body["neighbours"].items()}  # fmt: skip
+            sealed = s.share_keys(neighbours, body["threshold"])
+            r = http.post(f"/v1/rounds/{n}/secagg/shares", headers=headers_of[d],
+                          json={"shares": {m: _b64(c) for m, c in sealed.items()}})  # fmt: skip
+            assert r.status_code == 202, r.text
+        for d, s in sessions.items():
+            r = http.get(f"/v1/rounds/{n}/secagg/shares", headers=headers_of[d])
+            assert r.status_code == 200, r.text
+            s.receive_shares({m: base64.b64decode(c) for m, c in r.json()["shares"].items()})
+        fixed = FixedPoint(secagg["clip_norm"], secagg["cohort"], secagg["weight_cap"])
+        words = sum(int(np.prod(shape)) for _, shape in server_manifest.layout("base"))
+        rng = np.random.default_rng(3)
+        dropped = set(sorted(sessions)[:3])
+        deltas, samples = {}, {}
+        for d, s in sessions.items():
+            delta = rng.normal(size=words)
+            deltas[d] = delta * (0.9 * secagg["clip_norm"] / np.linalg.norm(delta))
+            samples[d] = int(rng.integers(10, 200))
+            if d in dropped:
+                continue
+            masked = s.masked_input(fixed.encode(deltas[d], samples[d]))
+            r = http.post(f"/v1/rounds/{n}/secagg/masked", headers={**headers_of[d], "Content-Type": "application/octet-stream"},
+                          content=masked.astype("<u4").tobytes())  # fmt: skip
+            assert r.status_code == 202, r.text
+        # The masked stage waits for the three that dropped until its end.
+        assert http.get(f"/v1/rounds/{n}/secagg/unmask", headers=headers_of[sorted(sessions)[5]]).status_code == 204
+        clock.now += TIMEOUT - STAGE
+        for d, s in sessions.items():
+            if d in dropped:
+                continue
+            r = http.get(f"/v1/rounds/{n}/secagg/unmask", headers=headers_of[d])
+            assert r.status_code == 200, r.text
+            ask_for = r.json()
+            answer = s.unmask(ask_for["dropped"], ask_for["survivors"])
+            r = http.post(f"/v1/rounds/{n}/secagg/unmask", headers=headers_of[d],
+                          json={"shares": {m: _b64(v) for m, v in answer.items()}})  # fmt: skip
+            assert r.status_code == 202, r.text
+        assert server.state is not None
+        server.state.rounds.tick()
+        info = round_info(http, n)
+        assert info["state"] == "closed", info
+        before, after = _flat(_base(server, 0), server_manifest), _flat(_base(server, 1), server_manifest)
+        survivors = [d for d in sessions if d not in dropped]
+        w = np.array([min(samples[d], fixed.weight_cap) for d in survivors], dtype=np.float64)
+        fedavg = before + sum(wi * deltas[d] for wi, d in zip(w, survivors, strict=True)) / w.sum()
+        # float32 rounding of the published base on top of the fixed-point bound
+        bound = fixed.error_bound(len(survivors), int(w.sum())) + np.spacing(np.abs(fedavg).astype(np.float32)).max()
+        difference = float(np.max(np.abs(after - fedavg)))
+        print(f"max abs difference {difference:.3g}, bound {bound:.3g}")
+        assert difference <= bound
+
+
+JSONISH = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=40),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=12), inner, max_size=4),
+    max_leaves=12,
+)
+
+
+def _in_keys_stage(server: InProcessServer, clock: FakeClock) -> tuple[int, list[tuple[str, dict[str, str]]]]:
+    devices = [enroll(server.http) for _ in range(4)]
+    for _, headers in devices:
+        assert server.http.get("/v1/task", headers={**headers, **CAN}).status_code == 204
+    clock.now += WINDOW
+    for _, headers in devices:
+        assert server.http.get("/v1/task", headers={**headers, **CAN}).status_code == 200
+    return 1, devices
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(stage=st.sampled_from(["keys", "shares", "masked", "unmask"]), data=st.data())
+def test_whatever_a_device_sends_a_stage_is_a_4xx_or_accepted_never_a_5xx(
+    secure_server: tuple[InProcessServer, FakeClock, list[tuple[str, dict[str, str]]]],
+    stage: str,
+    data: st.DataObject,
+) -> None:
+    """Generated bodies (JSON of any shape, fields of the right names with generated values, raw
+    bytes) against every stage's POST: a JSON 4xx with a code, or 202 for a message that fits;
+    a refused one stores nothing."""
+    server, _clock, devices = secure_server
+    assert server.state is not None
+    headers = devices[data.draw(st.integers(0, len(devices) - 1))][1]
+    fields = {"keys": ["channel_key", "mask_key"], "shares": ["shares"], "unmask": ["shares"], "masked": []}[stage]
+    body = data.draw(st.one_of(
+        st.binary(max_size=300),
+        JSONISH.map(lambda v: json.dumps(v).encode()),
+        st.fixed_dictionaries({f: JSONISH | st.binary(max_size=40).map(_b64) for f in fields}).map(
+            lambda v: json.dumps(v).encode()),
+    ))  # fmt: skip
+    before = server.state.db.secagg_messages(1)
+    r = server.http.post(f"/v1/rounds/1/secagg/{stage}", headers=headers, content=body)
+    assert r.status_code < 500, r.text
+    if r.status_code != 202:
+        assert 400 <= r.status_code < 500 and r.json()["code"] and r.json()["message"], r.text
+        assert server.state.db.secagg_messages(1) == before
+
+
+@pytest.fixture(scope="module")
+def secure_server(server_artifacts: Path, tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    from tests.server_support import ADMIN, ENROLL
+
+    mp = pytest.MonkeyPatch()
+    mp.setenv("FEDPER_ADMIN_TOKEN", ADMIN)
+    mp.setenv("FEDPER_ENROLLMENT_KEY", ENROLL)
+    clock = FakeClock()
+    options = _options(cohort_size=4, target_clients=4, enroll_per_minute=10**6, auth_failures_per_minute=10**6)
+    with InProcessServer(server_artifacts, tmp_path_factory.mktemp("secure") / "data", clock=clock, **options) as s:
+        _, devices = _in_keys_stage(s, clock)
+        yield s, clock, devices
+    mp.undo()
