@@ -236,7 +236,8 @@ class Device:
                     **metric_metadata(metrics)}  # fmt: skip
         if secure is not None:  # the masked update, then the unmasking: nothing in the clear
             update_arrays = weights.to_numpy(update)
-            words = secure.fixed.encode(secure.delta(update_arrays, base, manifest.base_names), client.num_samples)
+            delta, unclipped = secure.delta(update_arrays, base, manifest.base_names)
+            words = secure.words(delta, unclipped, client.num_samples, task.dp is not None)
             try:
                 secure.send_masked(words)
             except RefusedError as exc:

@@ -70,7 +70,6 @@ class SecureRound:
     ) -> None:
         self.client, self.round, self.task = client, round_number, task
         self.session = DeviceSession(device_id, task.session.encode())
-        self.fixed = FixedPoint(task.clip_norm, task.cohort, task.weight_cap)
         self._sleep, self._max_wait = sleep, max_wait
 
     def _wait_for(self, route: str) -> dict[str, Any]:
@@ -105,12 +104,19 @@ class SecureRound:
 
     def delta(
         self, trained: Mapping[str, np.ndarray], received: Mapping[str, np.ndarray], names: Sequence[str]
-    ) -> np.ndarray:
+    ) -> tuple[np.ndarray, bool]:
         """The base delta (float64, the manifest's base order), clipped to the task's norm as
-        PROTOCOL.md's clipping defines it: what the words encode."""
-        clipped = clip_delta(trained, received, names, self.task.clip_norm).tensors
-        return np.concatenate([clipped[n].astype(np.float64).ravel() - np.asarray(received[n], np.float64).ravel()
-                               for n in names])  # fmt: skip
+        PROTOCOL.md's clipping defines it (what the words encode), and whether it was within
+        the norm before clipping (under DP, the flag word adaptive clipping counts)."""
+        clipped = clip_delta(trained, received, names, self.task.clip_norm)
+        delta = np.concatenate([clipped.tensors[n].astype(np.float64).ravel()
+                                - np.asarray(received[n], np.float64).ravel() for n in names])  # fmt: skip
+        return delta, clipped.unclipped
+
+    def words(self, delta: np.ndarray, unclipped: bool, num_samples: int, dp: bool) -> np.ndarray:
+        """The words to mask: under DP, equal weights and the unclipped bit as a flag."""
+        fixed = FixedPoint(self.task.clip_norm, self.task.cohort, self.task.weight_cap, 1 if dp else 0)
+        return fixed.encode(delta, num_samples, (int(unclipped),) if dp else ())
 
     def send_masked(self, words: np.ndarray) -> None:
         masked = self.session.masked_input(words)

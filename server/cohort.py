@@ -62,9 +62,11 @@ class Cohort:
         reported in the previous round only after all others."""
         checked_in = [d for d in self.db.take_checkins(conn, number) if not self.over_limit(number, d)]
         if self.config.privacy.dp:  # each on its own coin, no cap: what the accountant assumes
-            for device_id in sorted(checked_in):
-                if self._rng.random() < self.config.privacy.dp_sampling_probability:
-                    self.db.put_slot(conn, Slot(number, device_id, now, self.expiry(now, deadline)))
+            drawn = [d for d in sorted(checked_in) if self._rng.random() < self.config.privacy.dp_sampling_probability]
+            for device_id in drawn:
+                self.db.put_slot(conn, Slot(number, device_id, now, self.expiry(now, deadline)))
+            if self.on_draw is not None and checked_in:
+                self.on_draw(conn, number, drawn, now, deadline)
             return
         previous = self.db.reporters(number - 1)
         self._rng.shuffle(checked_in)

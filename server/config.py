@@ -163,8 +163,6 @@ class ServerConfig:
                               "in the clear: leave both 0")  # fmt: skip
         if self.aggregation.aggregate != "mean":
             raise ConfigError(f"--secagg sums the updates; --aggregate {self.aggregation.aggregate} needs each one")
-        if self.privacy.dp:
-            raise ConfigError("--secagg with --dp is not built yet (docs/SECAGG.md)")
         self.secure.check(self.slots)
 
     @property

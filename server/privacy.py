@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import secrets
 import sqlite3
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 
 from fedper.common.dp.accountant import PrivacyBudget
-from fedper.common.dp.mechanism import Contribution, DPReport, dp_aggregate
+from fedper.common.dp.mechanism import Contribution, DPReport, dp_aggregate, noised_mean
 from fedper.common.protocol import DPTask, PrivacySpent
 from fedper.common.weights import TensorSpec
 from fedper.server.config import ServerConfig
@@ -60,6 +60,22 @@ class ServerPrivacy:
         """The round's noised mean, with noise from a generator seeded by the OS's entropy."""
         rng = np.random.default_rng(secrets.randbits(128))
         return dp_aggregate(layout, base, uploads, self.clip(), self.dp, self.config.cohort, rng, group=1)
+
+    def aggregate_sum(
+        self,
+        layout: Sequence[TensorSpec],
+        base: dict[str, np.ndarray],
+        sums: Mapping[str, np.ndarray],
+        count: int,
+        unclipped: int,
+        sensitivity: float,
+    ) -> tuple[dict[str, np.ndarray], DPReport]:
+        """The noised mean of a sum the server could only see whole (a secure round): ``count``
+        deltas, ``unclipped`` of them within the clip before clipping, each within
+        ``sensitivity`` (the clip plus the encoding's rounding)."""
+        rng = np.random.default_rng(secrets.randbits(128))
+        return noised_mean(layout, base, sums, count, unclipped - count / 2, self.clip(), self.dp,
+                           self.config.cohort, rng, sensitivity)  # fmt: skip
 
     def record(self, conn: sqlite3.Connection, report: DPReport) -> bool:
         """Count the round and take the next clip (in the caller's transaction); False when the

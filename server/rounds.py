@@ -120,7 +120,8 @@ class RoundManager:
         self.secure: SecureRounds | None = None
         if config.secure.secagg:
             words = sum(math.prod(shape) for _, shape in self._layout)
-            self.secure = SecureRounds(config.secure, db, words, self.store.updates_dir)
+            dp_clip = self.privacy.clip if self.privacy is not None else None
+            self.secure = SecureRounds(config.secure, db, words, self.store.updates_dir, dp_clip)
             self.cohort.on_draw = self.secure.begin
         self._lock = threading.RLock()
         self._bases: dict[int, dict[str, np.ndarray]] = {}  # model versions, for the update bound
@@ -379,14 +380,15 @@ class RoundManager:
         try:  # group=1: one loaded update in memory at a time (for the mean)
             if self.secure is not None:
                 try:
-                    base, count = self.secure.aggregate(number, round_base, self._layout)
+                    secured = self._secure_aggregate(number, round_base)
                 except RoundFailedError as exc:
                     log.warning(json.dumps({"event": "secure_round_failed", "round": number, "reason": str(exc)}))
                     self._abandon(number, current.model_version)
                     return
-                if count < self.config.min_clients:
+                if secured is None:
                     self._abandon(number, current.model_version)
                     return
+                base, count, dp_report = secured
             elif self.privacy is not None:
                 contributions = ((tensors, bool(u.unclipped)) for u, tensors in self._stored(number))
                 base, dp_report = self.privacy.aggregate(self._layout, round_base, contributions)
@@ -434,14 +436,14 @@ class RoundManager:
             self._refresh()
         self.store.remove_round(number)
         self.aggregation_seconds += time.perf_counter() - start
-        if self.secure is not None:
-            done: dict[str, object] = {"secure": True, "updates": count}
-        elif dp_report is None:
+        if dp_report is not None:
+            done: dict[str, object] = {**self._privacy_log(dp_report), "secure": self.secure is not None}
+        elif self.secure is not None:
+            done = {"secure": True, "updates": count}
+        else:
             self.updates_clipped += report.clipped
             self.updates_capped += report.capped
             done = report.to_dict()
-        else:
-            done = self._privacy_log(dp_report)
         log.info(json.dumps({
             "event": "round_closed", "round": number, "reason": reason, "updates": count,
             "model_version": version, "seconds": round(time.perf_counter() - start, 3), "finished": finished,
@@ -614,8 +616,36 @@ class RoundManager:
             due = current.deadline is not None and now >= current.deadline
             if stage == DONE:
                 self._try_close(current.round, "unmasked")
-            elif stage is None and due:
-                self._abandon(current.round, current.model_version)
+            elif stage is None and due:  # no session: fewer than two devices were drawn
+                if self.privacy is not None:
+                    self._try_close(current.round, "deadline")  # noise alone: every DP round is published
+                else:
+                    self._abandon(current.round, current.model_version)
+
+    def _secure_aggregate(
+        self, number: int, round_base: dict[str, np.ndarray]
+    ) -> tuple[dict[str, np.ndarray], int, DPReport | None] | None:
+        """A secure round's new base (float32), its survivors, and under DP what the mechanism did;
+        None when it publishes nothing (fewer than ``min_clients`` survivors, without DP)."""
+        assert self.secure is not None
+        summed = self.secure.summed(number, self._layout)
+        if self.privacy is not None:  # every round is published: noise alone if nobody took part
+            if summed is None:
+                zeros = {name: np.zeros(shape) for name, shape in self._layout}
+                base, report = self.privacy.aggregate_sum(self._layout, round_base, zeros, 0, 0, self.privacy.clip())
+                return base, 0, report
+            sums, weight, flags, fixed, survivors = summed
+            sensitivity = fixed.clip + fixed.error_norm(self.secure.words)
+            base, report = self.privacy.aggregate_sum(self._layout, round_base, sums, weight, flags[0], sensitivity)
+            return base, survivors, report
+        if summed is None:
+            return None
+        sums, weight, _, fixed, survivors = summed
+        if weight == 0 or survivors < self.config.min_clients:
+            return None
+        scale = fixed.weight_cap / weight
+        out = {name: (round_base[name] + sums[name] * scale).astype(np.float32) for name, _ in self._layout}
+        return out, survivors, None
 
     def secure_post(self, number: int, device_id: str, stage: str, body: bytes) -> None:
         assert self.secure is not None

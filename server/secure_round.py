@@ -19,7 +19,7 @@ import math
 import secrets
 import sqlite3
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import numpy as np
@@ -30,7 +30,7 @@ from fedper.common.secagg.config import SecAggConfig
 from fedper.common.secagg.device_session import Advertisement
 from fedper.common.secagg.fixed_point import FixedPoint
 from fedper.common.secagg.graph import neighbour_graph
-from fedper.common.secagg.server_session import DuplicateMessageError, RoundFailedError, ServerSession, StageError
+from fedper.common.secagg.server_session import DuplicateMessageError, ServerSession, StageError
 from fedper.server.refusals import AlreadyReportedError, NotInCohortError, SecureMessageError, SecureStageError
 from fedper.server.storage import Database, SecAggSession
 
@@ -45,8 +45,13 @@ RELAYED_AFTER = {"keys": 1, "shares": 2, "unmask": 3}
 class SecureRounds:
     """The secure rounds of one server: the open round's session, cached, rebuilt on demand."""
 
-    def __init__(self, settings: SecAggConfig, db: Database, words: int, folder: Path) -> None:
+    def __init__(
+        self, settings: SecAggConfig, db: Database, words: int, folder: Path, dp_clip: Callable[[], float] | None = None
+    ) -> None:
+        """``dp_clip``: under DP-FedAvg, the open round's clip (each round's session takes it,
+        with equal weights and the unclipped bit as a flag word)."""
         self.settings, self.db, self.words, self.folder = settings, db, words, folder
+        self._dp_clip = dp_clip
         self._cached: tuple[int, ServerSession] | None = None
 
     def begin(
@@ -60,9 +65,11 @@ class SecureRounds:
         graph = neighbour_graph(sorted(cohort), k)
         timeout = self.settings.secagg_stage_timeout
         ends = {"keys": now + timeout, "shares": now + 2 * timeout, "masked": deadline - timeout, "unmask": deadline}
+        dp = self._dp_clip is not None
+        clip = self._dp_clip() if self._dp_clip is not None else self.settings.secagg_clip
         row = SecAggSession(number, secrets.token_hex(16), {d: sorted(v) for d, v in graph.items()},
-                            self.settings.threshold(len(cohort)), self.settings.secagg_clip,
-                            self.settings.secagg_weight_cap, ends)  # fmt: skip
+                            self.settings.threshold(len(cohort)), clip, 1 if dp else self.settings.secagg_weight_cap,
+                            ends, flags=1 if dp else 0)  # fmt: skip
         self.db.put_secagg_session(conn, row)
         self._cached = None
         return row
@@ -79,7 +86,11 @@ class SecureRounds:
                           shares_by=ends["shares"], masked_by=ends["masked"], unmask_by=ends["unmask"])  # fmt: skip
 
     def fixed_point(self, row: SecAggSession) -> FixedPoint:
-        return FixedPoint(row.clip, len(row.graph), row.weight_cap)
+        return FixedPoint(row.clip, len(row.graph), row.weight_cap, row.flags)
+
+    def words_of(self, row: SecAggSession) -> int:
+        """A masked input's words: the base's floats, the flags, the weight."""
+        return self.words + row.flags + 1
 
     def session(self, number: int) -> tuple[SecAggSession, ServerSession] | None:
         """Round ``number``'s row and session, replayed from the stored messages when not cached."""
@@ -89,7 +100,9 @@ class SecureRounds:
         if self._cached is not None and self._cached[0] == number:
             return row, self._cached[1]
         k = len(next(iter(row.graph.values())))
-        session = ServerSession(sorted(row.graph), k, row.threshold, self.words + 1, row.session.encode(), row.graph)
+        session = ServerSession(
+            sorted(row.graph), k, row.threshold, self.words_of(row), row.session.encode(), row.graph
+        )
         for stage, device, body in self.db.secagg_messages(number):
             apply(session, stage, device, body, self.folder)
         self._cached = (number, session)
@@ -112,24 +125,24 @@ class SecureRounds:
                 return stage
         return DONE
 
-    def aggregate(
-        self, number: int, base: Mapping[str, np.ndarray], layout: list[tuple[str, tuple[int, ...]]]
-    ) -> tuple[dict[str, np.ndarray], int]:
-        """The new base (float32: the round's base plus the survivors' weighted mean delta) and
-        how many devices it averages; RoundFailedError when the masks cannot be removed."""
+    def summed(
+        self, number: int, layout: list[tuple[str, tuple[int, ...]]]
+    ) -> tuple[dict[str, np.ndarray], int, list[int], FixedPoint, int] | None:
+        """The survivors' sum of weighted deltas by tensor (float64, in units of the weight cap),
+        their total weight, each flag's count, the encoding and how many survived; None when the
+        round has no session; RoundFailedError when the masks cannot be removed."""
         found = self.session(number)
         if found is None:
-            raise RoundFailedError(f"round {number} has no secure session")
+            return None
         row, s = found
-        mean, weight = self.fixed_point(row).decode(s.total())
-        if weight == 0:
-            raise RoundFailedError(f"round {number}'s survivors sent no weight")
+        fixed = self.fixed_point(row)
+        summed, weight, flags = fixed.decode_sum(s.total())
         out, at = {}, 0
         for name, shape in layout:
             size = math.prod(shape)
-            out[name] = (base[name] + mean[at : at + size].reshape(shape)).astype(np.float32)
+            out[name] = summed[at : at + size].reshape(shape)
             at += size
-        return out, len(s.masked)
+        return out, weight, flags, fixed, len(s.masked)
 
     def masked_path(self, number: int, device_id: str) -> Path:
         return self.folder / f"r{number}" / f"{device_id}.masked"
@@ -165,8 +178,9 @@ class SecureRounds:
         path = None
         if stage == "masked":
             path = self.masked_path(number, device)
-            if len(body) != 4 * (self.words + 1):
-                raise SecureMessageError(f"a masked input is {self.words + 1} uint32 words, got {len(body)} bytes")
+            words = s.words
+            if len(body) != 4 * words:
+                raise SecureMessageError(f"a masked input is {words} uint32 words, got {len(body)} bytes")
             store_masked(path, np.frombuffer(body, dtype="<u4"))
             stored = str(path.relative_to(self.folder)).encode()
         try:

@@ -88,7 +88,8 @@ CREATE TABLE IF NOT EXISTS secagg_sessions (
     threshold INTEGER NOT NULL,
     clip REAL NOT NULL,
     weight_cap INTEGER NOT NULL,
-    stage_ends TEXT NOT NULL
+    stage_ends TEXT NOT NULL,
+    flags INTEGER NOT NULL DEFAULT 0
 );
 CREATE TABLE IF NOT EXISTS secagg_messages (
     round INTEGER NOT NULL,
@@ -136,6 +137,7 @@ class SecAggSession:
     clip: float
     weight_cap: int
     stage_ends: dict[str, float]
+    flags: int = 0  # words between the delta and the weight: 1 under DP (the unclipped bit)
 
 
 @dataclass(frozen=True)
@@ -272,6 +274,9 @@ class Database:
         columns = {r["name"] for r in self._conn.execute("PRAGMA table_info(updates)")}
         if columns and "unclipped" not in columns:
             self._conn.execute("ALTER TABLE updates ADD COLUMN unclipped INTEGER")
+        columns = {r["name"] for r in self._conn.execute("PRAGMA table_info(secagg_sessions)")}
+        if columns and "flags" not in columns:  # a secure session of the first revision 1.6 server
+            self._conn.execute("ALTER TABLE secagg_sessions ADD COLUMN flags INTEGER NOT NULL DEFAULT 0")
         rows = list(self._conn.execute("SELECT sql FROM sqlite_master WHERE type = 'table' AND name = 'rounds'"))
         if not rows or "'stopped'" in rows[0]["sql"]:
             return
@@ -460,10 +465,10 @@ class Database:
 
     def put_secagg_session(self, conn: sqlite3.Connection, session: SecAggSession) -> None:
         conn.execute(
-            "INSERT OR REPLACE INTO secagg_sessions (round, session, graph, threshold, clip, weight_cap, stage_ends) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?)",
+            "INSERT OR REPLACE INTO secagg_sessions (round, session, graph, threshold, clip, weight_cap, stage_ends, "
+            "flags) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
             (session.round, session.session, json.dumps(session.graph, sort_keys=True), session.threshold,
-             session.clip, session.weight_cap, json.dumps(session.stage_ends, sort_keys=True)),
+             session.clip, session.weight_cap, json.dumps(session.stage_ends, sort_keys=True), session.flags),
         )  # fmt: skip
 
     def secagg_session(self, number: int) -> SecAggSession | None:
@@ -472,7 +477,8 @@ class Database:
             return None
         r = rows[0]
         return SecAggSession(int(r["round"]), str(r["session"]), json.loads(r["graph"]), int(r["threshold"]),
-                             float(r["clip"]), int(r["weight_cap"]), json.loads(r["stage_ends"]))  # fmt: skip
+                             float(r["clip"]), int(r["weight_cap"]), json.loads(r["stage_ends"]),
+                             int(r["flags"]))  # fmt: skip
 
     def put_secagg_message(
         self, conn: sqlite3.Connection, number: int, stage: str, device_id: str, body: bytes, now: float

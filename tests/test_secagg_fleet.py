@@ -47,10 +47,10 @@ def test_twenty_devices_three_dropping_after_sharing_keys_and_what_the_server_sa
     deltas: dict[str, np.ndarray] = {}  # each survivor's clipped delta, as its device computed it
     original = SecureRound.delta
 
-    def recorded(self: SecureRound, *args: object) -> np.ndarray:
-        delta = original(self, *args)  # type: ignore[arg-type]
+    def recorded(self: SecureRound, *args: object) -> tuple[np.ndarray, bool]:
+        delta, unclipped = original(self, *args)  # type: ignore[arg-type]
         deltas[self.session.device_id] = delta
-        return delta
+        return delta, unclipped
 
     monkeypatch.setattr(SecureRound, "delta", recorded)
     recording = RecordingTransport()
@@ -139,3 +139,47 @@ def test_a_device_that_cannot_take_part_is_refused_with_a_clear_error(server_art
         r = http.post("/v1/rounds/1/updates", headers=headers, content=b"x")
         assert r.status_code == 409 and r.json()["code"] == ErrorCode.SECURE_ROUND
         http.close()
+
+
+@pytest.mark.slow
+def test_python_devices_in_a_secure_dp_round_send_their_bit_and_the_server_publishes(
+    artifacts: Path, tmp_path: Path
+) -> None:
+    """``--secagg --dp`` with the device runtime: four devices, every one drawn (q = 1), each
+    sends a masked input of the base's floats, its unclipped bit and its weight; the round is
+    published with its noise and counted in the privacy spent."""
+    words = sum(math.prod(shape) for _, shape in read_manifest(artifacts).layout("base"))
+    recording = RecordingTransport()
+    lock = threading.Lock()
+    errors: list[BaseException] = []
+    config = {**SERVER, "target_clients": 4, "cohort_size": 4, "start_devices": 4, "dp": True,
+              "dp_noise_multiplier": 0.5, "dp_clip": 0.05, "dp_delta": 1e-5, "dp_count_stddev": 1.0}  # fmt: skip
+    with serve(artifacts, tmp_path / "server", **config) as server:  # type: ignore[arg-type]
+
+        def run(i: int) -> None:
+            client = ProtocolClient(server.url, transport=recording)
+            local = share(DATA, i)
+            options = DeviceOptions(client_id=i, seed=0, max_idle_wait=0.5)
+            device = Device(client, DeviceStorage(tmp_path / f"device_{i}"), lambda _m: local, options, ENROLL,
+                            compute_lock=lock)  # fmt: skip
+            try:
+                device.run(max_rounds=1)
+            except BaseException as exc:
+                errors.append(exc)
+            finally:
+                client.close()
+
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=600)
+        assert not errors, errors[0]
+        for _ in range(100):
+            status = httpx.get(f"{server.url}/v1/status").json()
+            if status["rounds_closed"] == 1:
+                break
+            time.sleep(0.2)
+    assert status["rounds_closed"] == 1 and status["privacy"]["rounds"] == 1, status
+    masked = [body for method, path, body in recording.requests if method == "POST" and "masked" in path]
+    assert len(masked) == 4 and {len(b) for b in masked} == {4 * (words + 2)}

@@ -188,3 +188,73 @@ def secure_server(server_artifacts: Path, tmp_path_factory: pytest.TempPathFacto
         _, devices = _in_keys_stage(s, clock)
         yield s, clock, devices
     mp.undo()
+
+
+def test_dp_inside_a_secure_round_noises_the_unmasked_sum_over_the_expected_cohort(
+    server_artifacts: Path, server_manifest: Manifest, tmp_path: Path
+) -> None:
+    """``--secagg --dp``: every drawn device is in the session (its coin came up), weights are
+    equal (cap 1), each device's unclipped bit is a word of its masked input, and the server
+    noises the unmasked sum and divides by the expected cohort. Without noise (z = 0) the
+    published base is the base plus the survivors' sum over the expected cohort; the bits' count
+    moved the clip as adaptive clipping does."""
+    clock = FakeClock()
+    options = _options(cohort_size=6, target_clients=6, dp=True, dp_noise_multiplier=0.0, dp_clip=0.5,
+                       dp_count_stddev=1e-9, dp_sampling_probability=1.0)  # fmt: skip
+    with InProcessServer(server_artifacts, tmp_path / "data", clock=clock, **options) as server:
+        http = server.http
+        devices = [enroll(http) for _ in range(6)]
+        for _, headers in devices:
+            assert http.get("/v1/task", headers={**headers, **CAN}).status_code == 204
+        clock.now += WINDOW
+        tasks = {d: http.get("/v1/task", headers={**h, **CAN}).json() for d, h in devices}
+        secagg = next(iter(tasks.values()))["secagg"]
+        assert secagg["weight_cap"] == 1 and secagg["clip_norm"] == 0.5
+        assert all(t["dp"]["clip_norm"] == 0.5 for t in tasks.values())
+        sessions = {d: DeviceSession(d, secagg["session"].encode()) for d, _ in devices}
+        headers_of = dict(devices)
+        for d, s in sessions.items():
+            a = s.advertise()
+            http.post("/v1/rounds/1/secagg/keys", headers=headers_of[d],
+                      json={"channel_key": _b64(a.channel), "mask_key": _b64(a.mask)})  # fmt: skip
+        for d, s in sessions.items():
+            body = http.get("/v1/rounds/1/secagg/keys", headers=headers_of[d]).json()
+            neighbours = {m: Advertisement(base64.b64decode(k["channel_key"]), base64.b64decode(k["mask_key"]))
+                          for m, k in body["neighbours"].items()}  # fmt: skip
+            sealed = s.share_keys(neighbours, body["threshold"])
+            http.post("/v1/rounds/1/secagg/shares", headers=headers_of[d],
+                      json={"shares": {m: _b64(c) for m, c in sealed.items()}})  # fmt: skip
+        for d, s in sessions.items():
+            shares = http.get("/v1/rounds/1/secagg/shares", headers=headers_of[d]).json()["shares"]
+            s.receive_shares({m: base64.b64decode(c) for m, c in shares.items()})
+        fixed = FixedPoint(0.5, 6, 1, flags=1)
+        words = sum(int(np.prod(shape)) for _, shape in server_manifest.layout("base"))
+        rng = np.random.default_rng(9)
+        survivors = sorted(sessions)[1:]  # the first drops after sharing
+        deltas, bits = {}, {}
+        for i, d in enumerate(survivors):
+            delta = rng.normal(size=words)
+            deltas[d] = delta * (0.5 * (0.5 if i % 2 else 1.0) / np.linalg.norm(delta))
+            bits[d] = i % 2  # within the clip before clipping, or clipped to it
+            masked = sessions[d].masked_input(fixed.encode(deltas[d], 40, (bits[d],)))
+            r = http.post("/v1/rounds/1/secagg/masked", headers={**headers_of[d], "Content-Type": "application/octet-stream"},
+                          content=masked.astype("<u4").tobytes())  # fmt: skip
+            assert r.status_code == 202, r.text
+        clock.now += TIMEOUT - STAGE
+        for d in survivors:
+            ask_for = http.get("/v1/rounds/1/secagg/unmask", headers=headers_of[d]).json()
+            answer = sessions[d].unmask(ask_for["dropped"], ask_for["survivors"])
+            http.post("/v1/rounds/1/secagg/unmask", headers=headers_of[d],
+                      json={"shares": {m: _b64(v) for m, v in answer.items()}})  # fmt: skip
+        assert server.state is not None
+        server.state.rounds.tick()
+        assert round_info(http, 1)["state"] == "closed"
+        before, after = _flat(_base(server, 0), server_manifest), _flat(_base(server, 1), server_manifest)
+        expected = before + sum(deltas.values()) / 6  # the expected cohort, not the 5 that reported
+        bound = 5 / (2 * fixed.scale) / 6 + np.spacing(np.abs(expected).astype(np.float32)).max()
+        assert np.max(np.abs(after - expected)) <= bound
+        privacy = http.get("/v1/status").json()["privacy"]
+        unclipped = sum(bits.values())  # 2 of 5: share (2 - 2.5) / 6 + 0.5, the clip moves up
+        share = (unclipped - len(survivors) / 2) / 6 + 0.5
+        assert privacy["rounds"] == 1
+        assert privacy["clip_norm"] == pytest.approx(0.5 * np.exp(-0.2 * (share - 0.5)), rel=1e-6)

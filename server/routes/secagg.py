@@ -63,7 +63,7 @@ async def _post(state: ServerState, request: Request, device_id: str, number: in
     secure = state.rounds.secure
     assert secure is not None
     if stage == "masked":
-        body = await read_small(request, 4 * (secure.words + 1), state.config.upload_timeout)
+        body = await read_small(request, 4 * (secure.words + 2), state.config.upload_timeout)  # floats, flag, weight
     else:
         limit = JSON_LIMIT + PER_DEVICE * state.config.slots
         body = _canonical(stage, await read_small(request, limit, state.config.upload_timeout))

@@ -75,9 +75,29 @@ def dp_aggregate(
             raise ClipExceededError(f"an update's delta has L2 norm {length:.6g}, above the round's clip {clip:.6g}")
         fedavg.add(delta, 1)
         centred_count += 0.5 if unclipped else -0.5
+    return noised_mean(layout, base, fedavg.weighted_sum(), fedavg.count, centred_count, clip, config,
+                       expected_cohort, rng)  # fmt: skip
+
+
+def noised_mean(
+    layout: Sequence[tuple[str, tuple[int, ...]]],
+    base: Tensors,
+    sums: Mapping[str, np.ndarray],
+    count: int,
+    centred_count: float,
+    clip: float,
+    config: DPConfig,
+    expected_cohort: float,
+    rng: np.random.Generator,
+    sensitivity: float | None = None,
+) -> tuple[dict[str, np.ndarray], DPReport]:
+    """The mechanism on a sum already made (by FedAvg here, or under secure aggregation from the
+    unmasked words): ``sums`` of ``count`` deltas, each within ``sensitivity`` (default: the clip)
+    of nothing, and the sum of their bits centred (bit - 1/2)."""
+    if not expected_cohort > 0:
+        raise AggregationError(f"the expected cohort must be > 0, got {expected_cohort}")
     split = config.noise(expected_cohort)
-    sums = fedavg.weighted_sum()
-    noise_std = split.delta_multiplier * clip
+    noise_std = split.delta_multiplier * (clip if sensitivity is None else sensitivity)
     out: dict[str, np.ndarray] = {}
     zeroed = 0
     for name, shape in layout:
@@ -96,5 +116,5 @@ def dp_aggregate(
     for name, arr in out.items():
         if not np.isfinite(arr).all():
             raise NonFiniteAggregateError(f"the noised aggregate of tensor {name!r} is not finite; not published")
-    report = DPReport(fedavg.count, clip, next_clip, float(expected_cohort), noise_std, share, zeroed)
+    report = DPReport(count, clip, next_clip, float(expected_cohort), noise_std, share, zeroed)
     return out, report

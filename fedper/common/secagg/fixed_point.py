@@ -33,6 +33,7 @@ class FixedPoint:
     clip: float
     cohort: int
     weight_cap: int
+    flags: int = 0  # words of 0/1 flags between the delta and the weight (DP: the unclipped bit)
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.clip) and self.clip > 0):
@@ -54,20 +55,35 @@ class FixedPoint:
     def weight(self, num_samples: int) -> int:
         return max(0, min(num_samples, self.weight_cap))
 
-    def encode(self, delta: np.ndarray, num_samples: int) -> np.ndarray:
-        """The words a device masks: its weighted delta, then its weight."""
+    def encode(self, delta: np.ndarray, num_samples: int, flags: tuple[int, ...] = ()) -> np.ndarray:
+        """The words a device masks: its weighted delta, its flags (0 or 1 each), then its weight."""
+        if len(flags) != self.flags or any(f not in (0, 1) for f in flags):
+            raise ValueError(f"expected {self.flags} flags of 0 or 1, got {flags}")
         weight = self.weight(num_samples)
         scaled = np.rint(np.asarray(delta, dtype=np.float64) * (self.scale * weight / self.weight_cap))
         words = np.clip(scaled, -self.bound, self.bound).astype(np.int64)
-        return np.append(words, weight).astype(np.uint32)  # negative ints wrap to their mod-2^32 word
+        return np.concatenate([words, flags, [weight]]).astype(np.uint32)  # negative ints wrap mod 2^32
+
+    def decode_sum(self, total: np.ndarray) -> tuple[np.ndarray, int, list[int]]:
+        """From the sum of the cohort's words: the sum of the weighted deltas (float64, in units of
+        the weight cap: sum of w_i delta_i with w_i = weight_i / cap), the total weight, and each
+        flag's count."""
+        data = total[: len(total) - 1 - self.flags]
+        signed = data.astype(np.uint32).view(np.int32).astype(np.float64)
+        flags = [int(f) for f in total[len(data) : len(total) - 1]]
+        return signed / self.scale, int(total[-1]), flags
 
     def decode(self, total: np.ndarray) -> tuple[np.ndarray, int]:
         """The mean delta (float64) and the total weight from the sum of the cohort's words."""
-        signed = total[:-1].astype(np.uint32).view(np.int32).astype(np.float64)
-        weight = int(total[-1])
+        summed, weight, _ = self.decode_sum(total)
         if weight == 0:
-            return np.zeros_like(signed), 0
-        return signed / self.scale * self.weight_cap / weight, weight
+            return np.zeros_like(summed), 0
+        return summed * self.weight_cap / weight, weight
+
+    def error_norm(self, words: int) -> float:
+        """The largest L2 distance rounding puts between one device's encoded delta and its
+        weighted delta: 1 / (2 scale) per coordinate (DP adds it to the clip it noises)."""
+        return math.sqrt(words) / (2 * self.scale)
 
     def error_bound(self, devices: int, total_weight: int) -> float:
         """The largest the rounding can move a coordinate of the mean."""
