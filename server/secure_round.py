@@ -13,7 +13,6 @@ over is refused (``secagg_stage_closed``), and for one not begun it is told to c
 
 from __future__ import annotations
 
-import base64
 import json
 import math
 import secrets
@@ -24,7 +23,16 @@ from pathlib import Path
 import numpy as np
 
 from fedper.common.atomic_write import atomic_write_bytes
-from fedper.common.protocol import SecAggKeys, SecAggNeighbours, SecAggSealed, SecAggTask, SecAggUnmaskRequest
+from fedper.common.protocol import (
+    OctetsError,
+    SecAggKeys,
+    SecAggNeighbours,
+    SecAggSealed,
+    SecAggTask,
+    SecAggUnmaskRequest,
+    octets,
+    octets_text,
+)
 from fedper.common.secagg.config import SecAggConfig
 from fedper.common.secagg.device_session import Advertisement
 from fedper.common.secagg.fixed_point import FixedPoint
@@ -210,12 +218,12 @@ class SecureRounds:
             if device not in s.advertised:
                 raise SecureStageError(f"this device advertised no keys: it is out of round {number}")
             return SecAggNeighbours(threshold=row.threshold, neighbours={
-                n: SecAggKeys(channel_key=_text(a.channel), mask_key=_text(a.mask))
+                n: SecAggKeys(channel_key=octets_text(a.channel), mask_key=octets_text(a.mask))
                 for n, a in s.neighbours(device).items()}).model_dump()  # fmt: skip
         if stage == "shares":
             if device not in s.shared:
                 raise SecureStageError(f"this device sent no shares: it is out of round {number}")
-            return SecAggSealed(shares={n: _text(c) for n, c in s.shares_for(device).items()}).model_dump()
+            return SecAggSealed(shares={n: octets_text(c) for n, c in s.shares_for(device).items()}).model_dump()
         if device not in s.masked:
             raise SecureStageError(f"this device sent no masked input: it is out of round {number}")
         dropped, survivors = s.unmask_request(device)
@@ -232,10 +240,6 @@ class SecureRounds:
 
 def _index(stage: str) -> int:
     return len(STAGES) if stage == DONE else STAGES.index(stage)
-
-
-def _text(data: bytes) -> str:
-    return base64.b64encode(data).decode()
 
 
 def apply(session: ServerSession, stage: str, device: str, body: bytes, folder: Path) -> None:
@@ -261,6 +265,6 @@ def store_masked(path: Path, words: np.ndarray) -> None:
 
 def _b64(text: str) -> bytes:
     try:
-        return base64.b64decode(text, validate=True)
-    except (ValueError, TypeError) as e:
-        raise StageError(f"not base64: {e}") from e
+        return octets(text)
+    except OctetsError as e:
+        raise StageError(str(e)) from e

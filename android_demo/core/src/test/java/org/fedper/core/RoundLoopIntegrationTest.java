@@ -126,6 +126,31 @@ public class RoundLoopIntegrationTest {
     };
   }
 
+  interface DeviceRun {
+    void run() throws Exception;
+  }
+
+  /** Runs each device on its own thread (as phones would), fails the test with every error. */
+  private static void runConcurrently(DeviceRun... runs) throws InterruptedException {
+    List<Throwable> errors = Collections.synchronizedList(new ArrayList<>());
+    List<Thread> threads = new ArrayList<>();
+    for (DeviceRun run : runs) {
+      Thread t = new Thread(() -> {
+        try {
+          run.run();
+        } catch (Throwable e) {
+          errors.add(e);
+        }
+      });
+      t.start();
+      threads.add(t);
+    }
+    for (Thread t : threads) {
+      t.join(120_000);
+    }
+    assertTrue("device errors: " + errors, errors.isEmpty());
+  }
+
   @Test
   public void twoDevicesTwoRoundsAndTheAggregateIsTheWeightedMean() throws Exception {
     startServer("artifacts", 2, 2);
@@ -136,8 +161,7 @@ public class RoundLoopIntegrationTest {
     FakeTrainer[] trainers = new FakeTrainer[2];
     DeviceStore[] stores = new DeviceStore[2];
     List<List<RoundLoop.Report>> reports = Collections.synchronizedList(new ArrayList<>());
-    List<Throwable> errors = Collections.synchronizedList(new ArrayList<>());
-    Thread[] threads = new Thread[2];
+    DeviceRun[] runs = new DeviceRun[2];
     for (int d = 0; d < 2; d++) {
       final int dev = d;
       trainers[d] = new FakeTrainer(offsets[d]);
@@ -147,20 +171,12 @@ public class RoundLoopIntegrationTest {
           new Random(d), budget);
       RoundLoop loop = new RoundLoop(client, stores[d], m -> data(samples[dev]), (dir, m) -> trainers[dev],
           budget, 0.5, d);
-      threads[d] = new Thread(() -> {
-        try {
-          loop.ensureEnrolled(ENROLL, "android-host-test");
-          reports.add(loop.run(0)); // until 410
-        } catch (Throwable t) {
-          errors.add(t);
-        }
-      });
-      threads[d].start();
+      runs[d] = () -> {
+        loop.ensureEnrolled(ENROLL, "android-host-test");
+        reports.add(loop.run(0)); // until 410
+      };
     }
-    for (Thread t : threads) {
-      t.join(120_000);
-    }
-    assertTrue("device errors: " + errors, errors.isEmpty());
+    runConcurrently(runs);
     assertEquals(2, reports.size());
     for (List<RoundLoop.Report> r : reports) {
       assertEquals(2, r.size());
@@ -292,25 +308,13 @@ public class RoundLoopIntegrationTest {
     url = server.url;
     int[] samples = {30, 10, 20};
     float[] offsets = {1e-4f, 2e-4f, 4e-4f}; // deltas well within the clip (norm about 0.05 to 0.2)
-    List<Throwable> errors = Collections.synchronizedList(new ArrayList<>());
-    Thread[] threads = new Thread[3];
     Device[] devices = new Device[3];
+    DeviceRun[] runs = new DeviceRun[3];
     for (int d = 0; d < 3; d++) {
       devices[d] = new Device(url, new DeviceStore(tmp.newFolder().toPath()), offsets[d], data(samples[d]));
-      final Device dev = devices[d];
-      threads[d] = new Thread(() -> {
-        try {
-          dev.runUntilFinished();
-        } catch (Throwable t) {
-          errors.add(t);
-        }
-      });
-      threads[d].start();
+      runs[d] = devices[d]::runUntilFinished;
     }
-    for (Thread t : threads) {
-      t.join(120_000);
-    }
-    assertTrue("device errors: " + errors, errors.isEmpty());
+    runConcurrently(runs);
     for (Device d : devices) {
       assertEquals(0, d.http.uploads.size()); // nothing went to /updates: only masked words
     }
