@@ -19,7 +19,6 @@ Usage: python -m bench.secagg_cost [--cohorts 10,100,1000]
 from __future__ import annotations
 
 import argparse
-import base64
 import math
 import time
 
@@ -28,7 +27,14 @@ import numpy as np
 from bench.common import write_results
 from fedper.common import weights
 from fedper.common.aggregate import FedAvg
-from fedper.common.protocol import SecAggKeys, SecAggNeighbours, SecAggSealed, SecAggUnmaskAnswer, SecAggUnmaskRequest
+from fedper.common.protocol import (
+    SecAggKeys,
+    SecAggNeighbours,
+    SecAggSealed,
+    SecAggUnmaskAnswer,
+    SecAggUnmaskRequest,
+    octets_text,
+)
 from fedper.common.secagg.device_session import DeviceSession
 from fedper.common.secagg.fixed_point import FixedPoint
 from fedper.common.secagg.graph import default_neighbours, default_threshold
@@ -44,10 +50,6 @@ def _layout() -> list[tuple[str, tuple[int, ...]]]:
     model = build_model(ModelConfig(name="mobilenet_v1", num_classes=5, alpha=0.25, input_size=32, head="ordinal"))
     state = exchanged_state(model)
     return [(n, tuple(state[n].shape)) for n in split(model, 1).base]
-
-
-def _b64(data: bytes) -> str:
-    return base64.b64encode(data).decode()
 
 
 def secure_round(n: int, words: int) -> dict[str, float]:
@@ -74,20 +76,20 @@ def secure_round(n: int, words: int) -> dict[str, float]:
     devices = [timed(i, DeviceSession, d, CONTEXT) for i, d in enumerate(names)]
     for i, (d, s) in enumerate(zip(names, devices, strict=True)):
         a = timed(i, s.advertise)
-        sent[i] += len(SecAggKeys(channel_key=_b64(a.channel), mask_key=_b64(a.mask)).model_dump_json())
+        sent[i] += len(SecAggKeys(channel_key=octets_text(a.channel), mask_key=octets_text(a.mask)).model_dump_json())
         timed(None, server.advertise, d, a)
     for i, (d, s) in enumerate(zip(names, devices, strict=True)):
         neighbours = timed(None, server.neighbours, d)
-        body = SecAggNeighbours(threshold=t, neighbours={m: SecAggKeys(channel_key=_b64(a.channel),
-                                                                      mask_key=_b64(a.mask))
+        body = SecAggNeighbours(threshold=t, neighbours={m: SecAggKeys(channel_key=octets_text(a.channel),
+                                                                      mask_key=octets_text(a.mask))
                                                          for m, a in neighbours.items()})  # fmt: skip
         received[i] += len(body.model_dump_json())
         sealed = timed(i, s.share_keys, neighbours, t)
-        sent[i] += len(SecAggSealed(shares={m: _b64(c) for m, c in sealed.items()}).model_dump_json())
+        sent[i] += len(SecAggSealed(shares={m: octets_text(c) for m, c in sealed.items()}).model_dump_json())
         timed(None, server.share, d, sealed)
     for i, (d, s) in enumerate(zip(names, devices, strict=True)):
         mine = timed(None, server.shares_for, d)
-        received[i] += len(SecAggSealed(shares={m: _b64(c) for m, c in mine.items()}).model_dump_json())
+        received[i] += len(SecAggSealed(shares={m: octets_text(c) for m, c in mine.items()}).model_dump_json())
         timed(i, s.receive_shares, mine)
     fixed = FixedPoint(1.0, n, 1000)
     rng = np.random.default_rng(0)
@@ -106,7 +108,7 @@ def secure_round(n: int, words: int) -> dict[str, float]:
         who = timed(None, server.unmask_request, d)
         received[i] += len(SecAggUnmaskRequest(dropped=who[0], survivors=who[1]).model_dump_json())
         answer = timed(i, s.unmask, *who)
-        sent[i] += len(SecAggUnmaskAnswer(shares={m: _b64(v) for m, v in answer.items()}).model_dump_json())
+        sent[i] += len(SecAggUnmaskAnswer(shares={m: octets_text(v) for m, v in answer.items()}).model_dump_json())
         timed(None, server.answer, d, answer)
     total = timed(None, server.total)
     mean, _ = timed(None, fixed.decode, total)

@@ -4,8 +4,6 @@ never leaves the device in the clear."""
 
 from __future__ import annotations
 
-import base64
-import binascii
 import contextlib
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -17,6 +15,7 @@ from pydantic import ValidationError
 from fedper.common.dp.clipping import clip_delta
 from fedper.common.errors import FedperError
 from fedper.common.protocol import (
+    OctetsError,
     Route,
     SecAggKeys,
     SecAggNeighbours,
@@ -24,6 +23,8 @@ from fedper.common.protocol import (
     SecAggTask,
     SecAggUnmaskAnswer,
     SecAggUnmaskRequest,
+    octets,
+    octets_text,
 )
 from fedper.common.secagg.device_session import Advertisement, DeviceSession, RequestRefusedError
 from fedper.common.secagg.fixed_point import FixedPoint
@@ -37,7 +38,7 @@ class SecureRoundRefusedError(FedperError):
     (too few neighbours, a malicious list) or a relayed message did not open or parse."""
 
 
-_REFUSALS = (RequestRefusedError, ChannelError, ShamirError, ValidationError, binascii.Error)
+_REFUSALS = (RequestRefusedError, ChannelError, ShamirError, ValidationError, OctetsError)
 
 
 @contextlib.contextmanager
@@ -46,14 +47,6 @@ def _refusing() -> Iterator[None]:
         yield
     except _REFUSALS as e:
         raise SecureRoundRefusedError(str(e)) from e
-
-
-def _b64(data: bytes) -> str:
-    return base64.b64encode(data).decode()
-
-
-def _bytes(text: str) -> bytes:
-    return base64.b64decode(text, validate=True)
 
 
 class SecureRound:
@@ -90,17 +83,17 @@ class SecureRound:
 
     def _share(self) -> None:
         own = self.session.advertise()
-        keys = SecAggKeys(channel_key=_b64(own.channel), mask_key=_b64(own.mask))
+        keys = SecAggKeys(channel_key=octets_text(own.channel), mask_key=octets_text(own.mask))
         self._send(Route.SECAGG_KEYS, keys.model_dump_json().encode())
         relayed = SecAggNeighbours.model_validate(self._wait_for(Route.SECAGG_KEYS))
         neighbours = {
-            d: Advertisement(_bytes(k.channel_key), _bytes(k.mask_key)) for d, k in relayed.neighbours.items()
+            d: Advertisement(octets(k.channel_key), octets(k.mask_key)) for d, k in relayed.neighbours.items()
         }
         sealed = self.session.share_keys(neighbours, relayed.threshold)
-        self._send(Route.SECAGG_SHARES, SecAggSealed(shares={d: _b64(c) for d, c in sealed.items()})
+        self._send(Route.SECAGG_SHARES, SecAggSealed(shares={d: octets_text(c) for d, c in sealed.items()})
                    .model_dump_json().encode())  # fmt: skip
         received = SecAggSealed.model_validate(self._wait_for(Route.SECAGG_SHARES))
-        self.session.receive_shares({d: _bytes(c) for d, c in received.shares.items()})
+        self.session.receive_shares({d: octets(c) for d, c in received.shares.items()})
 
     def delta(
         self, trained: Mapping[str, np.ndarray], received: Mapping[str, np.ndarray], names: Sequence[str]
@@ -130,5 +123,5 @@ class SecureRound:
     def _unmask(self) -> None:
         request = SecAggUnmaskRequest.model_validate(self._wait_for(Route.SECAGG_UNMASK))
         answer = self.session.unmask(request.dropped, request.survivors)
-        self._send(Route.SECAGG_UNMASK, SecAggUnmaskAnswer(shares={d: _b64(v) for d, v in answer.items()})
+        self._send(Route.SECAGG_UNMASK, SecAggUnmaskAnswer(shares={d: octets_text(v) for d, v in answer.items()})
                    .model_dump_json().encode())  # fmt: skip

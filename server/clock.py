@@ -22,3 +22,9 @@ class SteadyClock:
 
     def __call__(self) -> float:
         return self._origin + self._monotonic()
+
+
+def iso_time(timestamp: float | None) -> str | None:
+    if timestamp is None:
+        return None
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(timestamp))

@@ -45,7 +45,7 @@ from fedper.common.protocol import RoundInfo
 from fedper.common.robust_aggregate import NonFiniteAggregateError, robust_aggregate
 from fedper.common.secagg.server_session import RoundFailedError
 from fedper.server import publish_check
-from fedper.server.clock import SteadyClock
+from fedper.server.clock import SteadyClock, iso_time
 from fedper.server.cohort import WAITING_KEY, Cohort
 from fedper.server.config import ServerConfig
 from fedper.server.disk_room import DiskRoom, out_of_space
@@ -744,9 +744,3 @@ def round_metrics(updates: list[StoredUpdate]) -> dict[str, dict[str, float]]:
         s = summarize([v for v, _ in pairs], [n for _, n in pairs])
         out[name] = {"mean": s.mean, "weighted_mean": s.weighted_mean, "std": s.std, "count": s.count}
     return out
-
-
-def iso_time(timestamp: float | None) -> str | None:
-    if timestamp is None:
-        return None
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(timestamp))

@@ -13,24 +13,32 @@ over is refused (``secagg_stage_closed``), and for one not begun it is told to c
 
 from __future__ import annotations
 
-import base64
 import json
 import math
 import secrets
 import sqlite3
-import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
 from fedper.common.atomic_write import atomic_write_bytes
-from fedper.common.protocol import SecAggKeys, SecAggNeighbours, SecAggSealed, SecAggTask, SecAggUnmaskRequest
+from fedper.common.protocol import (
+    OctetsError,
+    SecAggKeys,
+    SecAggNeighbours,
+    SecAggSealed,
+    SecAggTask,
+    SecAggUnmaskRequest,
+    octets,
+    octets_text,
+)
 from fedper.common.secagg.config import SecAggConfig
 from fedper.common.secagg.device_session import Advertisement
 from fedper.common.secagg.fixed_point import FixedPoint
 from fedper.common.secagg.graph import neighbour_graph
 from fedper.common.secagg.server_session import DuplicateMessageError, ServerSession, StageError
+from fedper.server.clock import iso_time
 from fedper.server.refusals import AlreadyReportedError, NotInCohortError, SecureMessageError, SecureStageError
 from fedper.server.storage import Database, SecAggSession
 
@@ -80,7 +88,7 @@ class SecureRounds:
         if row is None:
             return None
         k = len(next(iter(row.graph.values())))
-        ends = {stage: _iso(t) for stage, t in row.stage_ends.items()}
+        ends = {stage: str(iso_time(t)) for stage, t in row.stage_ends.items()}
         return SecAggTask(session=row.session, cohort=len(row.graph), neighbours=k, threshold=row.threshold,
                           clip_norm=row.clip, weight_cap=row.weight_cap, keys_by=ends["keys"],
                           shares_by=ends["shares"], masked_by=ends["masked"], unmask_by=ends["unmask"])  # fmt: skip
@@ -114,14 +122,8 @@ class SecureRounds:
         if found is None:
             return None
         row, s = found
-        waiting = {
-            "keys": set(s.graph) - s.advertised.keys(),
-            "shares": set(s.advertised) - s.shared,
-            "masked": s.shared - s.masked,
-            "unmask": s.masked - s.answers.keys(),
-        }
         for stage in STAGES:
-            if now < row.stage_ends[stage] and waiting[stage]:
+            if now < row.stage_ends[stage] and s.eligible(stage) - s.done(stage):
                 return stage
         return DONE
 
@@ -144,6 +146,12 @@ class SecureRounds:
             at += size
         return out, weight, flags, fixed, len(s.masked)
 
+    def took_part(self, number: int, device: str) -> bool:
+        """Whether the device advertised its keys in round ``number``'s session: it cannot take
+        part again with new ones, so it gets no task until the next round."""
+        found = self.session(number)
+        return found is not None and device in found[1].advertised
+
     def masked_path(self, number: int, device_id: str) -> Path:
         return self.folder / f"r{number}" / f"{device_id}.masked"
 
@@ -159,14 +167,12 @@ class SecureRounds:
         if found is None or device not in found[0].graph:
             raise NotInCohortError(f"this device is not in round {number}'s secure cohort")
         s = found[1]
-        done = {"keys": s.advertised.keys(), "shares": s.shared, "masked": s.masked, "unmask": s.answers.keys()}
-        if device in done[stage]:  # a retry whose first answer was lost, maybe after the stage ended
+        if device in s.done(stage):  # a retry whose first answer was lost, maybe after the stage ended
             raise AlreadyReportedError(f"{device!r} already sent its part of the {stage} stage")
         current = self.stage(number, now)
         if current != stage:
             raise SecureStageError(f"round {number} is in its {current} stage, not {stage}")
-        before = {"keys": set(s.graph), "shares": set(s.advertised), "masked": s.shared, "unmask": s.masked}
-        if device not in before[stage]:
+        if device not in s.eligible(stage):
             raise SecureStageError(f"this device missed a stage before {stage}: it is out of round {number}")
         return s
 
@@ -212,12 +218,12 @@ class SecureRounds:
             if device not in s.advertised:
                 raise SecureStageError(f"this device advertised no keys: it is out of round {number}")
             return SecAggNeighbours(threshold=row.threshold, neighbours={
-                n: SecAggKeys(channel_key=_text(a.channel), mask_key=_text(a.mask))
+                n: SecAggKeys(channel_key=octets_text(a.channel), mask_key=octets_text(a.mask))
                 for n, a in s.neighbours(device).items()}).model_dump()  # fmt: skip
         if stage == "shares":
             if device not in s.shared:
                 raise SecureStageError(f"this device sent no shares: it is out of round {number}")
-            return SecAggSealed(shares={n: _text(c) for n, c in s.shares_for(device).items()}).model_dump()
+            return SecAggSealed(shares={n: octets_text(c) for n, c in s.shares_for(device).items()}).model_dump()
         if device not in s.masked:
             raise SecureStageError(f"this device sent no masked input: it is out of round {number}")
         dropped, survivors = s.unmask_request(device)
@@ -232,16 +238,8 @@ class SecureRounds:
         return max(1, min(60, int(row.stage_ends[current] - now) + 1))
 
 
-def _iso(timestamp: float) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(timestamp))
-
-
 def _index(stage: str) -> int:
     return len(STAGES) if stage == DONE else STAGES.index(stage)
-
-
-def _text(data: bytes) -> str:
-    return base64.b64encode(data).decode()
 
 
 def apply(session: ServerSession, stage: str, device: str, body: bytes, folder: Path) -> None:
@@ -267,10 +265,6 @@ def store_masked(path: Path, words: np.ndarray) -> None:
 
 def _b64(text: str) -> bytes:
     try:
-        return base64.b64decode(text, validate=True)
-    except (ValueError, TypeError) as e:
-        raise StageError(f"not base64: {e}") from e
-
-
-def sealed_body(shares: Mapping[str, bytes]) -> bytes:
-    return json.dumps({"shares": {k: base64.b64encode(v).decode() for k, v in sorted(shares.items())}}).encode()
+        return octets(text)
+    except OctetsError as e:
+        raise StageError(str(e)) from e

@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import ast
+import base64
 import json
 import re
 import runpy
 from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from fedper.common import manifest, protocol
 
@@ -164,3 +169,23 @@ def test_every_refusal_of_the_round_state_machine_has_its_answer() -> None:
         assert 400 <= error.status < 500 or error.status == 503, refusal
         assert error.code in {c.value for c in protocol.ErrorCode}, refusal
         assert error.headers == ({} if refusal is RunFinishedError else {protocol.Header.RETRY_AFTER: "7"})
+
+
+@given(st.binary(max_size=200))
+def test_bytes_in_json_round_trip_as_standard_base64(data: bytes) -> None:
+    text = protocol.octets_text(data)
+    assert text == base64.b64encode(data).decode()
+    assert protocol.octets(text) == data
+
+
+@given(st.one_of(st.text(max_size=60), st.integers(), st.none()))
+def test_anything_but_strict_base64_is_refused_as_octets(value: object) -> None:
+    try:
+        strict = isinstance(value, str) and base64.b64encode(base64.b64decode(value, validate=True)).decode() == value
+    except ValueError:
+        strict = False
+    if strict:
+        assert protocol.octets(value) == base64.b64decode(value)  # type: ignore[arg-type]
+    else:
+        with pytest.raises(protocol.OctetsError):
+            protocol.octets(value)  # type: ignore[arg-type]

@@ -73,6 +73,8 @@ def test_twenty_devices_three_dropping_after_sharing_keys_publish_the_survivors_
             r = http.post(f"/v1/rounds/{n}/secagg/keys", headers=headers_of[d],
                           json={"channel_key": _b64(a.channel), "mask_key": _b64(a.mask)})  # fmt: skip
             assert r.status_code == 202, r.text
+        # One session per device and round: asking for the task again gets no task (204).
+        assert http.get("/v1/task", headers={**headers_of[d], **CAN}).status_code == 204
         for d, s in sessions.items():
             r = http.get(f"/v1/rounds/{n}/secagg/keys", headers=headers_of[d])
             assert r.status_code == 200, r.text
@@ -258,3 +260,69 @@ def test_dp_inside_a_secure_round_noises_the_unmasked_sum_over_the_expected_coho
         share = (unclipped - len(survivors) / 2) / 6 + 0.5
         assert privacy["rounds"] == 1
         assert privacy["clip_norm"] == pytest.approx(0.5 * np.exp(-0.2 * (share - 0.5)), rel=1e-6)
+
+
+def test_a_secure_round_survives_restarts_between_its_stages(
+    server_artifacts: Path, server_manifest: Manifest, tmp_path: Path
+) -> None:
+    """The server is stopped and started again (same data directory) after the share stage and
+    after the masked inputs: the session is replayed from what it stored, and the round ends as
+    if nothing had happened; what a device sent before a restart is a duplicate after it."""
+    clock = FakeClock()
+    options = _options(cohort_size=5, target_clients=5)
+    data = tmp_path / "data"
+
+    def server() -> InProcessServer:
+        return InProcessServer(server_artifacts, data, clock=clock, **options)
+
+    with server() as s:
+        devices = [enroll(s.http) for _ in range(5)]
+        for _, headers in devices:
+            assert s.http.get("/v1/task", headers={**headers, **CAN}).status_code == 204
+        clock.now += WINDOW
+        tasks = [s.http.get("/v1/task", headers={**h, **CAN}).json() for _, h in devices]
+        secagg = tasks[0]["secagg"]
+        sessions = {d: DeviceSession(d, secagg["session"].encode()) for d, _ in devices}
+        headers_of = dict(devices)
+        for d, ds in sessions.items():
+            a = ds.advertise()
+            s.http.post("/v1/rounds/1/secagg/keys", headers=headers_of[d],
+                        json={"channel_key": _b64(a.channel), "mask_key": _b64(a.mask)})  # fmt: skip
+        for d, ds in sessions.items():
+            body = s.http.get("/v1/rounds/1/secagg/keys", headers=headers_of[d]).json()
+            neighbours = {m: Advertisement(base64.b64decode(k["channel_key"]), base64.b64decode(k["mask_key"]))
+                          for m, k in body["neighbours"].items()}  # fmt: skip
+            sealed = ds.share_keys(neighbours, body["threshold"])
+            r = s.http.post("/v1/rounds/1/secagg/shares", headers=headers_of[d],
+                            json={"shares": {m: _b64(c) for m, c in sealed.items()}})  # fmt: skip
+            assert r.status_code == 202
+    fixed = FixedPoint(secagg["clip_norm"], secagg["cohort"], secagg["weight_cap"])
+    words = sum(int(np.prod(shape)) for _, shape in server_manifest.layout("base"))
+    rng = np.random.default_rng(11)
+    deltas = {d: (lambda v: v * (0.5 / np.linalg.norm(v)))(rng.normal(size=words)) for d in sessions}
+    with server() as s:  # restarted: the shares are relayed from what was stored
+        for d, ds in sessions.items():
+            shares = s.http.get("/v1/rounds/1/secagg/shares", headers=headers_of[d]).json()["shares"]
+            ds.receive_shares({m: base64.b64decode(c) for m, c in shares.items()})
+            masked = ds.masked_input(fixed.encode(deltas[d], 50))
+            r = s.http.post("/v1/rounds/1/secagg/masked", headers={**headers_of[d], "Content-Type": "application/octet-stream"},
+                            content=masked.astype("<u4").tobytes())  # fmt: skip
+            assert r.status_code == 202, r.text
+    with server() as s:  # restarted again: the running sum is rebuilt from the stored masked inputs
+        first = sorted(sessions)[0]
+        r = s.http.post("/v1/rounds/1/secagg/masked", headers={**headers_of[first], "Content-Type": "application/octet-stream"},
+                        content=bytes(4 * (words + 1)))  # fmt: skip
+        assert r.status_code == 409 and r.json()["code"] == ErrorCode.DUPLICATE_UPDATE  # the stored one counts
+        for d, ds in sessions.items():
+            ask_for = s.http.get("/v1/rounds/1/secagg/unmask", headers=headers_of[d]).json()
+            answer = ds.unmask(ask_for["dropped"], ask_for["survivors"])
+            s.http.post("/v1/rounds/1/secagg/unmask", headers=headers_of[d],
+                        json={"shares": {m: _b64(v) for m, v in answer.items()}})  # fmt: skip
+        assert s.state is not None
+        s.state.rounds.tick()
+        assert round_info(s.http, 1)["state"] == "closed"
+        before, after = _flat(_base(s, 0), server_manifest), _flat(_base(s, 1), server_manifest)
+    expected = before + sum(deltas.values()) / 5  # equal samples: the plain mean
+    bound = fixed.error_bound(5, 250) + np.spacing(np.abs(expected).astype(np.float32)).max()
+    assert np.max(np.abs(after - expected)) <= bound
+    assert not list((data / "updates").rglob("*.masked"))  # the round's files went with it

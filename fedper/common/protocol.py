@@ -9,6 +9,7 @@ cannot drift apart without a test failing.
 
 from __future__ import annotations
 
+import base64
 import json
 import sys
 from dataclasses import asdict, replace
@@ -326,6 +327,23 @@ class Error(_Body):
     code: str
     message: str
     request_id: str | None = None  # on 500 internal_error
+
+
+class OctetsError(ValueError):
+    """A JSON string that should carry bytes is not strict base64."""
+
+
+def octets_text(data: bytes) -> str:
+    """Raw bytes (keys, sealed shares) as a JSON string: standard base64 with padding."""
+    return base64.b64encode(data).decode()
+
+
+def octets(text: str) -> bytes:
+    """The bytes a JSON string carries; OctetsError unless it is strict base64."""
+    try:
+        return base64.b64decode(text, validate=True)
+    except (ValueError, TypeError) as e:  # binascii.Error, and ValueError for non-ASCII text
+        raise OctetsError(f"not base64: {e}") from e
 
 
 MODELS: tuple[type[BaseModel], ...] = (

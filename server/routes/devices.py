@@ -23,11 +23,11 @@ from fedper.common.protocol import (
 )
 from fedper.server import strict_json
 from fedper.server.auth import DeviceId, State, failed, limit_key
+from fedper.server.clock import iso_time
 from fedper.server.credentials import new_token, same_secret, token_hash
 from fedper.server.errors import ProtocolError, bad_request, rate_limited, run_finished
 from fedper.server.refusals import SecAggUnsupportedError
 from fedper.server.request_body import read_small
-from fedper.server.rounds import iso_time
 from fedper.server.routes.responses import ERRORS
 from fedper.server.state import ServerState
 
@@ -115,7 +115,10 @@ def task(request: Request, device_id: DeviceId, state: State) -> Response:
             "this server aggregates securely (protocol revision 1.6, docs/SECAGG.md) and this device did not say "
             f"it can take part ({Header.CAPABILITIES}: {Header.SECAGG}); it gets no task"
         )
-    slot = None if state.db.has_update(snap.round, device_id) else rounds.assign(snap.round, device_id)
+    done = state.db.has_update(snap.round, device_id)
+    if rounds.secure is not None and rounds.secure.took_part(snap.round, device_id):
+        done = True  # one session per device and round: its keys are the ones it advertised
+    slot = None if done else rounds.assign(snap.round, device_id)
     if slot is None:  # reported already, or every slot is held: come back when the round may have moved on
         return Response(status_code=204, headers={Header.RETRY_AFTER: str(rounds.pace())})
     secure = None

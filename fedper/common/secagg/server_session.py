@@ -61,6 +61,16 @@ class ServerSession:
         self._sum = np.zeros(words, dtype=np.uint32)  # of the masked inputs so far: none is kept
         self.answers: dict[str, dict[str, bytes]] = {}
 
+    def eligible(self, stage: str) -> set[str]:
+        """Who may send its part of ``stage``: those who did the stage before (U0 = the cohort)."""
+        return {"keys": set(self.graph), "shares": set(self.advertised), "masked": set(self.shared),
+                "unmask": set(self.masked)}[stage]  # fmt: skip
+
+    def done(self, stage: str) -> set[str]:
+        """Who sent its part of ``stage`` (U1 to U4)."""
+        return {"keys": set(self.advertised), "shares": set(self.shared), "masked": set(self.masked),
+                "unmask": set(self.answers)}[stage]  # fmt: skip
+
     def advertise(self, device: str, advertisement: Advertisement) -> None:
         self._member(device, self.advertised, "advertised its keys")
         if {len(advertisement.channel), len(advertisement.mask)} != {keys.KEY_BYTES}:

@@ -10,8 +10,14 @@ public final class FixedPoint {
   public final double clip;
   public final int cohort;
   public final long weightCap;
+  /** Words of 0/1 flags between the delta and the weight (DP: the unclipped bit). */
+  public final int flags;
 
   public FixedPoint(double clip, int cohort, long weightCap) {
+    this(clip, cohort, weightCap, 0);
+  }
+
+  public FixedPoint(double clip, int cohort, long weightCap, int flags) {
     if (!(clip > 0 && clip < Double.POSITIVE_INFINITY)) {
       throw new IllegalArgumentException("the clip must be a positive number, got " + clip);
     }
@@ -21,9 +27,13 @@ public final class FixedPoint {
     if (weightCap < 1 || (long) cohort * weightCap >= (1L << 32)) {
       throw new IllegalArgumentException("the weight cap times the cohort must be below 2^32");
     }
+    if (flags < 0) {
+      throw new IllegalArgumentException("flags must be >= 0, got " + flags);
+    }
     this.clip = clip;
     this.cohort = cohort;
     this.weightCap = weightCap;
+    this.flags = flags;
   }
 
   /** The largest integer one device's coordinate can be. */
@@ -41,15 +51,29 @@ public final class FixedPoint {
 
   /** The words a device masks (int bits of uint32): its weighted delta, then its weight. */
   public int[] encode(double[] delta, long numSamples) {
+    return encode(delta, numSamples, new int[0]);
+  }
+
+  /** The words with the flags (each 0 or 1, as many as this encoding has) before the weight. */
+  public int[] encode(double[] delta, long numSamples, int[] flagValues) {
+    if (flagValues.length != flags) {
+      throw new IllegalArgumentException("expected " + flags + " flags, got " + flagValues.length);
+    }
     long weight = weight(numSamples);
     double factor = scale() * weight / weightCap;
     long bound = bound();
-    int[] words = new int[delta.length + 1];
+    int[] words = new int[delta.length + flags + 1];
     for (int k = 0; k < delta.length; k++) {
       double scaled = Math.rint(delta[k] * factor);
       words[k] = (int) Math.max(-bound, Math.min(bound, (long) scaled));
     }
-    words[delta.length] = (int) weight;
+    for (int f = 0; f < flags; f++) {
+      if (flagValues[f] != 0 && flagValues[f] != 1) {
+        throw new IllegalArgumentException("a flag is 0 or 1, got " + flagValues[f]);
+      }
+      words[delta.length + f] = flagValues[f];
+    }
+    words[delta.length + flags] = (int) weight;
     return words;
   }
 }

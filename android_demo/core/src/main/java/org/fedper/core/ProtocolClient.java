@@ -101,7 +101,16 @@ public final class ProtocolClient {
   }
 
   public TaskOrWait task() throws ProtocolException, InterruptedException {
-    HttpTransport.Response r = send("GET", Protocol.Path.TASK, auth(null), null);
+    return task(false);
+  }
+
+  /** secagg: this device can take part in secure rounds (revision 1.6), said in a header. */
+  public TaskOrWait task(boolean secagg) throws ProtocolException, InterruptedException {
+    Map<String, String> extra = new LinkedHashMap<>();
+    if (secagg) {
+      extra.put(Protocol.Header.CAPABILITIES, Protocol.Header.SECAGG);
+    }
+    HttpTransport.Response r = send("GET", Protocol.Path.TASK, auth(extra), null);
     if (r.status == 410) {
       throw new ProtocolException.RunFinished();
     }
@@ -171,6 +180,42 @@ public final class ProtocolClient {
       throw new ProtocolException.Transient("an earlier upload of this device is still arriving");
     }
     throw refused;
+  }
+
+  /** This device's part of a secure round's stage; a repeat the server already has is done too. */
+  public void secaggSend(String path, long round, byte[] body, boolean json)
+      throws ProtocolException, InterruptedException {
+    Map<String, String> headers = auth(null);
+    headers.put(Protocol.Header.CONTENT_TYPE, json ? Protocol.Header.JSON : Protocol.Header.OCTET_STREAM);
+    HttpTransport.Response r = send("POST", path.replace("{round_number}", Long.toString(round)), headers, body);
+    if (r.status == 202) {
+      return;
+    }
+    if (r.status == 410) {
+      throw new ProtocolException.RunFinished();
+    }
+    ProtocolException refused = refused(r);
+    if (!Protocol.ErrorCode.DUPLICATE_UPDATE.equals(refused.code)) {
+      throw refused;
+    }
+  }
+
+  /** What the server relays for a stage, or null with retryAfter[0] set until it has it (204). */
+  public JsonFields secaggFetch(String path, long round, double[] retryAfter)
+      throws ProtocolException, InterruptedException {
+    String at = path.replace("{round_number}", Long.toString(round));
+    HttpTransport.Response r = send("GET", at, auth(null), null);
+    if (r.status == 204) {
+      retryAfter[0] = retryAfter(r);
+      return null;
+    }
+    if (r.status == 410) {
+      throw new ProtocolException.RunFinished();
+    }
+    if (r.status != 200) {
+      throw refused(r);
+    }
+    return answer(r, "GET " + at, body -> body);
   }
 
   private Map<String, String> auth(Map<String, String> extra) {

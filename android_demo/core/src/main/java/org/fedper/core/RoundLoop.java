@@ -117,7 +117,7 @@ public final class RoundLoop {
     while (maxRounds <= 0 || reports.size() < maxRounds) {
       ProtocolClient.TaskOrWait next;
       try {
-        next = client.task();
+        next = client.task(SecAggCrypto.supported()); // revision 1.6: X25519 from API level 33
       } catch (ProtocolException.RunFinished done) {
         finished = true;
         break;
@@ -138,6 +138,11 @@ public final class RoundLoop {
       } catch (ProtocolException.RunFinished done) { // the operator stopped the run while we trained
         finished = true;
         break;
+      } catch (SecAggDevice.RefusedException | java.security.GeneralSecurityException ex) {
+        // Revision 1.6: this secure round cannot be taken part in safely (a malicious list, a
+        // share that does not open): out of this round, not out of the run.
+        skipRound = next.task.round;
+        continue;
       } catch (ProtocolException.NotInCohort ex) { // not a failure: wait and ask again
         budget.sleep(Math.min(ex.retryAfterSeconds, maxIdleWaitSeconds), "not in round " + next.task.round + "'s cohort");
       } catch (ProtocolException.Transient ex) {
@@ -172,6 +177,11 @@ public final class RoundLoop {
   private String trainerSha;
 
   public Report runRound(Task task) throws Exception {
+    SecureRound secure = null;
+    if (task.secagg != null) { // revision 1.6: keys and shares first (short stages), then the rest
+      secure = new SecureRound(client, deviceId, task, budget, maxIdleWaitSeconds);
+      secure.share();
+    }
     prepare(task);
     Map<String, Tensor> base = base(task);
     Map<String, Tensor> head = store.heads.load(task.manifestSha256);
@@ -213,6 +223,13 @@ public final class RoundLoop {
     store.heads.stage(task.manifestSha256, only(trainer.getHead(), manifest.headNames()));
     // A head-only export trains only the head: the base goes back exactly as it came.
     Map<String, Tensor> update = only("head".equals(manifest.trainable) ? base : trainer.getBase(), manifest.baseNames());
+    double loss = steps == 0 ? Double.NaN : lossSum / steps;
+    if (secure != null) { // the masked update, then the unmasking: nothing in the clear
+      secure.sendMasked(update, base, manifest.baseNames(), local.trainSize());
+      store.heads.commit(task.manifestSha256);
+      secure.unmask();
+      return new Report(task.round, task.modelVersion, local.trainSize(), accuracy, accuracyAfter, loss, -1);
+    }
     Map<String, String> meta = new LinkedHashMap<>();
     meta.put(Protocol.Metadata.NUM_SAMPLES, Integer.toString(local.trainSize()));
     meta.put(Protocol.Metadata.BASE_VERSION, Long.toString(task.modelVersion));
@@ -221,7 +238,6 @@ public final class RoundLoop {
       update = clipped.tensors;
       meta.put(Protocol.Metadata.UNCLIPPED, clipped.unclipped ? "1" : "0");
     }
-    double loss = steps == 0 ? Double.NaN : lossSum / steps;
     putMetric(meta, "accuracy", accuracy);
     putMetric(meta, "accuracy_after", accuracyAfter);
     putMetric(meta, "train_loss", loss);

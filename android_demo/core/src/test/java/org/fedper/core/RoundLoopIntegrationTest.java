@@ -126,6 +126,31 @@ public class RoundLoopIntegrationTest {
     };
   }
 
+  interface DeviceRun {
+    void run() throws Exception;
+  }
+
+  /** Runs each device on its own thread (as phones would), fails the test with every error. */
+  private static void runConcurrently(DeviceRun... runs) throws InterruptedException {
+    List<Throwable> errors = Collections.synchronizedList(new ArrayList<>());
+    List<Thread> threads = new ArrayList<>();
+    for (DeviceRun run : runs) {
+      Thread t = new Thread(() -> {
+        try {
+          run.run();
+        } catch (Throwable e) {
+          errors.add(e);
+        }
+      });
+      t.start();
+      threads.add(t);
+    }
+    for (Thread t : threads) {
+      t.join(120_000);
+    }
+    assertTrue("device errors: " + errors, errors.isEmpty());
+  }
+
   @Test
   public void twoDevicesTwoRoundsAndTheAggregateIsTheWeightedMean() throws Exception {
     startServer("artifacts", 2, 2);
@@ -136,8 +161,7 @@ public class RoundLoopIntegrationTest {
     FakeTrainer[] trainers = new FakeTrainer[2];
     DeviceStore[] stores = new DeviceStore[2];
     List<List<RoundLoop.Report>> reports = Collections.synchronizedList(new ArrayList<>());
-    List<Throwable> errors = Collections.synchronizedList(new ArrayList<>());
-    Thread[] threads = new Thread[2];
+    DeviceRun[] runs = new DeviceRun[2];
     for (int d = 0; d < 2; d++) {
       final int dev = d;
       trainers[d] = new FakeTrainer(offsets[d]);
@@ -147,20 +171,12 @@ public class RoundLoopIntegrationTest {
           new Random(d), budget);
       RoundLoop loop = new RoundLoop(client, stores[d], m -> data(samples[dev]), (dir, m) -> trainers[dev],
           budget, 0.5, d);
-      threads[d] = new Thread(() -> {
-        try {
-          loop.ensureEnrolled(ENROLL, "android-host-test");
-          reports.add(loop.run(0)); // until 410
-        } catch (Throwable t) {
-          errors.add(t);
-        }
-      });
-      threads[d].start();
+      runs[d] = () -> {
+        loop.ensureEnrolled(ENROLL, "android-host-test");
+        reports.add(loop.run(0)); // until 410
+      };
     }
-    for (Thread t : threads) {
-      t.join(120_000);
-    }
-    assertTrue("device errors: " + errors, errors.isEmpty());
+    runConcurrently(runs);
     assertEquals(2, reports.size());
     for (List<RoundLoop.Report> r : reports) {
       assertEquals(2, r.size());
@@ -282,19 +298,51 @@ public class RoundLoopIntegrationTest {
   }
 
   @Test
-  public void aSecureServerRefusesTheAppWithAClearError() throws Exception {
+  public void threeAppsTakePartInASecureRoundAndItsBaseIsTheirWeightedMean() throws Exception {
     stopServer();
-    // Revision 1.6: the app's round loop does not take part in secure rounds yet (docs/SECAGG.md),
-    // so it does not send the capability, and the server says so instead of training it for nothing.
+    // Revision 1.6 (docs/SECAGG.md): the host JVM has X25519, so the round loop says it can, keeps
+    // its keys and shares before it trains, sends its delta masked and answers the unmasking.
+    server = new TestServer(tmp.getRoot().toPath(), "artifacts", 1, 3, "--round-timeout", "60", "--secagg",
+        "--checkin-window", "2", "--cohort-size", "3", "--over-selection", "1", "--secagg-stage-timeout", "10",
+        "--start-devices", "3");
+    url = server.url;
+    int[] samples = {30, 10, 20};
+    float[] offsets = {1e-4f, 2e-4f, 4e-4f}; // deltas well within the clip (norm about 0.05 to 0.2)
+    Device[] devices = new Device[3];
+    DeviceRun[] runs = new DeviceRun[3];
+    for (int d = 0; d < 3; d++) {
+      devices[d] = new Device(url, new DeviceStore(tmp.newFolder().toPath()), offsets[d], data(samples[d]));
+      runs[d] = devices[d]::runUntilFinished;
+    }
+    runConcurrently(runs);
+    for (Device d : devices) {
+      assertEquals(0, d.http.uploads.size()); // nothing went to /updates: only masked words
+    }
+    Map<String, Tensor> initial = initial("artifacts", "initial_base");
+    HttpTransport.Response latest = server.admin("GET", "/v1/admin/models/latest/base");
+    Map<String, Tensor> result = Safetensors.read(latest.body).tensors;
+    double mean = (30 * 1e-4 + 10 * 2e-4 + 20 * 4e-4) / 60; // sample-weighted FedAvg of the offsets
+    for (String name : manifest("artifacts").baseNames()) {
+      float[] got = result.get(name).data();
+      float[] init = initial.get(name).data();
+      for (int k = 0; k < got.length; k++) {
+        assertEquals(name, init[k] + mean, got[k], 1e-6 + Math.ulp(init[k]));
+      }
+    }
+  }
+
+  @Test
+  public void aSecureServerRefusesADeviceWithoutX25519WithAClearError() throws Exception {
+    stopServer();
     server = new TestServer(tmp.getRoot().toPath(), "artifacts", 1, 1, "--round-timeout", "100", "--secagg",
         "--checkin-window", "1", "--cohort-size", "1", "--over-selection", "1");
-    url = server.url;
-    Device device = new Device(url, new DeviceStore(tmp.newFolder().toPath()), 1f, data(10));
-    ProtocolException refused = assertThrows(ProtocolException.class, device::runUntilFinished);
+    RoundBudget budget = RoundBudget.unlimited(Backoff.Sleeper.REAL);
+    ProtocolClient client = new ProtocolClient(server.url, budget);
+    client.enroll(ENROLL, "android-api-28");
+    ProtocolException refused = assertThrows(ProtocolException.class, () -> client.task(false));
     assertEquals(403, refused.status);
     assertEquals(Protocol.ErrorCode.SECAGG_UNSUPPORTED, refused.code);
     assertTrue(refused.getMessage(), refused.getMessage().contains("revision 1.6"));
-    assertEquals(0, device.http.uploads.size());
   }
 
   @Test
