@@ -130,6 +130,10 @@ def test_twenty_devices_three_dropping_after_sharing_keys_publish_the_survivors_
         difference = float(np.max(np.abs(after - fedavg)))
         print(f"max abs difference {difference:.3g}, bound {bound:.3g}")
         assert difference <= bound
+        # /metrics counts a masked input as an accepted update, and the stages' messages as traffic.
+        assert server.metric("fedper_updates_accepted_total") == len(survivors)
+        assert server.metric("fedper_bytes_received_total") > len(survivors) * 4 * (words + 1)
+        assert server.metric("fedper_bytes_sent_total") > 0  # the relayed keys, shares and unmasking requests
 
 
 JSONISH = st.recursive(
@@ -300,19 +304,22 @@ def test_a_secure_round_survives_restarts_between_its_stages(
     words = sum(int(np.prod(shape)) for _, shape in server_manifest.layout("base"))
     rng = np.random.default_rng(11)
     deltas = {d: (lambda v: v * (0.5 / np.linalg.norm(v)))(rng.normal(size=words)) for d in sessions}
+    sent: dict[str, bytes] = {}
     with server() as s:  # restarted: the shares are relayed from what was stored
         for d, ds in sessions.items():
             shares = s.http.get("/v1/rounds/1/secagg/shares", headers=headers_of[d]).json()["shares"]
             ds.receive_shares({m: base64.b64decode(c) for m, c in shares.items()})
-            masked = ds.masked_input(fixed.encode(deltas[d], 50))
+            sent[d] = ds.masked_input(fixed.encode(deltas[d], 50)).astype("<u4").tobytes()
             r = s.http.post("/v1/rounds/1/secagg/masked", headers={**headers_of[d], "Content-Type": "application/octet-stream"},
-                            content=masked.astype("<u4").tobytes())  # fmt: skip
+                            content=sent[d])  # fmt: skip
             assert r.status_code == 202, r.text
     with server() as s:  # restarted again: the running sum is rebuilt from the stored masked inputs
         first = sorted(sessions)[0]
         r = s.http.post("/v1/rounds/1/secagg/masked", headers={**headers_of[first], "Content-Type": "application/octet-stream"},
                         content=bytes(4 * (words + 1)))  # fmt: skip
         assert r.status_code == 409 and r.json()["code"] == ErrorCode.DUPLICATE_UPDATE  # the stored one counts
+        # ... and stays stored: a second, different input must not replace the file the next replay reads.
+        assert (data / "updates" / "r1" / f"{first}.masked").read_bytes() == sent[first]
         for d, ds in sessions.items():
             ask_for = s.http.get("/v1/rounds/1/secagg/unmask", headers=headers_of[d]).json()
             answer = ds.unmask(ask_for["dropped"], ask_for["survivors"])
