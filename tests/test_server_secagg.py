@@ -304,6 +304,9 @@ def test_dp_inside_a_secure_round_noises_the_unmasked_sum_over_the_expected_coho
                       json={"shares": {m: _b64(v) for m, v in answer.items()}})  # fmt: skip
         assert server.state is not None
         server.state.rounds.tick()
+        assert round_info(http, 1)["state"] == "open"  # unmasked, but a DP round is published at its deadline
+        clock.now += STAGE
+        server.state.rounds.tick()
         assert round_info(http, 1)["state"] == "closed"
         before, after = _flat(_base(server, 0), server_manifest), _flat(_base(server, 1), server_manifest)
         expected = before + sum(deltas.values()) / 6  # the expected cohort, not the 5 that reported
