@@ -9,13 +9,14 @@ from fedper._recipes.presets import SYNTH_HEAD, SYNTH_INIT, SYNTH_KP, SYNTH_LOCA
 from fedper.common.config_cli import nested, option
 from fedper.common.dp.config import DPConfig
 from fedper.common.errors import ConfigError
+from fedper.common.secagg.config import SecAggConfig
 from fedper.common.train_config import TrainConfig
 from fedper.device_runtime.runtime_config import RuntimeConfig
 from fedper.models.heads import HeadKind
 from fedper.pretrained import INIT_HELP
 from fedper.server.config import ServerConfig
 
-DP_CHECKIN_SECONDS = 2.0  # a DP round's check-in window in the demo (devices ask about every second)
+CHECKIN_SECONDS = 2.0  # a DP or secure round's check-in window in the demo (devices ask about every second)
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,8 @@ class DemoConfig:
     kp: int = option(SYNTH_KP, "FedPer's personal layers from the top (FedAvg's fleet has none)")
     # Ten devices make a small cohort: the count's default noise (0.05 x 10) would be below z/2.
     privacy: DPConfig = nested(lambda: DPConfig(dp_count_stddev=1.0), "for both fleets' servers")
+    # The demo's devices share one machine with their server: a stage waits 10 s, not a phone's 30.
+    secure: SecAggConfig = nested(lambda: SecAggConfig(secagg_stage_timeout=10.0), "for both fleets' servers")
     dp_round_seconds: float = option(
         20.0, "with --dp: each round's length (a DP round closes at its deadline, whoever reported; the first "
         "2 seconds are its check-in window)",
@@ -52,8 +55,19 @@ class DemoConfig:
                 f"--new-users must be >= 0 and --fine-tune-steps >= 1, got {self.new_users} and {self.fine_tune_steps}"
             )
         if self.privacy.dp:
-            if not self.dp_round_seconds > DP_CHECKIN_SECONDS:
-                raise ConfigError(f"--dp-round-seconds must be above {DP_CHECKIN_SECONDS}, got {self.dp_round_seconds}")
+            if not self.dp_round_seconds > CHECKIN_SECONDS:
+                raise ConfigError(f"--dp-round-seconds must be above {CHECKIN_SECONDS}, got {self.dp_round_seconds}")
+            stages = 3 * self.secure.secagg_stage_timeout
+            if self.secure.secagg and not self.dp_round_seconds > CHECKIN_SECONDS + stages:
+                raise ConfigError(
+                    f"--dp with --secagg needs --dp-round-seconds above the check-in window ({CHECKIN_SECONDS:g} s) "
+                    f"plus 3 x --secagg-stage-timeout and the training's time, got {self.dp_round_seconds}"
+                )
+        if self.secure.secagg and self.devices < 3:
+            raise ConfigError(
+                f"--secagg needs --devices >= 3: a sum of two updates tells each device the other's, got {self.devices}"
+            )
+        if self.privacy.dp or self.secure.secagg:
             self.server_options()  # the servers' own checks, before anything runs
 
     def server_options(self) -> dict[str, object]:
@@ -69,12 +83,14 @@ class DemoConfig:
         if self.privacy.dp:
             expected = max(1, round(self.devices * self.privacy.dp_sampling_probability))
             options.update(
-                round_timeout=self.dp_round_seconds, checkin_window=DP_CHECKIN_SECONDS, cohort_size=expected,
+                round_timeout=self.dp_round_seconds, checkin_window=CHECKIN_SECONDS, cohort_size=expected,
                 start_devices=self.devices,  # the fleet takes a while to start: no round passes without it
                 target_clients=expected, min_clients=1,
                 **{k: v for k, v in asdict(self.privacy).items() if v is not None},
             )  # fmt: skip
+        if self.secure.secagg:  # a cohort fixed at the end of a check-in window (docs/SECAGG.md)
+            options.update(checkin_window=CHECKIN_SECONDS, start_devices=self.devices, **asdict(self.secure))
         own = {f.name for f in fields(ServerConfig)}
         flat = {k: v for k, v in options.items() if k in own}
-        ServerConfig(**flat, training=self.training, privacy=self.privacy)  # type: ignore[arg-type]  # serve's checks
+        ServerConfig(**flat, training=self.training, privacy=self.privacy, secure=self.secure)  # type: ignore[arg-type]  # serve's checks
         return options

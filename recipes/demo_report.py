@@ -147,7 +147,7 @@ def render_report(config: DemoConfig, results: dict[str, Any], out: Path) -> str
     return page.substitute(
         meaning=html.escape(meaning),
         rows=rows,
-        privacy=_privacy_section(results.get("privacy")),
+        privacy=_privacy_section(results.get("privacy")) + _secure_section(config),
         accuracy_plot=img("accuracy_per_round.png"),
         client_plot=img("final_accuracy_per_client.png"),
         new_users=new_users,
@@ -190,6 +190,24 @@ def _privacy_section(privacy: dict[str, Any] | None) -> str:
         "<h2>Privacy</h2><p>Both fleets ran DP-FedAvg: each device clipped its base delta, the server added "
         "Gaussian noise to their sum and published every round at its deadline; epsilon is what the server's "
         f"accountant (dp-accounting, RDP) reports at the end (docs/PRIVACY.md).</p><ul>{items}</ul>"
+    )
+
+
+def _secure_section(config: DemoConfig) -> str:
+    """With --secagg: what the servers could see of each update (docs/SECAGG.md)."""
+    secure = config.secure
+    if not secure.secagg:
+        return ""
+    n = config.devices
+    clip = "the round's DP clip norm" if config.privacy.dp else f"L2 norm {secure.secagg_clip:g}"
+    return (
+        "<h2>Secure aggregation</h2><p>Both fleets ran SecAgg+: in every round each device clipped its base "
+        f"delta to {clip}, encoded it in fixed point with its weight (min(samples, "
+        f"{1 if config.privacy.dp else secure.secagg_weight_cap})) and masked it with pairwise and self masks; "
+        f"the server learned only the round's sum. With all {n} devices in a round, each shared its secrets with "
+        f"k = {secure.neighbours(n)} others, any t = {secure.threshold(n)} of whom could "
+        "recover them for the unmasking. The personal layers never left the devices either way. The traffic "
+        "table includes the key, share and unmasking messages (docs/SECAGG.md).</p>"
     )
 
 

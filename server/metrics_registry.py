@@ -45,6 +45,11 @@ class MetricsRegistry:
             self.accepted += 1
             self.bytes_in += nbytes
 
+    def received(self, nbytes: int) -> None:
+        """Bytes of an accepted message that is not an update (a secure round's keys, shares, answers)."""
+        with self._lock:
+            self.bytes_in += nbytes
+
     def sent(self, nbytes: int) -> None:
         with self._lock:
             self.bytes_out += nbytes
@@ -63,8 +68,16 @@ class MetricsRegistry:
                 GaugeMetricFamily("fedper_current_round", "the open round (0: none yet)", value=current_round),
                 CounterMetricFamily("fedper_updates_accepted", "updates accepted", value=self.accepted),
                 rejected,
-                CounterMetricFamily("fedper_bytes_received", "bytes of accepted updates", value=self.bytes_in),
-                CounterMetricFamily("fedper_bytes_sent", "bytes of bases and artifacts sent", value=self.bytes_out),
+                CounterMetricFamily(
+                    "fedper_bytes_received",
+                    "bytes of accepted updates and secure-aggregation messages",
+                    value=self.bytes_in,
+                ),
+                CounterMetricFamily(
+                    "fedper_bytes_sent",
+                    "bytes of bases, artifacts and secure-aggregation relays sent",
+                    value=self.bytes_out,
+                ),
                 CounterMetricFamily(
                     "fedper_aggregation_seconds", "seconds spent folding and closing", value=aggregation_seconds
                 ),

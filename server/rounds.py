@@ -602,8 +602,9 @@ class RoundManager:
                     self._abandon(current.round, current.model_version)
 
     def _tick_secure(self, now: float) -> None:
-        """A secure round closes once its unmasking is over (or abandons at its deadline without
-        a session: fewer than two devices were drawn)."""
+        """A secure round closes once its unmasking is over, under DP not before its deadline
+        (when a noised round is published must not depend on who took part: PRIVACY.md); it
+        abandons at its deadline without a session (fewer than two devices were drawn)."""
         assert self.secure is not None
         snap = self.snapshot
         if snap.finished or not snap.is_open:
@@ -614,7 +615,7 @@ class RoundManager:
                 return
             stage = self.secure.stage(current.round, now)
             due = current.deadline is not None and now >= current.deadline
-            if stage == DONE:
+            if stage == DONE and (self.privacy is None or due):
                 self._try_close(current.round, "unmasked")
             elif stage is None and due:  # no session: fewer than two devices were drawn
                 if self.privacy is not None:

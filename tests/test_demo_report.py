@@ -123,3 +123,29 @@ def test_demo_dp_runs_both_servers_with_dp_and_reports_what_they_spent(tmp_path)
     assert "fedper: epsilon 3.21 at delta 0.0005 after 4 noised rounds" in section
     assert "fedavg: epsilon infinite (no noise)" in section
     assert _privacy_section(None) == ""
+
+
+def test_demo_secagg_runs_both_servers_with_secure_rounds_and_says_so(tmp_path):
+    from fedper._recipes.demo_report import _secure_section
+    from fedper.common.dp.config import DPConfig
+    from fedper.common.errors import ConfigError
+    from fedper.common.secagg.config import SecAggConfig
+    from fedper.server.process import option_flags
+
+    config = DemoConfig(devices=10, secure=SecAggConfig(secagg=True, secagg_stage_timeout=10.0))
+    options = config.server_options()
+    assert options["checkin_window"] == 2.0 and options["start_devices"] == 10 and options["round_timeout"] == 600
+    flags = option_flags(options)
+    assert "--secagg" in flags and flags[flags.index("--secagg-stage-timeout") + 1] == "10.0"
+    assert "--secagg" not in option_flags(DemoConfig().server_options())
+    assert DemoConfig().secure.secagg_stage_timeout == 10.0  # the demo's devices are on the server's machine
+    section = _secure_section(config)
+    assert "k = 8 others, any t = 5 of whom" in section and "L2 norm 1" in section
+    assert _secure_section(DemoConfig()) == ""
+    with pytest.raises(ConfigError, match="--devices >= 3"):
+        DemoConfig(devices=2, secure=SecAggConfig(secagg=True))
+    dp = DPConfig(dp=True, dp_count_stddev=1.0)
+    with pytest.raises(ConfigError, match="--dp-round-seconds above"):
+        DemoConfig(secure=SecAggConfig(secagg=True, secagg_stage_timeout=10.0), privacy=dp)  # 20 s < 2 + 30
+    both = DemoConfig(secure=SecAggConfig(secagg=True, secagg_stage_timeout=10.0), privacy=dp, dp_round_seconds=60)
+    assert both.server_options()["round_timeout"] == 60 and "the round's DP clip norm" in _secure_section(both)

@@ -1,6 +1,6 @@
 """A secure round end to end (docs/SECAGG.md): a real ``fedper serve --secagg`` process and 20
 Python devices training the exported program, 3 of which drop after sharing their keys, every
-request recorded on its way out."""
+request passing through a recording proxy."""
 
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ from fedper.device_runtime.device_storage import DeviceStorage
 from fedper.device_runtime.local_data import share
 from fedper.device_runtime.network_faults import RecordingTransport
 from fedper.device_runtime.secure_round import SecureRound
+from tests.recording_proxy import Exchange, RecordingProxy
 from tests.server_support import ENROLL, admin, serve
 
 DEVICES, DROPPING = 20, 3
@@ -53,13 +54,22 @@ def test_twenty_devices_three_dropping_after_sharing_keys_and_what_the_server_sa
         return delta, unclipped
 
     monkeypatch.setattr(SecureRound, "delta", recorded)
-    recording = RecordingTransport()
+    stored_while_open: dict[Path, bytes] = {}  # every file of the server's, once all masked inputs are in
+
+    def snapshot(exchange: Exchange) -> None:
+        # The first unmasking request a device receives: the masked stage is over, the round not.
+        if exchange.method == "GET" and exchange.path.endswith("/unmask") and exchange.status == 200:
+            with lock:
+                if not stored_while_open:
+                    root = tmp_path / "server"
+                    stored_while_open.update({p: p.read_bytes() for p in root.rglob("*") if p.is_file()})
+
     lock = threading.Lock()
     devices: dict[int, Device] = {}
     errors: list[BaseException] = []
 
     def run(i: int) -> None:
-        client = ProtocolClient(server.url, transport=recording)
+        client = ProtocolClient(proxy.url)
         options = DeviceOptions(client_id=i, seed=0, max_idle_wait=0.5, dropout=1.0 if i < DROPPING else 0.0)
         local = share(DATA, i)
         device = Device(client, DeviceStorage(tmp_path / f"device_{i}"), lambda _m: local, options, ENROLL,
@@ -72,7 +82,10 @@ def test_twenty_devices_three_dropping_after_sharing_keys_and_what_the_server_sa
         finally:
             client.close()
 
-    with serve(artifacts, tmp_path / "server", **SERVER) as server:  # type: ignore[arg-type]
+    with (
+        serve(artifacts, tmp_path / "server", **SERVER) as server,  # type: ignore[arg-type]
+        RecordingProxy(server.url, after=snapshot).running() as proxy,
+    ):
         threads = [threading.Thread(target=run, args=(i,)) for i in range(DEVICES)]
         for t in threads:
             t.start()
@@ -86,7 +99,6 @@ def test_twenty_devices_three_dropping_after_sharing_keys_and_what_the_server_sa
             time.sleep(0.2)
         published = httpx.get(f"{server.url}/v1/models/1/base", headers=admin())
         v0 = httpx.get(f"{server.url}/v1/models/0/base", headers=admin())
-        sizes = {p.name: p.stat().st_size for p in (tmp_path / "server").rglob("*.masked")}
     assert info["state"] == "closed", info
     survivors = sorted(deltas)
     assert len(survivors) == DEVICES - DROPPING
@@ -106,26 +118,35 @@ def test_twenty_devices_three_dropping_after_sharing_keys_and_what_the_server_sa
     assert difference <= quantization + float32
     # What went out: no masked input equals, or correlates with, its device's update. Pearson's r
     # of n independent values is about N(0, 1/n): |r| < 6/sqrt(n) fails by chance with p < 2e-9.
-    masked = [(path, body) for method, path, body in recording.requests if method == "POST" and "masked" in path]
+    masked = proxy.requests("POST", "/secagg/masked")
     assert len(masked) == len(survivors)
     bound = 6 / math.sqrt(words)
     true_words = {}
     fixed = FixedPoint(1.0, DEVICES, cap)
     for d in survivors:
         true_words[d] = fixed.encode(deltas[d], samples[d])
-    for _, body in masked:
-        sent = np.frombuffer(body, dtype="<u4")
+    for exchange in masked:
+        sent = np.frombuffer(exchange.body, dtype="<u4")
         for d in survivors:
             assert not np.array_equal(sent, true_words[d])
             r = np.corrcoef(sent.astype(np.float64), true_words[d].view(np.int32).astype(np.float64))[0, 1]
             assert abs(r) < bound, (d, r)
-    assert not any("/updates" in path for _, path, _ in recording.requests)  # nothing sent in the clear
-    # What the server kept: only masked vectors, the size of one, none holding an update's bytes.
-    assert len(sizes) == 0 or set(sizes.values()) == {4 * words}
-    stored = b"".join(p.read_bytes() for p in (tmp_path / "server").rglob("*") if p.is_file())
+    assert not proxy.requests("POST", "/updates")  # nothing sent in the clear
+    sent_bytes = b"".join(e.body for e in proxy.exchanges)
+    for d in survivors:
+        assert deltas[d][:8].astype("<f4").tobytes() not in sent_bytes
+    # What the server kept while the round was open: one masked vector per survivor (the size of
+    # one, each the bytes its device sent) and no file holding an update's bytes (its database and
+    # write-ahead log included). The round's folder is removed once it closes.
+    kept = {p.name: b for p, b in stored_while_open.items() if p.suffix == ".masked"}
+    assert len(kept) == len(survivors), sorted(p.name for p in stored_while_open)
+    assert {len(b) for b in kept.values()} == {4 * words}
+    assert sorted(kept.values()) == sorted(e.body for e in masked)
+    stored = b"".join(stored_while_open.values())
     for d in survivors:
         assert true_words[d][:16].astype("<u4").tobytes() not in stored
         assert deltas[d][:8].astype("<f4").tobytes() not in stored
+    assert not list((tmp_path / "server").rglob("*.masked"))
 
 
 def test_a_device_that_cannot_take_part_is_refused_with_a_clear_error(server_artifacts: Path, tmp_path: Path) -> None:
@@ -152,7 +173,8 @@ def test_python_devices_in_a_secure_dp_round_send_their_bit_and_the_server_publi
     recording = RecordingTransport()
     lock = threading.Lock()
     errors: list[BaseException] = []
-    config = {**SERVER, "target_clients": 4, "cohort_size": 4, "start_devices": 4, "dp": True,
+    # A DP round is published at its deadline, also a secure one: the round is as short as its stages allow.
+    config = {**SERVER, "target_clients": 4, "cohort_size": 4, "start_devices": 4, "dp": True, "round_timeout": 45,
               "dp_noise_multiplier": 0.5, "dp_clip": 0.05, "dp_delta": 1e-5, "dp_count_stddev": 1.0}  # fmt: skip
     with serve(artifacts, tmp_path / "server", **config) as server:  # type: ignore[arg-type]
 
@@ -175,7 +197,7 @@ def test_python_devices_in_a_secure_dp_round_send_their_bit_and_the_server_publi
         for t in threads:
             t.join(timeout=600)
         assert not errors, errors[0]
-        for _ in range(100):
+        for _ in range(300):  # until the round's deadline has passed
             status = httpx.get(f"{server.url}/v1/status").json()
             if status["rounds_closed"] == 1:
                 break

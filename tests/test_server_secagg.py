@@ -44,85 +44,105 @@ def _flat(tensors: dict[str, np.ndarray], manifest: Manifest) -> np.ndarray:
     return np.concatenate([tensors[n].astype(np.float64).ravel() for n in manifest.base_names])
 
 
+def _play_round(
+    server: InProcessServer,
+    clock: FakeClock,
+    devices: list[tuple[str, dict[str, str]]],
+    dropped: set[str],
+    deltas: dict[str, np.ndarray],
+    samples: dict[str, int],
+) -> tuple[int, dict[str, object]]:
+    """One secure round over the routes: every device checks in, advertises and shares; those in
+    ``dropped`` quit then, the others send ``deltas`` (weighted by ``samples``) masked and answer
+    the unmasking; then the server's clock ticks. Returns the round and its task's ``secagg``."""
+    http = server.http
+    for _, headers in devices:
+        assert http.get("/v1/task", headers={**headers, **CAN}).status_code == 204  # checked in
+    clock.now += WINDOW
+    tasks = {}
+    for device_id, headers in devices:
+        r = http.get("/v1/task", headers={**headers, **CAN})
+        assert r.status_code == 200, r.text
+        tasks[device_id] = r.json()
+    task = next(iter(tasks.values()))
+    secagg, n = task["secagg"], task["round"]
+    sessions = {d: DeviceSession(d, secagg["session"].encode()) for d, _ in devices}
+    headers_of = dict(devices)
+    for d, s in sessions.items():
+        a = s.advertise()
+        r = http.post(f"/v1/rounds/{n}/secagg/keys", headers=headers_of[d],
+                      json={"channel_key": _b64(a.channel), "mask_key": _b64(a.mask)})  # fmt: skip
+        assert r.status_code == 202, r.text
+    # One session per device and round: asking for the task again gets no task (204).
+    assert http.get("/v1/task", headers={**headers_of[d], **CAN}).status_code == 204
+    for d, s in sessions.items():
+        r = http.get(f"/v1/rounds/{n}/secagg/keys", headers=headers_of[d])
+        assert r.status_code == 200, r.text
+        body = r.json()
+        neighbours = {m: Advertisement(base64.b64decode(k["channel_key"]), base64.b64decode(k["mask_key"]))
+                      for m, k in body["neighbours"].items()}  # fmt: skip
+        sealed = s.share_keys(neighbours, body["threshold"])
+        r = http.post(f"/v1/rounds/{n}/secagg/shares", headers=headers_of[d],
+                      json={"shares": {m: _b64(c) for m, c in sealed.items()}})  # fmt: skip
+        assert r.status_code == 202, r.text
+    for d, s in sessions.items():
+        r = http.get(f"/v1/rounds/{n}/secagg/shares", headers=headers_of[d])
+        assert r.status_code == 200, r.text
+        s.receive_shares({m: base64.b64decode(c) for m, c in r.json()["shares"].items()})
+    fixed = FixedPoint(secagg["clip_norm"], secagg["cohort"], secagg["weight_cap"])
+    survivors = [d for d in sessions if d not in dropped]
+    for d in survivors:
+        masked = sessions[d].masked_input(fixed.encode(deltas[d], samples[d]))
+        r = http.post(f"/v1/rounds/{n}/secagg/masked", headers={**headers_of[d], "Content-Type": "application/octet-stream"},
+                      content=masked.astype("<u4").tobytes())  # fmt: skip
+        assert r.status_code == 202, r.text
+    if dropped:  # the masked stage waits for those that dropped until its end
+        assert http.get(f"/v1/rounds/{n}/secagg/unmask", headers=headers_of[survivors[0]]).status_code == 204
+    clock.now += TIMEOUT - STAGE
+    for d in survivors:
+        r = http.get(f"/v1/rounds/{n}/secagg/unmask", headers=headers_of[d])
+        assert r.status_code == 200, r.text
+        ask_for = r.json()
+        answer = sessions[d].unmask(ask_for["dropped"], ask_for["survivors"])
+        r = http.post(f"/v1/rounds/{n}/secagg/unmask", headers=headers_of[d],
+                      json={"shares": {m: _b64(v) for m, v in answer.items()}})  # fmt: skip
+        assert r.status_code == 202, r.text
+    assert server.state is not None
+    server.state.rounds.tick()
+    return n, secagg
+
+
+def _chosen_deltas(
+    devices: list[tuple[str, dict[str, str]]], words: int, clip: float, rng: np.random.Generator
+) -> tuple[dict[str, np.ndarray], dict[str, int]]:
+    """A delta of norm 0.9 x clip and a sample count for each device."""
+    deltas, samples = {}, {}
+    for d, _ in devices:
+        delta = rng.normal(size=words)
+        deltas[d] = delta * (0.9 * clip / np.linalg.norm(delta))
+        samples[d] = int(rng.integers(10, 200))
+    return deltas, samples
+
+
 def test_twenty_devices_three_dropping_after_sharing_keys_publish_the_survivors_fedavg(
     server_artifacts: Path, server_manifest: Manifest, tmp_path: Path
 ) -> None:
     clock = FakeClock()
+    words = sum(int(np.prod(shape)) for _, shape in server_manifest.layout("base"))
     with InProcessServer(server_artifacts, tmp_path / "data", clock=clock, **_options()) as server:
         http = server.http
         devices = [enroll(http) for _ in range(20)]
-        for _, headers in devices:
-            assert http.get("/v1/task", headers={**headers, **CAN}).status_code == 204  # checked in
         r = http.get("/v1/task", headers=devices[0][1])
         assert r.status_code == 403 and r.json()["code"] == ErrorCode.SECAGG_UNSUPPORTED
-        clock.now += WINDOW
-        tasks = {}
-        for device_id, headers in devices:
-            r = http.get("/v1/task", headers={**headers, **CAN})
-            assert r.status_code == 200, r.text
-            tasks[device_id] = r.json()
-        task = next(iter(tasks.values()))
-        secagg = task["secagg"]
+        deltas, samples = _chosen_deltas(devices, words, 1.0, np.random.default_rng(3))  # --secagg-clip's default
+        dropped = {d for d, _ in sorted(devices)[:3]}
+        n, secagg = _play_round(server, clock, devices, dropped, deltas, samples)
         assert (secagg["cohort"], secagg["neighbours"], secagg["threshold"]) == (20, 10, 6)
-        context = secagg["session"].encode()
-        sessions = {d: DeviceSession(d, context) for d, _ in devices}
-        headers_of = dict(devices)
-        n = task["round"]
-        for d, s in sessions.items():
-            a = s.advertise()
-            r = http.post(f"/v1/rounds/{n}/secagg/keys", headers=headers_of[d],
-                          json={"channel_key": _b64(a.channel), "mask_key": _b64(a.mask)})  # fmt: skip
-            assert r.status_code == 202, r.text
-        # One session per device and round: asking for the task again gets no task (204).
-        assert http.get("/v1/task", headers={**headers_of[d], **CAN}).status_code == 204
-        for d, s in sessions.items():
-            r = http.get(f"/v1/rounds/{n}/secagg/keys", headers=headers_of[d])
-            assert r.status_code == 200, r.text
-            body = r.json()
-            neighbours = {m: Advertisement(base64.b64decode(k["channel_key"]), base64.b64decode(k["mask_key"]))
-                          for m, k in body["neighbours"].items()}  # fmt: skip
-            sealed = s.share_keys(neighbours, body["threshold"])
-            r = http.post(f"/v1/rounds/{n}/secagg/shares", headers=headers_of[d],
-                          json={"shares": {m: _b64(c) for m, c in sealed.items()}})  # fmt: skip
-            assert r.status_code == 202, r.text
-        for d, s in sessions.items():
-            r = http.get(f"/v1/rounds/{n}/secagg/shares", headers=headers_of[d])
-            assert r.status_code == 200, r.text
-            s.receive_shares({m: base64.b64decode(c) for m, c in r.json()["shares"].items()})
-        fixed = FixedPoint(secagg["clip_norm"], secagg["cohort"], secagg["weight_cap"])
-        words = sum(int(np.prod(shape)) for _, shape in server_manifest.layout("base"))
-        rng = np.random.default_rng(3)
-        dropped = set(sorted(sessions)[:3])
-        deltas, samples = {}, {}
-        for d, s in sessions.items():
-            delta = rng.normal(size=words)
-            deltas[d] = delta * (0.9 * secagg["clip_norm"] / np.linalg.norm(delta))
-            samples[d] = int(rng.integers(10, 200))
-            if d in dropped:
-                continue
-            masked = s.masked_input(fixed.encode(deltas[d], samples[d]))
-            r = http.post(f"/v1/rounds/{n}/secagg/masked", headers={**headers_of[d], "Content-Type": "application/octet-stream"},
-                          content=masked.astype("<u4").tobytes())  # fmt: skip
-            assert r.status_code == 202, r.text
-        # The masked stage waits for the three that dropped until its end.
-        assert http.get(f"/v1/rounds/{n}/secagg/unmask", headers=headers_of[sorted(sessions)[5]]).status_code == 204
-        clock.now += TIMEOUT - STAGE
-        for d, s in sessions.items():
-            if d in dropped:
-                continue
-            r = http.get(f"/v1/rounds/{n}/secagg/unmask", headers=headers_of[d])
-            assert r.status_code == 200, r.text
-            ask_for = r.json()
-            answer = s.unmask(ask_for["dropped"], ask_for["survivors"])
-            r = http.post(f"/v1/rounds/{n}/secagg/unmask", headers=headers_of[d],
-                          json={"shares": {m: _b64(v) for m, v in answer.items()}})  # fmt: skip
-            assert r.status_code == 202, r.text
-        assert server.state is not None
-        server.state.rounds.tick()
         info = round_info(http, n)
         assert info["state"] == "closed", info
         before, after = _flat(_base(server, 0), server_manifest), _flat(_base(server, 1), server_manifest)
-        survivors = [d for d in sessions if d not in dropped]
+        fixed = FixedPoint(secagg["clip_norm"], secagg["cohort"], secagg["weight_cap"])  # type: ignore[arg-type]
+        survivors = [d for d, _ in devices if d not in dropped]
         w = np.array([min(samples[d], fixed.weight_cap) for d in survivors], dtype=np.float64)
         fedavg = before + sum(wi * deltas[d] for wi, d in zip(w, survivors, strict=True)) / w.sum()
         # float32 rounding of the published base on top of the fixed-point bound
@@ -130,6 +150,40 @@ def test_twenty_devices_three_dropping_after_sharing_keys_publish_the_survivors_
         difference = float(np.max(np.abs(after - fedavg)))
         print(f"max abs difference {difference:.3g}, bound {bound:.3g}")
         assert difference <= bound
+        # /metrics counts a masked input as an accepted update, and the stages' messages as traffic.
+        assert server.metric("fedper_updates_accepted_total") == len(survivors)
+        assert server.metric("fedper_bytes_received_total") > len(survivors) * 4 * (words + 1)
+        assert server.metric("fedper_bytes_sent_total") > 0  # the relayed keys, shares and unmasking requests
+
+
+def test_a_round_whose_masks_cannot_be_removed_is_abandoned_and_the_next_one_runs(
+    server_artifacts: Path, server_manifest: Manifest, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Item 4 of issue 32: with fewer than t neighbours of a dropped device left, its mask cannot
+    be removed; the round ends unaggregated (nothing published, its files gone) and the next
+    round trains the same version, which then closes normally."""
+    clock = FakeClock()
+    words = sum(int(np.prod(shape)) for _, shape in server_manifest.layout("base"))
+    options = _options(cohort_size=6, target_clients=6, secagg_neighbours=4, secagg_threshold=3)
+    with InProcessServer(server_artifacts, tmp_path / "data", clock=clock, **options) as server:
+        devices = [enroll(server.http) for _ in range(6)]
+        deltas, samples = _chosen_deltas(devices, words, 1.0, np.random.default_rng(5))
+        dropped = {d for d, _ in devices[2:]}  # 2 survivors: no dropped device keeps 3 neighbours
+        n, secagg = _play_round(server, clock, devices, dropped, deltas, samples)
+        assert (secagg["neighbours"], secagg["threshold"]) == (4, 3)
+        assert round_info(server.http, n)["state"] == "abandoned"
+        failed = [json.loads(r.message) for r in caplog.records if "secure_round_failed" in r.message]
+        assert len(failed) == 1 and "need 3" in failed[0]["reason"], failed
+        assert server.http.get("/v1/models/1/base", headers=admin()).status_code == 404  # nothing half-applied
+        assert not list((tmp_path / "data" / "updates").rglob("*.masked"))
+        nxt = round_info(server.http, n + 1)
+        assert nxt["state"] == "open" and nxt["model_version"] == 0, nxt
+        n2, _ = _play_round(server, clock, devices, set(), deltas, samples)
+        assert n2 == n + 1 and round_info(server.http, n2)["state"] == "closed"
+        before, after = _flat(_base(server, 0), server_manifest), _flat(_base(server, 1), server_manifest)
+    w = {d: min(samples[d], 1000) for d, _ in devices}
+    fedavg = before + sum(w[d] * deltas[d] for d in w) / sum(w.values())
+    assert np.max(np.abs(after - fedavg)) <= 1e-6
 
 
 JSONISH = st.recursive(
@@ -250,6 +304,9 @@ def test_dp_inside_a_secure_round_noises_the_unmasked_sum_over_the_expected_coho
                       json={"shares": {m: _b64(v) for m, v in answer.items()}})  # fmt: skip
         assert server.state is not None
         server.state.rounds.tick()
+        assert round_info(http, 1)["state"] == "open"  # unmasked, but a DP round is published at its deadline
+        clock.now += STAGE
+        server.state.rounds.tick()
         assert round_info(http, 1)["state"] == "closed"
         before, after = _flat(_base(server, 0), server_manifest), _flat(_base(server, 1), server_manifest)
         expected = before + sum(deltas.values()) / 6  # the expected cohort, not the 5 that reported
@@ -300,19 +357,22 @@ def test_a_secure_round_survives_restarts_between_its_stages(
     words = sum(int(np.prod(shape)) for _, shape in server_manifest.layout("base"))
     rng = np.random.default_rng(11)
     deltas = {d: (lambda v: v * (0.5 / np.linalg.norm(v)))(rng.normal(size=words)) for d in sessions}
+    sent: dict[str, bytes] = {}
     with server() as s:  # restarted: the shares are relayed from what was stored
         for d, ds in sessions.items():
             shares = s.http.get("/v1/rounds/1/secagg/shares", headers=headers_of[d]).json()["shares"]
             ds.receive_shares({m: base64.b64decode(c) for m, c in shares.items()})
-            masked = ds.masked_input(fixed.encode(deltas[d], 50))
+            sent[d] = ds.masked_input(fixed.encode(deltas[d], 50)).astype("<u4").tobytes()
             r = s.http.post("/v1/rounds/1/secagg/masked", headers={**headers_of[d], "Content-Type": "application/octet-stream"},
-                            content=masked.astype("<u4").tobytes())  # fmt: skip
+                            content=sent[d])  # fmt: skip
             assert r.status_code == 202, r.text
     with server() as s:  # restarted again: the running sum is rebuilt from the stored masked inputs
         first = sorted(sessions)[0]
         r = s.http.post("/v1/rounds/1/secagg/masked", headers={**headers_of[first], "Content-Type": "application/octet-stream"},
                         content=bytes(4 * (words + 1)))  # fmt: skip
         assert r.status_code == 409 and r.json()["code"] == ErrorCode.DUPLICATE_UPDATE  # the stored one counts
+        # ... and stays stored: a second, different input must not replace the file the next replay reads.
+        assert (data / "updates" / "r1" / f"{first}.masked").read_bytes() == sent[first]
         for d, ds in sessions.items():
             ask_for = s.http.get("/v1/rounds/1/secagg/unmask", headers=headers_of[d]).json()
             answer = ds.unmask(ask_for["dropped"], ask_for["survivors"])

@@ -63,11 +63,16 @@ async def _post(state: ServerState, request: Request, device_id: str, number: in
     secure = state.rounds.secure
     assert secure is not None
     if stage == "masked":
-        body = await read_small(request, 4 * (secure.words + 2), state.config.upload_timeout)  # floats, flag, weight
+        limit = 4 * (secure.words + 2)  # the floats, a flag word under DP, the weight
+        body = raw = await read_small(request, limit, state.config.upload_timeout)
     else:
-        limit = JSON_LIMIT + PER_DEVICE * state.config.slots
-        body = _canonical(stage, await read_small(request, limit, state.config.upload_timeout))
+        raw = await read_small(request, JSON_LIMIT + PER_DEVICE * state.config.slots, state.config.upload_timeout)
+        body = _canonical(stage, raw)
     await to_thread.run_sync(state.rounds.secure_post, number, device_id, stage, body)
+    if stage == "masked":  # a secure round's update
+        state.metrics.accept(len(raw))
+    else:
+        state.metrics.received(len(raw))
     return SecAggAccepted(round=number, stage=stage)  # type: ignore[arg-type]
 
 
@@ -79,7 +84,9 @@ def _get(state: ServerState, device_id: str, number: int, stage: str) -> Respons
         assert secure is not None
         wait = secure.retry_after(number, state.rounds.clock())
         return Response(status_code=204, headers={Header.RETRY_AFTER: str(wait)})
-    return JSONResponse(payload)
+    response = JSONResponse(payload)
+    state.metrics.sent(len(response.body))
+    return response
 
 
 @router.post(Route.SECAGG_KEYS, status_code=202, response_model=SecAggAccepted, responses=ERRORS)
