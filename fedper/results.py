@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 import math
 from collections import defaultdict
 from dataclasses import asdict, dataclass
@@ -24,6 +23,7 @@ from typing import Any
 
 from fedper.common.atomic_write import atomic_write_text
 from fedper.common.metrics import summarize
+from fedper.run_results import RESULTS_FILE, DemoSummary, RunResults, parse_results
 
 CSV_FIELDS = (
     "algorithm",
@@ -78,6 +78,8 @@ class RunRecorder:
         self.aggregation: dict[str, list[dict[str, Any]]] = defaultdict(list)
         # algorithm -> what DP-FedAvg spent (fedper.common.dp.accountant.PrivacyBudget.to_dict), under --dp
         self.privacy: dict[str, dict[str, Any]] = {}
+        # what `fedper demo` adds for its page (recipes/demo.py)
+        self.demo: DemoSummary | None = None
         self._records: dict[str, list[ClientRecord]] = defaultdict(list)
 
     def add(self, record: ClientRecord) -> None:
@@ -173,8 +175,8 @@ class RunRecorder:
             if not finite:  # no client has a test split
                 continue
             s = summarize(finite)
-            out[name] = {"mean_accuracy": s.mean, "std": s.std,
-                         "per_client": {str(c): a for c, a in enumerate(accuracies)}}  # fmt: skip
+            per_client = {str(c): a if math.isfinite(a) else None for c, a in enumerate(accuracies)}
+            out[name] = {"mean_accuracy": s.mean, "std": s.std, "per_client": per_client}
         return out
 
     def summary(self) -> dict[str, Any]:
@@ -191,12 +193,22 @@ class RunRecorder:
             out["aggregation"] = dict(self.aggregation)
         if self.privacy:
             out["privacy"] = self.privacy
+        if self.demo is not None:
+            out["demo"] = self.demo.model_dump(mode="json", exclude_unset=True)
         return out
 
-    def write(self, out: Path, plots: bool = True) -> None:
+    def results(self) -> RunResults:
+        """The summary as results.json's schema has it; a FedperError if the run produced
+        something its readers could not read (before anything is written)."""
+        return parse_results(self.summary(), "the run's results")
+
+    def write(self, out: Path, plots: bool = True) -> RunResults:
+        """results.json, metrics.csv, then the plots (each file whole or not at all): what the
+        run measured is on disk before anything draws or renders it."""
+        results = self.results()
         out = Path(out)
         out.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(out / "results.json", json.dumps(self.summary(), indent=2) + "\n")
+        atomic_write_text(out / RESULTS_FILE, results.to_json())
         buf = io.StringIO()
         writer = csv.DictWriter(buf, fieldnames=CSV_FIELDS, lineterminator="\n")
         writer.writeheader()
@@ -207,7 +219,8 @@ class RunRecorder:
         if plots:
             from fedper.plots import plot_run
 
-            plot_run(self, out)
+            plot_run(results, out)
+        return results
 
 
 def config_json(config: Any) -> dict[str, Any]:
