@@ -22,10 +22,9 @@ import httpx
 from rich.console import Console
 
 from fedper._recipes.demo_config import DemoConfig
-from fedper._recipes.demo_report import compare, render_report
+from fedper._recipes.demo_report import compare, write_report
 from fedper._recipes.new_users import FINAL_BASE, new_user_curves
 from fedper.checkpoints import read_checkpoint
-from fedper.common.atomic_write import atomic_write_text
 from fedper.common.protocol import Env, Route
 from fedper.data import DataConfig, load_federated
 from fedper.device_runtime.fleet import run_fleet
@@ -35,6 +34,19 @@ from fedper.export.pipeline import ExportConfig, run_export
 from fedper.models import ModelConfig
 from fedper.pretrained import PACKAGED_BASE, PACKAGED_CARD, checkpoint_path
 from fedper.results import RunRecorder, config_json
+from fedper.run_results import (
+    BaseCard,
+    BaseSource,
+    CheckpointBase,
+    DemoSetup,
+    DemoSummary,
+    Export,
+    PretrainedBase,
+    RunResults,
+    ScratchBase,
+    SecureSetup,
+    Traffic,
+)
 from fedper.server.process import ServerProcess
 
 console = Console(stderr=True)
@@ -58,21 +70,50 @@ def _new_user_curves(config: DemoConfig, data: DataConfig, out: Path) -> dict[st
     )  # fmt: skip
 
 
-def base_source(init: Path) -> dict[str, Any]:
+def base_source(init: Path) -> BaseSource:
     """Where the base's version 0 came from, for the report: the packaged base's model card, a
     checkpoint's file and hash, or random weights."""
     path = checkpoint_path(init)
     if path is None:
-        return {"kind": "scratch"}
+        return ScratchBase(kind="scratch")
     checkpoint = read_checkpoint(path, "mobilenet_v1")
-    found: dict[str, Any] = {"kind": "checkpoint", "path": str(path), "sha256": checkpoint.sha256}
-    if path == PACKAGED_BASE:
-        card = json.loads(PACKAGED_CARD.read_text())
-        found.update(kind="pretrained", card=card)
-    return found
+    if path != PACKAGED_BASE:
+        return CheckpointBase(kind="checkpoint", path=str(path), sha256=checkpoint.sha256)
+    card = json.loads(PACKAGED_CARD.read_text())
+    scores = card["pretext"]["held_out_scores"]
+    summary = BaseCard(
+        commit=card["commit"], epochs=card["training"]["epochs"], images=card["data"]["images"],
+        image_size=card["data"]["image_size"], seed=card["training"]["seed"], raters=card["data"]["raters"],
+        looks={k.removeprefix("look."): v for k, v in scores.items() if k.startswith("look.")},
+        category_accuracy=scores["category_accuracy"],
+    )  # fmt: skip
+    return PretrainedBase(kind="pretrained", path=str(path), sha256=checkpoint.sha256, card=summary)
 
 
-def run_demo(config: DemoConfig) -> dict[str, Any]:
+def demo_setup(config: DemoConfig) -> DemoSetup:
+    """What the demo runs, as its page says it."""
+    secure = config.secure
+    dp = config.privacy.dp
+    return DemoSetup(
+        devices=config.devices, rounds=config.rounds, local_epochs=config.training.local_epochs,
+        batch_size=config.training.batch_size, learning_rate=config.training.learning_rate,
+        momentum=config.training.momentum, kp=config.kp, head=config.head, images_per_user=config.images_per_user,
+        engine=config.runtime.engine, workers=config.workers or os.cpu_count() or 1, seed=config.seed, dp=dp,
+        secure=SecureSetup(
+            neighbours=secure.neighbours(config.devices), threshold=secure.threshold(config.devices),
+            clip=None if dp else secure.secagg_clip, weight_cap=1 if dp else secure.secagg_weight_cap,
+        ) if secure.secagg else None,
+    )  # fmt: skip
+
+
+def traffic(up: int, down: int, rounds: int, devices: int) -> Traffic:
+    """A fleet's bytes, and per device per round over the rounds it ran."""
+    per = devices * rounds
+    return Traffic(up=up, down=down, rounds=rounds, up_per_device_round=up / per if per else None,
+                   down_per_device_round=down / per if per else None)  # fmt: skip
+
+
+def run_demo(config: DemoConfig) -> RunResults:
     out = config.out
     out.mkdir(parents=True, exist_ok=True)
     timings: dict[str, float] = {}
@@ -111,7 +152,7 @@ def run_demo(config: DemoConfig) -> dict[str, Any]:
         Env.ENROLLMENT_KEY: secrets.token_urlsafe(24),
     }
     recorder = RunRecorder({"demo": config_json(config), "data": config_json(data)})
-    traffic = {}
+    bytes_counted: dict[str, tuple[int, int]] = {}
     for step, (label, artifacts) in enumerate(
         (("fedper", out / "artifacts"), ("fedavg", out / "artifacts-kp0")), start=2
     ):
@@ -137,10 +178,10 @@ def run_demo(config: DemoConfig) -> dict[str, Any]:
             )
             os.environ[Env.ENROLLMENT_KEY] = keys[Env.ENROLLMENT_KEY]
             run_fleet(fleet, data, keys[Env.ENROLLMENT_KEY], recorder)
-            traffic[label] = {
-                "up": int(server.metric("fedper_bytes_received_total")),
-                "down": int(server.metric("fedper_bytes_sent_total")),
-            }
+            bytes_counted[label] = (
+                int(server.metric("fedper_bytes_received_total")),
+                int(server.metric("fedper_bytes_sent_total")),
+            )
             if config.privacy.dp:  # what the run spent, as the server reports it
                 recorder.privacy[label] = httpx.get(server.url + Route.STATUS, timeout=30).json()["privacy"]
         timings[label] = time.perf_counter() - t
@@ -149,27 +190,26 @@ def run_demo(config: DemoConfig) -> dict[str, Any]:
         console.print(f"[bold]4/4[/] {config.new_users} new users fine-tune FedPer's and FedAvg's final models ...")
         recorder.new_users = _new_user_curves(config, data, out)
         timings["new users"] = time.perf_counter() - t
-    console.print("writing the report ...")
-    recorder.write(out)
     timings["total"] = time.perf_counter() - start
-    summary = {
-        "base": base_source(config.init),
-        "step_ms": step_ms,
-        "timings": timings,
-        "traffic": traffic,
-        "export": {"sizes": exported.sizes, "seconds": exported.seconds["total"]},
-    }
-    results = json.loads((out / "results.json").read_text())
-    summary["comparison"] = compare(results)
-    majority = float(results["baselines"]["majority"]["mean_accuracy"])
-    summary["majority_baseline"] = majority
-    summary["fedper_minus_majority"] = float(results["algorithms"]["fedper"]["final_mean_accuracy"]) - majority
-    results["demo"] = summary
-    atomic_write_text(out / "results.json", json.dumps(results, indent=2) + "\n")
-    atomic_write_text(out / "report.html", render_report(config, results, out))
-    algos = results["algorithms"]
-    console.print(
-        f"FedPer {algos['fedper']['final_mean_accuracy']:.3f} vs FedAvg {algos['fedavg']['final_mean_accuracy']:.3f} "
-        f"mean client accuracy; {timings['total'] / 60:.1f} min; report: {out / 'report.html'}"
+    console.print("writing the results and the report ...")
+    measured = recorder.results()
+    rounds_run = {a: sum(not r.final for r in rows) for a, rows in measured.rounds.items()}
+    majority = measured.baselines.get("majority")
+    fedper = measured.algorithms.get("fedper")
+    recorder.demo = DemoSummary(
+        setup=demo_setup(config),
+        base=base_source(config.init),
+        step_ms=step_ms,
+        timings=timings,
+        traffic={a: traffic(up, down, rounds_run.get(a, 0), config.devices) for a, (up, down) in bytes_counted.items()},
+        export=Export(sizes=exported.sizes, seconds=exported.seconds["total"]),
+        comparison=compare(measured),
+        majority_baseline=majority.mean_accuracy if majority else None,
+        fedper_minus_majority=fedper.final_mean_accuracy - majority.mean_accuracy if majority and fedper else None,
     )
+    results = recorder.write(out)  # results.json, metrics.csv and the plots, before the page
+    report = write_report(out)
+    finals = " vs ".join(f"{a} {s.final_mean_accuracy:.3f}" for a, s in results.algorithms.items())
+    console.print(f"{finals or 'no fleet recorded a round'} mean client accuracy; {timings['total'] / 60:.1f} min; "
+                  f"report: {report}")  # fmt: skip
     return results

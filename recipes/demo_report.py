@@ -1,189 +1,181 @@
-"""The demo's report: FedPer against FedAvg per device, and the self-contained HTML page."""
+"""The demo's report: FedPer against FedAvg per device, and the self-contained HTML page.
+
+The page is drawn from the run's ``results.json`` alone (and the plots beside it), so ``fedper
+report RUN_DIR`` draws it again from a finished run. Every number on it is a value of the
+results, shown in an HTML ``<data>`` element whose ``value`` is the number exactly as stored;
+the page renders whatever a run can hold (an algorithm that did not run, a point with one
+user, no baselines, a fleet that stopped early).
+"""
 
 from __future__ import annotations
 
 import base64
 import html
-import os
 import statistics
 import string
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
-from fedper._recipes.demo_config import DemoConfig
 from fedper.baselines import DESCRIPTIONS
+from fedper.common.atomic_write import atomic_write_text
 from fedper.common.errors import FedperError
-from fedper.plots import NEW_USERS_PLOT
+from fedper.plots import ACCURACY_PLOT, CLIENT_PLOT, NEW_USERS_PLOT, plot_run
+from fedper.run_results import (
+    AlgorithmSummary,
+    BaseSource,
+    CheckpointBase,
+    Comparison,
+    DemoSummary,
+    Environment,
+    NewUsers,
+    PrivacySummary,
+    RunResults,
+    ScratchBase,
+    SecureSetup,
+    load_results,
+)
+
+REPORT_FILE = "report.html"
+PAIR = ("fedper", "fedavg")
 
 
-def compare(results: dict[str, Any]) -> dict[str, float]:
+def compare(results: RunResults) -> Comparison | None:
     """FedPer vs FedAvg per device (same users, same test photos): the paired difference of the
-    final accuracies (after the last round) with its standard error, devices won, and both
-    ``last5_mean_accuracy`` (each device's mean over the last 5 evaluation points, averaged)."""
-    algos = results["algorithms"]
-    missing = [a for a in ("fedper", "fedavg") if a not in algos]
-    if missing:
-        raise FedperError(f"the {' and '.join(missing)} fleet recorded no round: see its server log in the output")
-    fp, fa = algos["fedper"]["final_per_client"], algos["fedavg"]["final_per_client"]
+    final accuracies (after the last round) with its standard error, devices won and lost, and
+    both ``last5_mean_accuracy``; None when either fleet recorded no round."""
+    algos = results.algorithms
+    if any(a not in algos for a in PAIR):
+        return None
+    fp, fa = algos["fedper"].final_per_client, algos["fedavg"].final_per_client
     diffs = [fp[c] - fa[c] for c in fp if c in fa]
-    se = statistics.stdev(diffs) / len(diffs) ** 0.5 if len(diffs) > 1 else float("nan")
-    return {
-        "difference": float(statistics.fmean(diffs)),
-        "standard_error": se,
-        "devices_won": float(sum(d > 0 for d in diffs)),
-        "devices_lost": float(sum(d < 0 for d in diffs)),
-        "devices": float(len(diffs)),
-        "fedper_last_rounds": float(algos["fedper"]["last5_mean_accuracy"]),
-        "fedavg_last_rounds": float(algos["fedavg"]["last5_mean_accuracy"]),
-        "last_rounds": float(len(algos["fedper"]["last5_rounds"])),
-    }
-
-
-def _against_baselines(fedper: float, baselines: dict[str, Any]) -> str:
-    """What this run's own baselines say about FedPer's number (nothing pasted from docs)."""
-    if "majority" not in baselines:
-        return ""
-    majority = baselines["majority"]["mean_accuracy"]
-    side = "above" if fedper > majority else "not above"
-    text = (
-        f" On the same devices' test photos, predicting each device's most common rating scores {majority:.3f}: "
-        f"FedPer is {side} it ({100 * (fedper - majority):+.1f} points)"
+    return Comparison(
+        devices=len(diffs),
+        difference=statistics.fmean(diffs) if diffs else None,
+        standard_error=statistics.stdev(diffs) / len(diffs) ** 0.5 if len(diffs) > 1 else None,
+        devices_won=sum(d > 0 for d in diffs),
+        devices_lost=sum(d < 0 for d in diffs),
+        fedper_last_rounds=algos["fedper"].last5_mean_accuracy,
+        fedavg_last_rounds=algos["fedavg"].last5_mean_accuracy,
+        last_rounds=len(algos["fedper"].last5_rounds),
     )
-    if "per_client_features" in baselines:
-        ceiling = baselines["per_client_features"]["mean_accuracy"]
-        text += f"; a per-device model on the generator's own features, the ceiling, scores {ceiling:.3f}"
+
+
+def num(value: float | None, spec: str = ".3f", scale: int = 1) -> str:
+    """A number of the results as the page shows it: its text formatted, its exact value in the
+    element (``scale``: 100 for percentage points); "-" for a value the run does not have."""
+    if value is None:
+        return "-"
+    return f'<data value="{value!r}">{format(value * scale, spec)}</data>'
+
+
+def esc(text: str) -> str:
+    return html.escape(text)
+
+
+def _missing_fleets(results: RunResults) -> str:
+    missing = [a for a in PAIR if a not in results.algorithms]
+    logs = " and ".join(f"server-{a}.log" for a in missing)
+    return (
+        f"The {' and '.join(missing)} fleet recorded no round, so there is no comparison: see {logs} in this "
+        "directory. "
+    )
+
+
+def _meaning(results: RunResults, demo: DemoSummary) -> str:
+    """The page's first paragraph: what this run's numbers say, and how sure they are."""
+    c = demo.comparison
+    if c is None:
+        text = _missing_fleets(results)
+    elif c.difference is None:
+        text = "No device was evaluated at the end by both fleets, so there is no paired comparison. "
+    else:
+        setup = demo.setup
+        budget = (
+            f"with {num(setup.rounds, 'd')} rounds of {num(setup.local_epochs, 'd')} local epochs on "
+            f"{num(setup.images_per_user[0], 'd')}-{num(setup.images_per_user[1], 'd')} photos per user, personal "
+            "heads have had little data and time to learn each taste, and each device's test split is a few dozen "
+            "photos (one photo moves its accuracy by several points). "
+        )
+        fl, al = c.fedper_last_rounds, c.fedavg_last_rounds
+        ahead = c.difference > 0 and (fl is None or al is None or fl > al)
+        sure = c.standard_error is not None and c.difference > 2 * c.standard_error
+        if ahead and sure:
+            text = (
+                f"FedPer's personal heads beat one global model by {num(c.difference, '+.1f', 100)} points of device "
+                "accuracy: users disagree about what makes a good photo, and a shared feature extractor with a "
+                "personal head follows each user's taste, as in the FedPer paper's FLICKR-AES result. "
+            )
+        elif ahead:
+            text = (
+                f"FedPer is ahead of FedAvg, as in the FedPer paper's FLICKR-AES result, but not conclusively: {budget}"
+            )
+        else:
+            text = f"FedPer did not beat FedAvg in this run: {budget}"
+        spread = (
+            f"± {num(c.standard_error, '.1f', 100)} points (standard error over {num(c.devices, 'd')} devices)"
+            if c.standard_error is not None
+            else f"(one device: no spread; {num(c.devices, 'd')} device in common)"
+        )
+        text += (
+            f"Per device (same users, same test photos), FedPer minus FedAvg is {num(c.difference, '+.1f', 100)} "
+            f"{spread}; FedPer wins on {num(c.devices_won, 'd')} devices and loses on {num(c.devices_lost, 'd')}. "
+        )
+        if c.fedper_last_rounds is not None and c.fedavg_last_rounds is not None:
+            text += (
+                f"Each device's mean over the last {num(c.last_rounds, 'd')} evaluation points, averaged over "
+                f"devices: FedPer {num(c.fedper_last_rounds)}, FedAvg {num(c.fedavg_last_rounds)}. "
+            )
+    return text + _against_baselines(results)
+
+
+def _against_baselines(results: RunResults) -> str:
+    """What this run's own baselines say about FedPer's number (nothing pasted from docs)."""
+    majority, fedper = results.baselines.get("majority"), results.algorithms.get("fedper")
+    if majority is None or fedper is None:
+        return ""
+    gap = fedper.final_mean_accuracy - majority.mean_accuracy
+    side = "above" if gap > 0 else "not above"
+    text = (
+        f"On the same devices' test photos, predicting each device's most common rating scores "
+        f"{num(majority.mean_accuracy)}: FedPer's {num(fedper.final_mean_accuracy)} is {side} it"
+    )
+    ceiling = results.baselines.get("per_client_features")
+    if ceiling is not None:
+        text += (
+            f"; a per-device model on the generator's own features, the ceiling, scores {num(ceiling.mean_accuracy)}"
+        )
     return text + "."
 
 
-def _new_users_section(new_users: dict[str, Any] | None, img: Callable[[str], str]) -> str:
-    """New users' accuracy against their number of rated photos, as a plot and a table."""
-    if not new_users:
-        return ""
-    curves = new_users["curves"]
-    head = "".join(f"<th>{html.escape(name)}</th>" for name in curves)
-    rows = ""
-    for n in new_users["sizes"]:
-        cells = []
-        for curve in curves.values():
-            point = curve.get(str(n))
-            cells.append(
-                f"<td>{point['mean']:.3f} ± {point['se']:.3f}</td>" if point and point["users"] else "<td>-</td>"
-            )
-        users = max((c.get(str(n), {}).get("users", 0) for c in curves.values()), default=0)
-        rows += f"<tr><td>{n}</td><td>{users}</td>{''.join(cells)}</tr>"
-    return (
-        f"<h2>New users: how many ratings until the phone knows my taste?</h2><p>{len(new_users['users'])} users "
-        "who never joined a fleet get each final model and train on their first N rated photos "
-        f"({new_users['steps']} SGD steps whatever N); accuracy on their own test photos, mean ± standard error "
-        f'over users ("head": only the personal layers train; a fresh head first predicts the user\'s '
-        f"own most frequent rating, set from those N ratings).</p>{img(NEW_USERS_PLOT)}"
-        f"<table><tr><th>N photos</th><th>users</th>{head}</tr>{rows}</table>"
-    )
+def _result_rows(results: RunResults) -> str:
+    def row(name: str, a: AlgorithmSummary) -> str:
+        cells = (num(a.final_mean_accuracy), num(a.final_weighted_mean_accuracy), num(a.final_std),
+                 num(a.last5_mean_accuracy), num(a.last5_std))  # fmt: skip
+        return f"<tr><td>{esc(name)}</td>{''.join(f'<td>{c}</td>' for c in cells)}<td>{esc(a.final_point)}</td></tr>"
 
-
-def render_report(config: DemoConfig, results: dict[str, Any], out: Path) -> str:
-    algos = results["algorithms"]
-    demo = results["demo"]
-    fp, fa = algos["fedper"]["final_mean_accuracy"], algos["fedavg"]["final_mean_accuracy"]
-    c = demo["comparison"]
-    evidence = (
-        f"Per device (same users, same test photos), FedPer minus FedAvg is {100 * c['difference']:+.1f} "
-        f"± {100 * c['standard_error']:.1f} points (standard error over {c['devices']:.0f} devices); FedPer wins on "
-        f"{c['devices_won']:.0f} devices and loses on {c['devices_lost']:.0f}. Each device's mean over the last "
-        f"{c['last_rounds']:.0f} evaluation points, averaged over devices: FedPer {c['fedper_last_rounds']:.3f}, "
-        f"FedAvg {c['fedavg_last_rounds']:.3f}."
-    )
-    start = "from the pretrained base" if demo["base"]["kind"] == "pretrained" else "from " + demo["base"]["kind"]
-    budget = (
-        f"with {config.rounds} rounds of {config.training.local_epochs} local epochs {start} on "
-        f"{config.images_per_user[0]}-{config.images_per_user[1]} photos per user, personal heads have had little "
-        "data and time to learn each taste, and each device's test split is a few dozen photos (one photo moves "
-        "its accuracy by several points). "
-    )
-    ahead = c["difference"] > 0 and c["fedper_last_rounds"] > c["fedavg_last_rounds"]
-    if ahead and c["difference"] > 2 * c["standard_error"]:
-        meaning = (
-            f"FedPer's personal heads beat one global model by {100 * (fp - fa):.1f} points of mean device "
-            "accuracy: users disagree about what makes a good photo, and a shared feature extractor with a "
-            "personal head follows each user's taste, as in the FedPer paper's FLICKR-AES result. "
-        )
-    elif ahead:
-        meaning = (
-            f"FedPer is ahead of FedAvg ({fp:.3f} vs {fa:.3f}), as in the FedPer paper's FLICKR-AES result, but "
-            f"not conclusively in this run: {budget}"
-        )
-    else:
-        meaning = f"FedPer did not beat FedAvg in this run ({fp:.3f} vs {fa:.3f}): {budget}"
-    meaning += evidence + _against_baselines(fp, results.get("baselines", {}))
-
-    def img(name: str) -> str:
-        data = base64.b64encode((out / name).read_bytes()).decode()
-        return f'<img alt="{name}" src="data:image/png;base64,{data}">'
-
-    rows = "".join(
-        f"<tr><td>{html.escape(a)}</td><td>{r['final_mean_accuracy']:.3f}</td><td>{r['final_weighted_mean_accuracy']:.3f}</td>"
-        f"<td>{r['final_std']:.3f}</td><td>{r['last5_mean_accuracy']:.3f}</td><td>{r['last5_std']:.3f}</td>"
-        f"<td>{html.escape(r['final_point'])}</td></tr>"
-        for a, r in algos.items()
-    )
+    rows = "".join(row(name, a) for name, a in results.algorithms.items())
     rows += "".join(
-        f"<tr><td>baseline: {html.escape(name)} <small>({html.escape(DESCRIPTIONS[name])})</small></td>"
-        f"<td>{b['mean_accuracy']:.3f}</td><td></td><td>{b['std']:.3f}</td><td></td><td></td><td></td></tr>"
-        for name, b in results.get("baselines", {}).items()
+        f"<tr><td>baseline: {esc(name)} <small>({esc(DESCRIPTIONS.get(name, ''))})</small></td>"
+        f"<td>{num(b.mean_accuracy)}</td><td></td><td>{num(b.std)}</td><td></td><td></td><td></td></tr>"
+        for name, b in results.baselines.items()
     )
-    sizes = "".join(f"<tr><td>{html.escape(n)}</td><td>{s:,}</td></tr>" for n, s in demo["export"]["sizes"].items())
-    new_users = _new_users_section(results.get("new_users"), img)
-    rounds_done = {a: sum(not r.get("final") for r in results["rounds"][a]) for a in algos}
-    traffic = ""
-    for a, t in demo["traffic"].items():
-        per = max(1, config.devices * rounds_done[a])
-        traffic += (
-            f"<tr><td>{a}</td><td>{t['down']:,}</td><td>{t['up']:,}</td>"
-            f"<td>{t['down'] / per:,.0f}</td><td>{t['up'] / per:,.0f}</td></tr>"
-        )
-    timings = ", ".join(f"{html.escape(k)} {v:.0f} s" for k, v in demo["timings"].items())
-    page = string.Template((Path(__file__).parent / "report_template.html").read_text())
-    return page.substitute(
-        meaning=html.escape(meaning),
-        rows=rows,
-        privacy=_privacy_section(results.get("privacy")) + _secure_section(config),
-        accuracy_plot=img("accuracy_per_round.png"),
-        client_plot=img("final_accuracy_per_client.png"),
-        new_users=new_users,
-        base=_base_section(demo["base"]),
-        kp=config.kp,
-        head=html.escape(config.head),
-        devices=config.devices,
-        images_per_user=f"{config.images_per_user[0]}-{config.images_per_user[1]}",
-        engine=html.escape(config.runtime.engine),
-        workers=config.workers or os.cpu_count(),
-        rounds=config.rounds,
-        local_epochs=config.training.local_epochs,
-        learning_rate=config.training.learning_rate,
-        momentum=config.training.momentum,
-        batch_size=config.training.batch_size,
-        seed=config.seed,
-        environment=html.escape(_environment(results.get("environment"))),
-        step_ms=f"{demo['step_ms']:.0f}",
-        timings=timings,
-        sizes=sizes,
-        traffic=traffic,
-    )
+    return rows
 
 
-def _privacy_section(privacy: dict[str, Any] | None) -> str:
+def _privacy_section(privacy: dict[str, PrivacySummary]) -> str:
     """With --dp: what each fleet's server reported it spent (docs/PRIVACY.md)."""
     if not privacy:
         return ""
 
-    def spent(p: dict[str, Any]) -> str:
-        return "infinite (no noise)" if p["epsilon"] is None else format(p["epsilon"], ".3g")
+    def spent(p: PrivacySummary) -> str:
+        return "infinite (no noise)" if p.epsilon is None else num(p.epsilon, ".3g")
+
+    def clip(p: PrivacySummary) -> str:
+        return "" if p.clip_norm is None else f", last clip norm {num(p.clip_norm, '.3g')}"
 
     items = "".join(
-        f"<li>{html.escape(a)}: epsilon {spent(p)} at delta {p['delta']:.3g} after {p['rounds']} noised rounds "
-        f"(noise multiplier {p['noise_multiplier']:g}, each device drawn with probability "
-        f"{p['sampling_probability']:g}, last clip norm {p['clip_norm']:.3g})</li>"
+        f"<li>{esc(a)}: epsilon {spent(p)} at delta {num(p.delta, '.3g')} after {num(p.rounds, 'd')} noised rounds "
+        f"(noise multiplier {num(p.noise_multiplier, 'g')}, each device drawn with probability "
+        f"{num(p.sampling_probability, 'g')}{clip(p)})</li>"
         for a, p in privacy.items()
     )
     return (
@@ -193,52 +185,154 @@ def _privacy_section(privacy: dict[str, Any] | None) -> str:
     )
 
 
-def _secure_section(config: DemoConfig) -> str:
+def _secure_section(secure: SecureSetup | None, devices: int) -> str:
     """With --secagg: what the servers could see of each update (docs/SECAGG.md)."""
-    secure = config.secure
-    if not secure.secagg:
+    if secure is None:
         return ""
-    n = config.devices
-    clip = "the round's DP clip norm" if config.privacy.dp else f"L2 norm {secure.secagg_clip:g}"
+    clip = "the round's DP clip norm" if secure.clip is None else f"L2 norm {num(secure.clip, 'g')}"
     return (
         "<h2>Secure aggregation</h2><p>Both fleets ran SecAgg+: in every round each device clipped its base "
-        f"delta to {clip}, encoded it in fixed point with its weight (min(samples, "
-        f"{1 if config.privacy.dp else secure.secagg_weight_cap})) and masked it with pairwise and self masks; "
-        f"the server learned only the round's sum. With all {n} devices in a round, each shared its secrets with "
-        f"k = {secure.neighbours(n)} others, any t = {secure.threshold(n)} of whom could "
-        "recover them for the unmasking. The personal layers never left the devices either way. The traffic "
-        "table includes the key, share and unmasking messages (docs/SECAGG.md).</p>"
+        f"delta to {clip}, encoded it in fixed point with its weight (min(samples, {num(secure.weight_cap, 'd')})) "
+        "and masked it with pairwise and self masks; the server learned only the round's sum. With all "
+        f"{num(devices, 'd')} devices in a round, each shared its secrets with k = {num(secure.neighbours, 'd')} "
+        f"others, any t = {num(secure.threshold, 'd')} of whom could recover them for the unmasking. The personal "
+        "layers never left the devices either way. The traffic table includes the key, share and unmasking "
+        "messages (docs/SECAGG.md).</p>"
     )
 
 
-def _base_section(base: dict[str, Any]) -> str:
+def _new_users_section(new_users: NewUsers | None, img: str) -> str:
+    """New users' accuracy against their number of rated photos, as a plot and a table."""
+    if new_users is None:
+        return ""
+    curves = new_users.curves
+    head = "".join(f"<th>{esc(name)}</th>" for name in curves)
+    sizes = sorted({int(n) for curve in curves.values() for n in curve} | set(new_users.sizes))
+    rows = ""
+    for n in sizes:
+        cells, users = "", None
+        for curve in curves.values():
+            point = curve.get(str(n))
+            if point is not None and (users is None or point.users > users):
+                users = point.users
+            if point is None or point.mean is None:
+                cells += "<td>-</td>"
+            elif point.se is None:
+                cells += f"<td>{num(point.mean)} (one user)</td>"
+            else:
+                cells += f"<td>{num(point.mean)} ± {num(point.se)}</td>"
+        rows += f"<tr><td>{num(n, 'd')}</td><td>{num(users, 'd')}</td>{cells}</tr>"
+    return (
+        "<h2>New users: how many ratings until the phone knows my taste?</h2><p>Users who never joined a fleet "
+        "(the table counts them at each N) get each final model and train on their first N rated photos "
+        f"({num(new_users.steps, 'd')} SGD steps whatever N); accuracy on their own test photos, mean ± standard "
+        'error over users ("head": only the personal layers train; a fresh head first predicts the user\'s own '
+        f"most frequent rating, set from those N ratings).</p>{img}"
+        f"<table><tr><th>N photos</th><th>users</th>{head}</tr>{rows}</table>"
+    )
+
+
+def _base_section(base: BaseSource) -> str:
     """Where the server's version 0 came from, and what the pretrained base was taught."""
     compare_runs = (
-        "<p>Pretrained against from scratch, FedPer against FedAvg over 3 seeds, and which cues the base carries: "
-        "<code>make results</code> (its tables are in the project's docs). The same fleets from random weights: "
-        "<code>fedper demo --init scratch</code>.</p>"
+        "<p>Pretrained against from scratch, FedPer against FedAvg over several seeds, and which cues the base "
+        "carries: <code>make results</code> (its tables are in the project's docs). The same fleets from random "
+        "weights: <code>fedper demo --init scratch</code>.</p>"
     )
-    if base["kind"] == "scratch":
+    if isinstance(base, ScratchBase):
         return "<p>Random initial weights (<code>--init scratch</code>).</p>" + compare_runs
-    text = f"<p>Checkpoint <code>{html.escape(base['path'])}</code>, sha256 <code>{base['sha256']}</code>; "
-    if base["kind"] != "pretrained":
+    text = f"<p>Checkpoint <code>{esc(base.path)}</code>, sha256 <code>{esc(base.sha256)}</code>; "
+    if isinstance(base, CheckpointBase):
         return text + "the heads start fresh.</p>" + compare_runs
-    card = base["card"]
-    scores = card["pretext"]["held_out_scores"]
-    looks = ", ".join(f"{k.removeprefix('look.')} {v:.2f}" for k, v in scores.items() if k.startswith("look."))
-    data = card["data"]
+    card = base.card
+    looks = ", ".join(f"{esc(k)} {num(v, '.2f')}" for k, v in card.looks.items())
     return (
-        text + f"the base the toolkit ships, made by <code>fedper pretrain</code> at commit {card['commit'][:7]} "
-        f"({card['training']['epochs']} epochs on {data['images']:,} unrated composites at {data['image_size']} px, "
-        f"seed {card['training']['seed']}). Raters: {html.escape(data['raters'])}. It learned to tell what a photo "
-        f"shows: held-out R² of the photographic properties: {html.escape(looks)}; content category accuracy "
-        f"{scores['category_accuracy']:.2f} (chance 0.125). The heads start fresh.</p>" + compare_runs
+        text + f"the base the toolkit ships, made by <code>fedper pretrain</code> at commit {esc(card.commit[:7])} "
+        f"({num(card.epochs, 'd')} epochs on {num(card.images, ',')} unrated composites at "
+        f"{num(card.image_size, 'd')} px, seed {num(card.seed, 'd')}). Raters: {esc(card.raters)}. It learned to "
+        f"tell what a photo shows: held-out R² of the photographic properties: {looks}; content category accuracy "
+        f"{num(card.category_accuracy, '.2f')} (chance: one in eight). The heads start fresh.</p>" + compare_runs
     )
 
 
-def _environment(env: dict[str, Any] | None) -> str:
+def _environment(env: Environment | None) -> str:
     """What computed the floats, in words (fedper.environment)."""
-    if not env:
+    if env is None:
         return "not recorded"
-    return (f"{env['cpu']}, torch {env['torch']}, kernel set {env['cpu_capability']}, "
-            f"{env['torch_threads']} thread(s) per worker")  # fmt: skip
+    return (f"{esc(env.cpu)}, torch {esc(env.torch)}, kernel set {esc(env.cpu_capability)}, "
+            f"{num(env.torch_threads, 'd')} thread(s) per worker")  # fmt: skip
+
+
+def _rounds_run(demo: DemoSummary) -> str:
+    ran = ", ".join(f"{esc(a)} ran {num(t.rounds, 'd')}" for a, t in demo.traffic.items())
+    return f" ({ran})" if ran else ""
+
+
+def render_report(results: RunResults, out: Path) -> str:
+    """The page for a demo run's results, with the plots in ``out`` embedded."""
+    demo = results.demo
+    if demo is None:
+        raise FedperError("these results have no demo part: the page is drawn for `fedper demo` runs")
+    setup = demo.setup
+
+    def img(name: str) -> str:
+        path = out / name
+        if not path.exists():
+            return f"<p>(plot {esc(name)} missing: <code>fedper report {esc(str(out))}</code> draws it)</p>"
+        data = base64.b64encode(path.read_bytes()).decode()
+        return f'<img alt="{name}" src="data:image/png;base64,{data}">'
+
+    traffic = "".join(
+        f"<tr><td>{esc(a)}</td><td>{num(t.down, ',')}</td><td>{num(t.up, ',')}</td>"
+        f"<td>{num(t.down_per_device_round, ',.0f')}</td><td>{num(t.up_per_device_round, ',.0f')}</td></tr>"
+        for a, t in demo.traffic.items()
+    )
+    cohort = (
+        "each device drawn with the DP sampling probability in each round"
+        if setup.dp
+        else "every device in every round it could join"
+    )
+    page = string.Template((Path(__file__).parent / "report_template.html").read_text())
+    return page.substitute(
+        meaning=_meaning(results, demo),
+        rows=_result_rows(results),
+        privacy=_privacy_section(results.privacy) + _secure_section(setup.secure, setup.devices),
+        accuracy_plot=img(ACCURACY_PLOT),
+        client_plot=img(CLIENT_PLOT),
+        new_users=_new_users_section(results.new_users, img(NEW_USERS_PLOT)),
+        base=_base_section(demo.base),
+        kp=num(setup.kp, "d"),
+        head=esc(setup.head),
+        devices=num(setup.devices, "d"),
+        images_per_user=f"{num(setup.images_per_user[0], 'd')}-{num(setup.images_per_user[1], 'd')}",
+        engine=esc(setup.engine),
+        workers=num(setup.workers, "d"),
+        rounds=num(setup.rounds, "d"),
+        rounds_run=_rounds_run(demo),
+        cohort=cohort,
+        local_epochs=num(setup.local_epochs, "d"),
+        learning_rate=num(setup.learning_rate, "g"),
+        momentum=num(setup.momentum, "g"),
+        batch_size=num(setup.batch_size, "d"),
+        seed=num(setup.seed, "d"),
+        environment=_environment(results.environment),
+        step_ms=num(demo.step_ms, ".0f"),
+        timings=", ".join(f"{esc(k)} {num(v, '.0f')} s" for k, v in demo.timings.items()),
+        sizes="".join(f"<tr><td>{esc(n)}</td><td>{num(s, ',')}</td></tr>" for n, s in demo.export.sizes.items()),
+        traffic=traffic,
+    )
+
+
+def write_report(run_dir: Path) -> Path:
+    """``run_dir/report.html`` from the run's results.json, drawing any plot that is missing
+    first; what ``fedper demo`` ends with and ``fedper report`` does again."""
+    run_dir = Path(run_dir)
+    results = load_results(run_dir)
+    if results.demo is None:
+        raise FedperError(f"{run_dir / 'results.json'} has no demo part: the page is drawn for `fedper demo` runs")
+    wanted = [ACCURACY_PLOT, CLIENT_PLOT] + ([NEW_USERS_PLOT] if results.new_users is not None else [])
+    if not all((run_dir / name).exists() for name in wanted):
+        plot_run(results, run_dir)
+    path = run_dir / REPORT_FILE
+    atomic_write_text(path, render_report(results, run_dir))
+    return path
