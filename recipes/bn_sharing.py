@@ -25,7 +25,6 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from fedper._recipes.doc_block import write_block
 from fedper._recipes.results_suite import (
@@ -34,12 +33,13 @@ from fedper._recipes.results_suite import (
     SEEDS,
     SYNTH,
     Experiment,
-    load_results,
     mean_std,
     paired_difference,
     run_one,
+    summary_of,
 )
 from fedper.common.atomic_write import atomic_write_text
+from fedper.run_results import RunResults, load_results, report_number
 
 BEGIN, END = "<!-- bn-sharing:begin (make bn-sharing) -->", "<!-- bn-sharing:end -->"
 MODES = ("shared", "local")
@@ -63,10 +63,11 @@ def run_all(fedper: str, root: Path, seeds: Sequence[int]) -> dict[str, list[Pat
     return {e.name: [run_one(fedper, e, seed, root) for seed in seeds] for e in EXPERIMENTS}
 
 
-def _clipped(runs: list[dict[str, Any]]) -> tuple[int, int]:
+def _clipped(runs: list[RunResults]) -> tuple[int, int]:
     """(updates clipped, updates aggregated) by FedPer's robust aggregation, over rounds and runs."""
-    reports = [r for run in runs for r in run.get("aggregation", {}).get("fedper", [])]
-    return sum(int(r["clipped"]) for r in reports), sum(int(r["updates"]) for r in reports)
+    reports = [r for run in runs for r in run.aggregation.get("fedper", [])]
+    return (int(sum(report_number(r, "clipped") for r in reports)),
+            int(sum(report_number(r, "updates") for r in reports)))  # fmt: skip
 
 
 def table(runs_by_name: dict[str, list[Path]]) -> str:
@@ -87,7 +88,7 @@ def table(runs_by_name: dict[str, list[Path]]) -> str:
         if e.reference:
             shared = [load_results(d) for d in runs_by_name[e.reference]]
             paired = paired_difference(runs, "fedper", "fedper", shared)
-        final = mean_std([r["algorithms"]["fedper"]["final_mean_accuracy"] for r in runs])
+        final = mean_std([summary_of(r, "fedper").final_mean_accuracy for r in runs])
         lines.append(f"| {e.table} | {mode} | {final} | {paired} |")
         clipped, updates = _clipped(runs)
         notes.append(f"{e.table}, {mode}: {clipped} of {updates}")

@@ -20,14 +20,15 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from fedper._recipes.doc_block import write_block
-from fedper._recipes.results_suite import SEEDS, SYNTH, Experiment, load_results, mean_std, run_all
+from fedper._recipes.results_suite import SEEDS, SYNTH, Experiment, mean_std, run_all, summary_of
 from fedper.common.atomic_write import atomic_write_text
 from fedper.common.dp.accountant import smallest_noise_multiplier
+from fedper.common.errors import FedperError
+from fedper.run_results import RunResults, load_results, report_number
 
 BEGIN, END = "<!-- dp:begin (make dp-results) -->", "<!-- dp:end -->"
 USERS, COHORT, ROUNDS = 1000, 100, 20
@@ -59,8 +60,27 @@ def _label(target: float) -> str:
     return "inf" if math.isinf(target) else f"{target:g}"
 
 
-def _finals(run: dict[str, Any], algorithm: str) -> dict[str, float]:
-    return {c: float(a) for c, a in run["algorithms"][algorithm]["final_per_client"].items()}
+def _finals(run: RunResults, algorithm: str) -> dict[str, float]:
+    return summary_of(run, algorithm).final_per_client
+
+
+def _spent(run: RunResults) -> float | None:
+    if "fedper" not in run.privacy:
+        raise FedperError("a run of the DP suite recorded no privacy spent for fedper")
+    return run.privacy["fedper"].epsilon
+
+
+def _last_clip(run: RunResults, algorithm: str) -> float:
+    reports = run.aggregation.get(algorithm)
+    if not reports:
+        raise FedperError(f"a run of the DP suite has no aggregation report for {algorithm}")
+    return report_number(reports[-1], "clip")
+
+
+def _baseline(run: RunResults, name: str) -> float:
+    if name not in run.baselines:
+        raise FedperError(f"a run of the DP suite has no {name} baseline")
+    return run.baselines[name].mean_accuracy
 
 
 def _paired(pairs: list[float], per_seed: list[float]) -> str:
@@ -87,8 +107,8 @@ def table(runs_by_name: dict[str, list[Path]]) -> str:
     for e, target in zip(experiments(), TARGETS, strict=True):
         runs = [load_results(d) for d in runs_by_name[e.name]]
         z = float(e.options[-1])
-        spent = runs[0]["privacy"]["fedper"]["epsilon"]
-        accs = {a: mean_std([r["algorithms"][a]["final_mean_accuracy"] for r in runs]) for a in ALGORITHMS}
+        spent = _spent(runs[0])
+        accs = {a: mean_std([summary_of(r, a).final_mean_accuracy for r in runs]) for a in ALGORITHMS}
         gap, gap_seeds, keep, keep_seeds = [], [], [], []
         for run, ref in zip(runs, reference, strict=True):
             fp, fa = _finals(run, "fedper"), _finals(run, "fedavg")
@@ -102,11 +122,11 @@ def table(runs_by_name: dict[str, list[Path]]) -> str:
         shown = "∞" if math.isinf(target) else f"{target:g}"
         eps = "∞" if spent is None else f"{spent:.2f}"
         vs_inf = "-" if math.isinf(target) else _paired(keep, keep_seeds)
-        clips = " / ".join(f"{np.mean([r['aggregation'][a][-1]['clip'] for r in runs]):.3g}" for a in ALGORITHMS)
+        clips = " / ".join(f"{np.mean([_last_clip(r, a) for r in runs]):.3g}" for a in ALGORITHMS)
         lines.append(f"| {shown} | {z:g} | {eps} | {clips} | {accs['fedper']} | {accs['fedavg']} "
                      f"| {_paired(gap, gap_seeds)} | {vs_inf} |")  # fmt: skip
-    majority = mean_std([r["baselines"]["majority"]["mean_accuracy"] for r in reference])
-    ceiling = mean_std([r["baselines"]["per_client_features"]["mean_accuracy"] for r in reference])
+    majority = mean_std([_baseline(r, "majority") for r in reference])
+    ceiling = mean_std([_baseline(r, "per_client_features") for r in reference])
     lines += ["", f"On the same clients: each client's majority rating {majority}; a logistic regression per client "
               f"on the generator's features (the ceiling) {ceiling}."]  # fmt: skip
     return "\n".join(lines) + "\n"

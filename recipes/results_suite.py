@@ -31,6 +31,7 @@ from fedper._recipes.doc_block import write_block
 from fedper.common.atomic_write import atomic_write_text
 from fedper.common.errors import FedperError
 from fedper.pretrained import PACKAGED_BASE
+from fedper.run_results import RESULTS_FILE, AlgorithmSummary, RunResults, load_results
 
 SEEDS = (0, 1, 2)
 BEGIN, END = "<!-- results:begin (make results) -->", "<!-- results:end -->"
@@ -78,7 +79,7 @@ def run_one(fedper: str, experiment: Experiment, seed: int, root: Path) -> Path:
     out = root / f"{experiment.name}-seed{seed}"
     command = _command(fedper, experiment, seed, out)
     stamp = out / "command.json"
-    if (out / "results.json").exists() and stamp.exists() and json.loads(stamp.read_text()) == command[1:]:
+    if (out / RESULTS_FILE).exists() and stamp.exists() and json.loads(stamp.read_text()) == command[1:]:
         return out
     out.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
@@ -105,21 +106,27 @@ def run_all(
     return out
 
 
-def load_results(run_dir: Path) -> dict[str, Any]:
-    results: dict[str, Any] = json.loads((run_dir / "results.json").read_text())
-    return results
+def mean_std(values: Sequence[float | None]) -> str:
+    """Mean ± population std over runs; "-" if a run lacks the number (a file written before it existed)."""
+    known = [v for v in values if v is not None]
+    if not known or len(known) < len(values):
+        return "-"
+    return f"{np.mean(known):.3f} ± {np.std(known):.3f}"
 
 
-def mean_std(values: Sequence[float]) -> str:
-    return f"{np.mean(values):.3f} ± {np.std(values):.3f}"
+def summary_of(run: RunResults, algorithm: str) -> AlgorithmSummary:
+    """A run's algorithm, or a clear error: a table must not leave a run out silently."""
+    if algorithm not in run.algorithms:
+        raise FedperError(f"a run of the suite has no {algorithm!r} results (it has {', '.join(run.algorithms)})")
+    return run.algorithms[algorithm]
 
 
-def paired_difference(runs: list[dict[str, Any]], a: str, b: str, against: list[dict[str, Any]] | None = None) -> str:
+def paired_difference(runs: list[RunResults], a: str, b: str, against: list[RunResults] | None = None) -> str:
     """Per-client final differences a - b pooled over seeds: mean ± standard error (n pairs); b
     from ``against`` (runs of another experiment on the same splits, same seed order) if given."""
     diffs = []
     for r, other in zip(runs, against or runs, strict=True):
-        pa, pb = r["algorithms"][a]["final_per_client"], other["algorithms"][b]["final_per_client"]
+        pa, pb = summary_of(r, a).final_per_client, summary_of(other, b).final_per_client
         diffs += [pa[c] - pb[c] for c in pa if c in pb]
     if len(diffs) < 2:
         return "-"
@@ -139,13 +146,15 @@ def tables(runs_by_name: dict[str, list[Path]]) -> str:
             "last-5 mean | client std | paired difference per client (mean ± SE) |",
             "|---|---|---|---|---|---|---|---|---|---|",
         ]
-        baselines: dict[str, list[float]] = {}
+        baselines: dict[str, list[float | None]] = {}
         for experiment in (e for e in EXPERIMENTS if e.table == table):
             runs = [load_results(d) for d in runs_by_name[experiment.name]]
-            sim = runs[0]["config"]["simulation"]
-            algorithms = list(runs[0]["algorithms"])
+            sim = runs[0].config.get("simulation")
+            if not isinstance(sim, dict):
+                raise FedperError(f"{runs_by_name[experiment.name][0]}/results.json is not a simulation's run")
+            algorithms = list(runs[0].algorithms)
             for algorithm in algorithms:
-                finals = [r["algorithms"][algorithm] for r in runs]
+                finals = [summary_of(r, algorithm) for r in runs]
                 kp = {"fedper": sim["kp"], "fedavg": 0}.get(algorithm, "-")
                 others = [o for o in algorithms if o != algorithm] if algorithm == "fedper" else []
                 paired = "; ".join(f"vs {o}: {paired_difference(runs, algorithm, o)}" for o in others)
@@ -157,52 +166,60 @@ def tables(runs_by_name: dict[str, list[Path]]) -> str:
                 lines.append(
                     f"| {experiment.name} | {algorithm} | {kp} | {sim['base']} | {sim.get('head', 'softmax')} | "
                     f"{sim.get('init') or 'scratch'} | "
-                    f"{mean_std([f['final_mean_accuracy'] for f in finals])} | "
-                    f"{mean_std([f['last5_mean_accuracy'] for f in finals])} | "
-                    f"{np.mean([f['final_std'] for f in finals]):.3f} | {paired} |"
+                    f"{mean_std([f.final_mean_accuracy for f in finals])} | "
+                    f"{mean_std([f.last5_mean_accuracy for f in finals])} | "
+                    f"{np.mean([f.final_std for f in finals]):.3f} | {paired} |"
                 )
-            if not baselines:
-                for name in runs[0].get("baselines", {}):
-                    baselines[name] = [r["baselines"][name]["mean_accuracy"] for r in runs]
+            if not baselines:  # the same splits in every experiment of a table: the first one's
+                for name in runs[0].baselines:
+                    baselines[name] = [r.baselines[name].mean_accuracy if name in r.baselines else None for r in runs]
         for name, values in baselines.items():
             lines.append(f"| same splits | baseline: {name} | - | - | - | - | {mean_std(values)} | - | - | - |")
         lines.append("")
     return "\n".join(lines)
 
 
+def _mean_se(values: list[float], spec: str = ".3f") -> str:
+    """Mean ± standard error; one value has no spread, none is "-"."""
+    if not values:
+        return "-"
+    if len(values) == 1:
+        return f"{format(values[0], spec)} (one user)"
+    se = float(np.std(values, ddof=1)) / math.sqrt(len(values))
+    return f"{format(float(np.mean(values)), spec)} ± {se:.3f}"
+
+
 def new_users_table(runs: list[Path]) -> str:
     """New users' accuracy against N per variant, users of every seed pooled: mean ± SE (users);
     and FedPer's base with a fresh head against the majority of the user's N ratings, paired."""
-    found = [load_results(d)["new_users"] for d in runs if "new_users" in load_results(d)]
+    found = [n for n in (load_results(d).new_users for d in runs) if n is not None]
     if not found:
         return ""
-    variants = list(found[0]["curves"])
+    variants = list(found[0].curves)
     paired = ("fedper: head", "majority of N")
     lines = [
-        f"**new users** (`--holdout-clients`, {len(found[0]['users'])} per seed, seeds pooled; "
-        f"{found[0]['steps']} SGD steps at every N)",
+        f"**new users** (`--holdout-clients`, {len(found[0].users)} per seed, seeds pooled; "
+        f"{found[0].steps} SGD steps at every N)",
         "",
         "| N photos | users | " + " | ".join(variants) + " | fedper: head − majority of N (paired) |",
         "|---|---|" + "---|" * (len(variants) + 1),
     ]
 
     def per_user(variant: str, n: int) -> list[tuple[int, str, float]]:
-        return [(k, u, v) for k, nu in enumerate(found)
-                for u, v in nu["curves"][variant].get(str(n), {}).get("per_user", {}).items()]  # fmt: skip
+        points = [(k, nu.curves.get(variant, {}).get(str(n))) for k, nu in enumerate(found)]
+        return [(k, u, v) for k, p in points if p is not None for u, v in p.per_user.items()]
 
-    for n in found[0]["sizes"]:
+    for n in found[0].sizes:
         cells, users = [], 0
         for variant in variants:
             values = [v for _, _, v in per_user(variant, n)]
             users = max(users, len(values))
-            se = float(np.std(values, ddof=1)) / math.sqrt(len(values)) if len(values) > 1 else float("nan")
-            cells.append(f"{np.mean(values):.3f} ± {se:.3f}" if values else "-")
+            cells.append(_mean_se(values))
         if all(p in variants for p in paired):
             other = {(k, u): v for k, u, v in per_user(paired[1], n)}
             diffs = np.array([v - other[(k, u)] for k, u, v in per_user(paired[0], n) if (k, u) in other])
-            se = float(np.std(diffs, ddof=1)) / math.sqrt(len(diffs)) if len(diffs) > 1 else float("nan")
             won, lost = int((diffs > 0).sum()), int((diffs < 0).sum())
-            cells.append(f"{diffs.mean():+.3f} ± {se:.3f} ({won} won / {lost} lost)" if len(diffs) else "-")
+            cells.append(f"{_mean_se(list(diffs), '+.3f')} ({won} won / {lost} lost)" if len(diffs) else "-")
         else:
             cells.append("-")
         lines.append(f"| {n} | {users} | " + " | ".join(cells) + " |")

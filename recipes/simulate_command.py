@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import argparse
 import time
-from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -17,6 +17,7 @@ from fedper.common.config_cli import add_command
 from fedper.common.dp.accountant import PrivacyBudget
 from fedper.data import DataConfig
 from fedper.models import ModelConfig
+from fedper.run_results import CurvePoint, NewUsers, PrivacySummary, RunResults
 
 console = Console(stderr=True)
 
@@ -92,67 +93,70 @@ def simulate(args: argparse.Namespace) -> int:
             bar.update(tasks[task], completed=done)
 
         recorder = run(sim, data, progress, before_training)
-    table = Table(
-        title=f"{data.dataset}, {len(recorder.config['clients_train_samples'])} clients, "
-        f"partition {recorder.config['partition']}, kp={sim.kp}"
-    )
-    columns = ["algorithm", "final mean acc", "weighted", "std", "last-5 mean", "last-5 std", "final at"]
-    private = bool(recorder.privacy)
-    if private:
-        columns.append("epsilon")
-    for col in columns:
-        table.add_column(col, justify="right" if col != "algorithm" else "left")
-    for a in recorder.algorithms:
-        f = recorder.final(a)
-        row = [
-            a,
-            f"{f['final_mean_accuracy']:.4f}",
-            f"{f['final_weighted_mean_accuracy']:.4f}",
-            f"{f['final_std']:.4f}",
-            f"{f['last5_mean_accuracy']:.4f}",
-            f"{f['last5_std']:.4f}",
-            f["final_point"],
-        ]
-        if private:
-            row.append(_epsilon_cell(recorder.privacy.get(a)))
-        table.add_row(*row)
-    for name, b in recorder.baseline_summary().items():
-        row = [f"[dim]baseline: {name}[/]", f"{b['mean_accuracy']:.4f}", "", f"{b['std']:.4f}", "", "", ""]
-        table.add_row(*row, *([""] if private else []))
-    Console().print(table)
-    if recorder.new_users:
-        Console().print(new_users_table(recorder.new_users))
+    results = recorder.results()
+    title = f"{data.dataset}, {len(recorder.config['clients_train_samples'])} clients, " \
+        f"partition {recorder.config['partition']}, kp={sim.kp}"  # fmt: skip
+    Console().print(run_table(results, title))
+    if results.new_users is not None:
+        Console().print(new_users_table(results.new_users))
     console.print(f"wrote {sim.out}/results.json, metrics.csv, plots ({time.perf_counter() - start:.0f} s)")
     return 0
 
 
-def _epsilon_cell(spent: dict[str, Any] | None) -> str:
-    """epsilon at delta; "none shared" for local training, "inf" without noise."""
-    if spent is None:
-        return "none shared"
-    value = "inf" if spent["epsilon"] is None else f"{spent['epsilon']:.3g}"
-    stopped = f", stopped before round {spent['stopped_before_round']}" if spent["stopped_before_round"] else ""
-    return f"{value} (delta {spent['delta']:.2g}{stopped})"
+def _value(value: float | None) -> str:
+    return "-" if value is None else f"{value:.4f}"
 
 
-def new_users_table(new_users: dict[str, Any]) -> Table:
-    """One row per N (with the number of users whose pool has N photos), one column per variant:
-    mean accuracy ± standard error across those users."""
-    curves = new_users["curves"]
-    table = Table(
-        title=f"{len(new_users['users'])} new users: accuracy after {new_users['steps']} SGD steps "
-        "on their first N photos (mean ± s.e.)"
-    )
-    table.add_column("N", justify="right")
-    table.add_column("users", justify="right")
-    for name in curves:
-        table.add_column(name, justify="right")
-    for n, first in next(iter(curves.values())).items():
-        table.add_row(n, str(first["users"]), *(_cell(curve[n]) for curve in curves.values()))
+def run_table(results: RunResults, title: str) -> Table:
+    """One row per algorithm (its final point, the last-5 mean), then the baselines; with an
+    epsilon column when the run was private."""
+    table = Table(title=title)
+    columns = ["algorithm", "final mean acc", "weighted", "std", "last-5 mean", "last-5 std", "final at"]
+    private = bool(results.privacy)
+    if private:
+        columns.append("epsilon")
+    for col in columns:
+        table.add_column(col, justify="right" if col != "algorithm" else "left")
+    for a, f in results.algorithms.items():
+        row = [escape(a), _value(f.final_mean_accuracy), _value(f.final_weighted_mean_accuracy), _value(f.final_std),
+               _value(f.last5_mean_accuracy), _value(f.last5_std), escape(f.final_point)]  # fmt: skip
+        if private:
+            row.append(_epsilon_cell(results.privacy.get(a)))
+        table.add_row(*row)
+    for name, b in results.baselines.items():
+        row = [f"[dim]baseline: {escape(name)}[/]", _value(b.mean_accuracy), "", _value(b.std), "", "", ""]
+        table.add_row(*row, *([""] if private else []))
     return table
 
 
-def _cell(row: dict[str, Any]) -> str:
-    if not row["users"]:
+def _epsilon_cell(spent: PrivacySummary | None) -> str:
+    """epsilon at delta; "none shared" for local training, "inf" without noise."""
+    if spent is None:
+        return "none shared"
+    value = "inf" if spent.epsilon is None else f"{spent.epsilon:.3g}"
+    stopped = f", stopped before round {spent.stopped_before_round}" if spent.stopped_before_round else ""
+    return f"{value} (delta {spent.delta:.2g}{stopped})"
+
+
+def new_users_table(new_users: NewUsers) -> Table:
+    """One row per N (with the number of users whose pool has N photos), one column per variant:
+    mean accuracy ± standard error across those users ("-" where none had N)."""
+    curves = new_users.curves
+    table = Table(title=f"{len(new_users.users)} new users: accuracy after {new_users.steps} SGD steps "
+                  "on their first N photos (mean ± s.e.)")  # fmt: skip
+    table.add_column("N", justify="right")
+    table.add_column("users", justify="right")
+    for name in curves:
+        table.add_column(escape(name), justify="right")
+    sizes = sorted({int(n) for curve in curves.values() for n in curve} | set(new_users.sizes))
+    for n in sizes:
+        points = [curve.get(str(n)) for curve in curves.values()]
+        users = max((p.users for p in points if p is not None), default=0)
+        table.add_row(str(n), str(users), *(_cell(p) for p in points))
+    return table
+
+
+def _cell(point: CurvePoint | None) -> str:
+    if point is None or point.mean is None:
         return "-"
-    return f"{row['mean']:.3f}" + (f"\n±{row['se']:.3f}" if row["se"] is not None else "")  # fits 80 columns
+    return f"{point.mean:.3f}" + (f"\n±{point.se:.3f}" if point.se is not None else "\n(one user)")  # fits 80 columns

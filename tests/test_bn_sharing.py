@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -10,19 +9,14 @@ import pytest
 from fedper._recipes import bn_sharing
 from fedper._recipes.bn_sharing import EXPERIMENTS, table, write_into
 from fedper.common.errors import FedperError
+from tests.run_files import write_run
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 
 
 def _fake_run(path: Path, per_client: list[float], clipped: int = 0) -> Path:
-    fedper = {"final_mean_accuracy": sum(per_client) / len(per_client),
-              "final_per_client": {str(c): x for c, x in enumerate(per_client)}}  # fmt: skip
     reports = [{"round": 1, "updates": len(per_client), "clipped": clipped}]
-    path.mkdir(parents=True)
-    (path / "results.json").write_text(
-        json.dumps({"algorithms": {"fedper": fedper}, "aggregation": {"fedper": reports}})
-    )
-    return path
+    return write_run(path, {"fedper": per_client}, aggregation={"fedper": reports})
 
 
 def test_the_experiments_are_each_dataset_under_both_modes_local_paired_with_shared() -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
@@ -13,6 +12,7 @@ from fedper._recipes.doc_block import write_block
 from fedper._recipes.dp_suite import COHORT, ROUNDS, TARGETS, USERS, delta, experiments, noise_for, table
 from fedper.common.dp.accountant import epsilon
 from fedper.common.errors import FedperError
+from tests.run_files import write_run
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 
@@ -40,19 +40,16 @@ def test_the_experiments_are_one_dp_run_of_both_algorithms_per_epsilon_at_the_is
 
 
 def _fake_run(path: Path, fedper: list[float], fedavg: list[float], eps: float | None) -> Path:
-    def algorithm(per_client: list[float]) -> dict[str, object]:
-        return {"final_mean_accuracy": sum(per_client) / len(per_client),
-                "final_per_client": {str(c): x for c, x in enumerate(per_client)}}  # fmt: skip
+    def spent() -> dict[str, object]:
+        return {"epsilon": eps, "delta": delta(), "rounds": ROUNDS, "noise_multiplier": 1.0,
+                "sampling_probability": COHORT / USERS}  # fmt: skip
 
-    path.mkdir(parents=True)
-    results = {
-        "algorithms": {"fedper": algorithm(fedper), "fedavg": algorithm(fedavg)},
-        "aggregation": {"fedper": [{"round": 1, "clip": 0.5}], "fedavg": [{"round": 1, "clip": 2.0}]},
-        "privacy": {"fedper": {"epsilon": eps}, "fedavg": {"epsilon": eps}},
-        "baselines": {"majority": {"mean_accuracy": 0.3}, "per_client_features": {"mean_accuracy": 0.4}},
-    }
-    (path / "results.json").write_text(json.dumps(results))
-    return path
+    return write_run(
+        path, {"fedper": fedper, "fedavg": fedavg},
+        baselines={"majority": [0.3, 0.3], "per_client_features": [0.4, 0.4]},
+        aggregation={"fedper": [{"round": 1, "clip": 0.5}], "fedavg": [{"round": 1, "clip": 2.0}]},
+        privacy={"fedper": spent(), "fedavg": spent()},
+    )  # fmt: skip
 
 
 def test_the_table_pairs_clients_across_algorithms_and_against_the_noiseless_run(tmp_path: Path) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -10,26 +9,11 @@ import pytest
 from fedper._recipes import results_suite
 from fedper._recipes.results_suite import EXPERIMENTS, tables, write_into
 from fedper.common.errors import FedperError
+from tests.run_files import write_run
 
 
-def _fake_run(path: Path, per_client: dict[str, list[float]], kp: int = 2) -> Path:
-    algorithms = {
-        a: {
-            "final_mean_accuracy": sum(v) / len(v),
-            "last5_mean_accuracy": sum(v) / len(v) - 0.01,
-            "final_std": 0.1,
-            "final_per_client": {str(c): x for c, x in enumerate(v)},
-        }
-        for a, v in per_client.items()
-    }
-    results = {
-        "config": {"simulation": {"kp": kp, "base": "model", "head": "ordinal", "init": "pretrained"}},
-        "algorithms": algorithms,
-        "baselines": {"majority": {"mean_accuracy": 0.3, "std": 0.05, "per_client": {}}},
-    }
-    path.mkdir(parents=True)
-    (path / "results.json").write_text(json.dumps(results))
-    return path
+def _fake_run(path: Path, per_client: dict[str, list[float]], **parts: object) -> Path:
+    return write_run(path, per_client, baselines={"majority": [0.25, 0.35]}, **parts)
 
 
 def test_tables_pool_paired_differences_over_seeds(tmp_path: Path) -> None:
@@ -47,7 +31,7 @@ def test_tables_pool_paired_differences_over_seeds(tmp_path: Path) -> None:
     assert "baseline: majority | - | - | - | - | 0.300 ± 0.000" in text
     # A sweep row is paired with the reference experiment's FedPer on the same clients and seeds.
     assert (
-        "| synth-kp2 | fedper | 2 | model | ordinal | pretrained | 0.600 ± 0.041 | 0.590 ± 0.041 | 0.100 | "
+        "| synth-kp2 | fedper | 2 | model | ordinal | pretrained | 0.600 ± 0.041 | 0.590 ± 0.041 | 0.033 | "
         "vs synth's fedper: +0.000" in text
     )
 
@@ -65,15 +49,16 @@ def test_write_into_replaces_only_the_marked_block(tmp_path: Path) -> None:
 def test_new_users_table_pools_users_over_seeds(tmp_path: Path) -> None:
     runs = []
     for seed, values in enumerate(([0.2, 0.4], [0.6, 0.8])):
-        run = _fake_run(tmp_path / f"synth-{seed}", {"fedper": [0.5]})
-        results = json.loads((run / "results.json").read_text())
         per_user = {str(u): v for u, v in enumerate(values)}
         majority = {"0": 0.3, "1": 0.5}  # the same users' majority of N: paired user by user, seed by seed
-        results["new_users"] = {"users": [0, 1], "steps": 50, "sizes": [0, 100],
-                                "curves": {"fedper: head": {"0": {"per_user": per_user}, "100": {"users": 0}},
-                                           "majority of N": {"0": {"per_user": majority}, "100": {"users": 0}}}}  # fmt: skip
-        (run / "results.json").write_text(json.dumps(results))
-        runs.append(run)
+
+        def point(accuracies: dict[str, float]) -> dict[str, object]:
+            return {"users": 2, "mean": 0.5, "std": 0.1, "se": 0.1, "per_user": accuracies}
+
+        new_users = {"users": [0, 1], "pool_sizes": [50, 50], "test_sizes": [10, 10], "steps": 50, "sizes": [0, 100],
+                     "curves": {"fedper: head": {"0": point(per_user), "100": {"users": 0}},
+                                "majority of N": {"0": point(majority), "100": {"users": 0}}}}  # fmt: skip
+        runs.append(_fake_run(tmp_path / f"synth-{seed}", {"fedper": [0.5]}, new_users=new_users))
     text = results_suite.new_users_table(runs)
     # 4 users: mean 0.5, sample std 0.258, SE 0.129; nobody has 100 photos.
     assert "| 0 | 4 | 0.500 ± 0.129 |" in text and "| 100 | 0 | - | - | - |" in text
