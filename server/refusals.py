@@ -49,8 +49,12 @@ class DrainingError(RefusalError):
 
 
 class SecureStageError(RefusalError):
-    """Since revision 1.6: the secure round's stage this request belongs to is over, or has not
-    begun, or this device is no longer in it."""
+    """Since revision 1.6: the secure round's stage this request belongs to is over, or this
+    device is no longer in it."""
+
+
+class SecureStageNotOpenError(RefusalError):
+    """Since revision 1.7: the secure round's stage this request belongs to has not begun."""
 
 
 class SecureMessageError(RefusalError):

@@ -132,7 +132,7 @@ def test_a_share_sealed_for_one_device_opens_for_no_other() -> None:
         keys.decrypt(keys.agree(c.channel, a.public()[0], keys.CHANNEL, CONTEXT), sealed, b"a|b")
     with pytest.raises(keys.ChannelError, match="authentication"):
         keys.decrypt(key_ab, sealed, b"a|c")  # rerouted to another receiver
-    with pytest.raises(keys.ChannelError, match="refused"):
+    with pytest.raises(keys.ChannelError, match="low order"):
         keys.agree(a.channel, bytes(32), keys.MASK, CONTEXT)  # a low-order point
 
 
@@ -190,7 +190,7 @@ def test_the_2017_protocol_everyone_neighbours_everyone() -> None:
 def test_too_many_dropouts_fail_the_round_cleanly() -> None:
     # 10 devices, k = 4, t = 3: device 0's ring neighbours are unknown, so drop 7 of 10.
     server, *_ = _round(10, set(range(7)), np.random.default_rng(2), k=4, t=3)
-    with pytest.raises(RoundFailedError, match="its masks need 3"):
+    with pytest.raises(RoundFailedError, match="it needs 3"):
         server.total()
 
 
@@ -216,7 +216,7 @@ def test_a_device_refuses_a_key_list_that_could_trick_it() -> None:
     names = [f"n{i}" for i in range(4)]
     devices = {n: DeviceSession(n, CONTEXT) for n in names}
     ads = {n: d.advertise() for n, d in devices.items()}
-    with pytest.raises(RequestRefusedError, match="same public key"):
+    with pytest.raises(RequestRefusedError, match="two keys of the round are the same"):
         devices["n0"].share_keys({"n1": ads["n1"], "n2": ads["n1"], "n3": ads["n3"]}, 2)
     with pytest.raises(RequestRefusedError, match="its own neighbour"):
         devices["n0"].share_keys(ads, 2)

@@ -173,7 +173,7 @@ def test_a_round_whose_masks_cannot_be_removed_is_abandoned_and_the_next_one_run
         assert (secagg["neighbours"], secagg["threshold"]) == (4, 3)
         assert round_info(server.http, n)["state"] == "abandoned"
         failed = [json.loads(r.message) for r in caplog.records if "secure_round_failed" in r.message]
-        assert len(failed) == 1 and "need 3" in failed[0]["reason"], failed
+        assert len(failed) == 1 and "needs 3" in failed[0]["reason"], failed
         assert server.http.get("/v1/models/1/base", headers=admin()).status_code == 404  # nothing half-applied
         assert not list((tmp_path / "data" / "updates").rglob("*.masked"))
         nxt = round_info(server.http, n + 1)

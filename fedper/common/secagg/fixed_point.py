@@ -21,9 +21,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fedper.common.errors import ConfigError
+from fedper.common.errors import ConfigError, FedperError
 
 MODULUS = 2**32
+
+
+class SumOutOfBoundsError(FedperError, ValueError):
+    """A decoded sum that no set of honest devices could have sent: the round is not published."""
 
 
 @dataclass(frozen=True)
@@ -79,6 +83,26 @@ class FixedPoint:
         if weight == 0:
             return np.zeros_like(summed), 0
         return summed * self.weight_cap / weight, weight
+
+    def check_sum(self, summed: np.ndarray, weight: int, flags: list[int], devices: int) -> None:
+        """What ``devices`` honest devices' words sum to, at most: a total weight in [devices,
+        devices x weight_cap], each flag count at most ``devices``, and ``summed`` (the sum of
+        w_i delta_i in units of the cap) within C x weight / cap plus every device's rounding,
+        since each honest delta is within C. So the published mean step is within C from the
+        first round on, whatever one device sent."""
+        if not devices <= weight <= devices * self.weight_cap:
+            raise SumOutOfBoundsError(
+                f"the total weight {weight} is outside [{devices}, {devices * self.weight_cap}] for {devices} devices"
+            )
+        if any(count > devices for count in flags):
+            raise SumOutOfBoundsError(f"a flag counted {max(flags)} times among {devices} devices")
+        length = float(np.sqrt(np.sum(np.square(summed))))
+        bound = self.clip * weight / self.weight_cap + devices * self.error_norm(len(summed))
+        if not length <= bound:
+            raise SumOutOfBoundsError(
+                f"the weighted sum of deltas has L2 norm {length:.6g}, above the {bound:.6g} that {devices} devices "
+                f"within the clip {self.clip:g} can reach (total weight {weight})"
+            )
 
     def error_norm(self, words: int) -> float:
         """The largest L2 distance rounding puts between one device's encoded delta and its
