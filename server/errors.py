@@ -21,6 +21,7 @@ from fedper.server.refusals import (
     DeviceRevokedError,
     DrainingError,
     NotInCohortError,
+    PrivacyBudgetSpentError,
     RefusalError,
     RoundNotOpenError,
     RunFinishedError,
@@ -100,6 +101,7 @@ REFUSALS: dict[type[RefusalError], tuple[int, ErrorCode]] = {
     SecureStageNotOpenError: (409, ErrorCode.SECAGG_STAGE_NOT_OPEN),
     SecureRoundError: (409, ErrorCode.SECURE_ROUND),
     SecureMessageError: (422, ErrorCode.BAD_SECAGG_MESSAGE),
+    PrivacyBudgetSpentError: (409, ErrorCode.PRIVACY_BUDGET_SPENT),
 }
 
 

@@ -67,3 +67,7 @@ class SecureRoundError(RefusalError):
 
 class SecAggUnsupportedError(RefusalError):
     """Since revision 1.6: the server runs secure rounds and the device cannot take part."""
+
+
+class PrivacyBudgetSpentError(RefusalError):
+    """Since revision 1.7: a rollback would let a DP run publish past ``--target-epsilon``."""

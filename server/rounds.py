@@ -56,6 +56,7 @@ from fedper.server.refusals import (
     DeviceRevokedError,
     DrainingError,
     NotInCohortError,
+    PrivacyBudgetSpentError,
     RoundNotOpenError,
     RunFinishedError,
     SecureRoundError,
@@ -534,6 +535,13 @@ class RoundManager:
             found = self.version_file(to)
             if found is None or not found[0].exists():
                 raise UnknownVersionError(f"model version {to} does not exist")
+            if self.privacy is not None and not self.privacy.budget().allows(self.privacy.rounds() + 1):
+                spent = self.privacy.spent()
+                raise PrivacyBudgetSpentError(
+                    f"the run has spent epsilon {spent.epsilon} at delta {spent.delta:.3g} in {spent.rounds} noised "
+                    f"rounds; one more would exceed --target-epsilon {spent.target_epsilon}. A rollback does not give "
+                    "back what was published: the run stays finished"
+                )
             version = self.db.latest_version() + 1
             target = self.models_dir / f"v{version}.safetensors"
             atomic_write_bytes(target, found[0].read_bytes())
@@ -660,22 +668,26 @@ class RoundManager:
         assert self.secure is not None
         summed = self.secure.summed(number, self._layout)
         self._log_secure_session(number)
-        if summed is not None:
-            sums, weight, flags, fixed, survivors = summed
-            vector = np.concatenate([sums[name].ravel() for name, _ in self._layout])
-            fixed.check_sum(vector, weight, flags, survivors)
         if self.privacy is not None:  # every round is published: noise alone if nobody took part
             if summed is None:
                 zeros = {name: np.zeros(shape) for name, shape in self._layout}
                 base, report = self.privacy.aggregate_sum(self._layout, round_base, zeros, 0, 0, self.privacy.clip())
             else:
+                # Only what depends on no honest device's data may stop a noised round (every honest
+                # weight is 1); the bits' count and the sum are bounded by the mechanism instead
+                # (clamped to [0, B], projected onto B x the sensitivity), with B fixed by the sampling.
+                sums, weight, flags, fixed, survivors = summed
+                fixed.check_weight(weight, survivors)
+                bits = min(max(flags[0], 0), self.privacy.max_devices())
                 sensitivity = fixed.clip + fixed.error_norm(self.secure.words)
-                base, report = self.privacy.aggregate_sum(self._layout, round_base, sums, weight, flags[0], sensitivity)
+                base, report = self.privacy.aggregate_sum(self._layout, round_base, sums, survivors, bits, sensitivity)
             if noised is not None:
                 noised.append(report)
             return base, 0 if summed is None else survivors, report
         if summed is None:
             return "no secure session: fewer than two devices were drawn"
+        sums, weight, flags, fixed, survivors = summed
+        fixed.check_sum(np.concatenate([sums[name].ravel() for name, _ in self._layout]), weight, flags, survivors)
         if survivors < self.config.min_clients:
             return f"{survivors} devices in the secure sum, fewer than {self.config.min_clients}"
         scale = fixed.weight_cap / weight

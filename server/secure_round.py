@@ -247,8 +247,8 @@ class SecureRounds:
         if device not in s.masked:
             raise SecureStageError(f"this device sent no masked input: it is out of round {number}")
         if device not in s.included():
-            raise SecureStageError(f"this device's input was left out of round {number}'s sum: it and a neighbour "
-                                   "disagree about whose shares they hold (docs/SECAGG.md)")  # fmt: skip
+            raise SecureStageError(f"this device's input was left out of round {number}'s sum (docs/SECAGG.md, "
+                                   "'Who is in the sum'): it is out of the round")  # fmt: skip
         dropped, survivors = s.unmask_request(device)
         return SecAggUnmaskRequest(dropped=dropped, survivors=survivors).model_dump()
 

@@ -149,11 +149,13 @@ class ServerSession:
         return set(self.shares_for(device)) - self.unopened.get(device, frozenset())
 
     def included(self) -> frozenset[str]:
-        """The devices of U3 whose inputs are in the sum: while two of them disagree about holding
-        each other's shares, the one in the most such disagreements is left out (ties: the larger
-        id), so a device that lies about, or seals garbage for, several neighbours goes, and one
-        hostile device can leave out at most one honest neighbour. Only valid once the masked
-        stage is over."""
+        """The devices of U3 whose inputs are in the sum. Two rules, applied until neither
+        leaves anyone else out: while two of them disagree about holding each other's shares, the
+        one in the most such disagreements goes (ties: the larger id), so a device that lies
+        about, or seals garbage for, several neighbours goes, and one hostile device can leave out
+        at most one honest neighbour this way; and when a device out of the sum has fewer than t
+        holders of its shares in it (it gave usable shares to too few), those holders go: their
+        masks with it could not be removed. Only valid once the masked stage is over."""
         if self._included is None:
             inside = set(self.masked)
             held = {d: self.held(d) for d in inside}
@@ -164,9 +166,17 @@ class ServerSession:
                         if s < x and (x in held[s]) != (s in held[x]):
                             count[s] = count.get(s, 0) + 1
                             count[x] = count.get(x, 0) + 1
-                if not count:
+                if count:
+                    inside.discard(max(count, key=lambda d: (count[d], d)))
+                    continue
+                stranded = set()
+                for gone in self.shared - inside:
+                    holders = {s for s in inside if gone in held[s]}
+                    if 0 < len(holders) < self.threshold:
+                        stranded |= holders
+                if not stranded:
                     break
-                inside.discard(max(count, key=lambda d: (count[d], d)))
+                inside -= stranded
             self._included = frozenset(inside)
         return self._included
 
