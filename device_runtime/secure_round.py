@@ -87,6 +87,11 @@ class SecureRound:
         keys = SecAggKeys(channel_key=octets_text(own.channel), mask_key=octets_text(own.mask))
         self._send(Route.SECAGG_KEYS, keys.model_dump_json().encode())
         relayed = SecAggNeighbours.model_validate(self._wait_for(Route.SECAGG_KEYS))
+        if relayed.threshold != self.task.threshold or len(relayed.neighbours) > self.task.neighbours:
+            raise RequestRefusedError(
+                f"the server relayed {len(relayed.neighbours)} neighbours at threshold {relayed.threshold}; the task "
+                f"said at most {self.task.neighbours} at {self.task.threshold}"
+            )
         neighbours = {
             d: Advertisement(octets(k.channel_key), octets(k.mask_key)) for d, k in relayed.neighbours.items()
         }

@@ -56,6 +56,7 @@ DONE = "done"
 # keys once the key stage is over, the shares once the share stage is, whom to unmask once the
 # masked inputs are in.
 RELAYED_AFTER = {"keys": 1, "shares": 2, "unmask": 3}
+POLL_SECONDS = 2  # the longest Retry-After of a stage's 204 or 409 secagg_stage_not_open
 
 
 class SecureRounds:
@@ -253,12 +254,14 @@ class SecureRounds:
         return SecAggUnmaskRequest(dropped=dropped, survivors=survivors).model_dump()
 
     def retry_after(self, number: int, now: float) -> int:
-        """Seconds until the round's current stage ends at the latest (at least 1)."""
+        """Seconds a device waits before it asks again: until the current stage's end, but at most
+        POLL_SECONDS (a stage ends early once everyone who can has sent, and the next stage's
+        time starts then: a device that slept to the end could miss a short one)."""
         row = self.db.secagg_session(number)
         current = self.stage(number, now)
         if row is None or current in (None, DONE):
             return 1
-        return max(1, min(60, int(row.stage_ends[current] - now) + 1))
+        return max(1, min(POLL_SECONDS, int(row.stage_ends[current] - now) + 1))
 
 
 def _index(stage: str) -> int:

@@ -51,7 +51,7 @@ class Scene:
         self.samples = {d: int(rng.integers(20, 200)) for d, _ in self.devices}
 
     def round(self) -> SecureRoundDriver:
-        driver = SecureRoundDriver(self.server.http, self.clock, self.devices, WINDOW)
+        driver = SecureRoundDriver(self.server.http, self.clock, self.devices, WINDOW, floats=self.words)
         driver.begin()
         return driver
 
@@ -115,6 +115,9 @@ class SecureRoundDriver:
     secagg: dict[str, Any] = field(default_factory=dict)
     dp: dict[str, Any] | None = None
     sessions: dict[str, DeviceSession] = field(default_factory=dict)
+    floats: int = 0  # the base's floats (m): a masked input is m + flags + 1 words
+    sent_masked: dict[str, bytes] = field(default_factory=dict)  # the masked inputs honest devices sent
+    advertised: set[str] = field(default_factory=set)  # devices whose keys the server took
 
     @property
     def headers(self) -> dict[str, dict[str, str]]:
@@ -147,7 +150,10 @@ class SecureRoundDriver:
         if body is None:
             a = self.sessions[device].advertise()
             body = {"channel_key": b64(a.channel), "mask_key": b64(a.mask)}
-        return self.http.post(self.route("keys"), headers=self.headers[device], json=body)
+        r = self.http.post(self.route("keys"), headers=self.headers[device], json=body)
+        if r.status_code == 202:
+            self.advertised.add(device)
+        return r
 
     def fetch_keys(self, device: str) -> tuple[dict[str, Advertisement], int] | None:
         r = self.http.get(self.route("keys"), headers=self.headers[device])
@@ -175,6 +181,9 @@ class SecureRoundDriver:
             return False
         self.sessions[device].receive_shares({m: base64.b64decode(c) for m, c in r.json()["shares"].items()})
         return True
+
+    def secagg_words(self) -> int:
+        return self.floats
 
     def words(self, delta: np.ndarray, samples: int, unclipped: int = 1) -> np.ndarray:
         return self.fixed().encode(delta, samples, (unclipped,) if self.dp else ())

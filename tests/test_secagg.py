@@ -287,3 +287,37 @@ def test_the_mask_generator_is_aes_256_ctr_from_a_zero_counter() -> None:
     assert words[4:].astype("<u4").tobytes() == second
     with pytest.raises(ValueError, match="32 bytes"):
         prg.expand(bytes(16), 1)
+
+
+def test_a_device_refuses_a_threshold_a_lying_server_could_beat_and_a_request_naming_a_device_twice() -> None:
+    """2t > k is what keeps a server that lies about who dropped from collecting both secrets of a
+    device: a device refuses a threshold of half its neighbours or fewer (helper's finding)."""
+    names = [f"n{i}" for i in range(5)]
+    devices = {n: DeviceSession(n, CONTEXT) for n in names}
+    ads = {n: d.advertise() for n, d in devices.items()}
+    with pytest.raises(RequestRefusedError, match="not more than half"):
+        devices["n0"].share_keys({m: ads[m] for m in names[1:]}, 2)  # k = 4, t = 2
+    sealed = {n: d.share_keys({m: ads[m] for m in names if m != n}, 3) for n, d in devices.items()}
+    for n, d in devices.items():
+        d.receive_shares({m: sealed[m][n] for m in names if m != n})
+    with pytest.raises(RequestRefusedError, match="names a device twice"):
+        devices["n0"].unmask([], ["n1", "n1", "n2"])
+
+
+@settings(max_examples=60, deadline=None)
+@given(t=st.integers(1, 6), extra=st.integers(0, 6), data=st.data())
+def test_wrong_shares_up_to_half_the_spare_ones_are_corrected_and_named(
+    t: int, extra: int, data: st.DataObject
+) -> None:
+    """Berlekamp-Welch: m = t + extra shares, up to extra // 2 of them wrong (any values)."""
+    secret = data.draw(st.binary(min_size=32, max_size=32))
+    shares = shamir.split(secret, t, t + extra)
+    wrong = data.draw(st.sets(st.sampled_from(range(t + extra)), max_size=extra // 2))
+    given_shares = [
+        shamir.Share(s.index, data.draw(st.integers(0, shamir.PRIME - 1).filter(lambda v, s=s: v != s.value)))
+        if i in wrong
+        else s
+        for i, s in enumerate(shares)
+    ]
+    recovered, named = shamir.recover(given_shares, t)
+    assert recovered == secret and named == sorted(shares[i].index for i in wrong)

@@ -15,7 +15,7 @@ import pytest
 from fedper.common.manifest import Manifest
 from fedper.common.protocol import ErrorCode
 from fedper.common.secagg import keys, shamir
-from tests.secure_round_driver import STAGE, Scene, SecureRoundDriver, b64
+from tests.secure_round_driver import CAN, STAGE, WINDOW, Scene, SecureRoundDriver, b64
 from tests.server_support import round_info
 
 pytestmark = pytest.mark.usefixtures("server_secrets")
@@ -320,8 +320,12 @@ def test_a_stored_clip_that_is_not_a_positive_number_is_refused_not_a_500(dp_sce
     with state.db.transaction() as conn:
         state.db.set_meta(conn, "dp_clip", "0.0")
     scene.restart()
-    r = scene.server.http.get("/v1/task", headers={**scene.devices[0][1], "Fedper-Capabilities": "secagg-1.7"})
-    assert r.status_code in (200, 204), r.text
+    for _, headers in scene.devices:  # check in; after the window the drawn devices get their tasks
+        assert scene.server.http.get("/v1/task", headers={**headers, **CAN}).status_code == 204
+    scene.clock.now += WINDOW
+    r = scene.server.http.get("/v1/task", headers={**scene.devices[0][1], **CAN})
+    assert r.status_code == 200, r.text  # it was a 500: the task could not carry a clip of 0
+    assert r.json()["dp"]["clip_norm"] == 1.0 and r.json()["secagg"]["clip_norm"] == 1.0
     assert scene.server.http.get("/v1/status").json()["privacy"]["clip_norm"] == 1.0
 
 

@@ -258,8 +258,8 @@ def resolution_vectors() -> list[dict[str, object]]:
             server.submit(n, np.array([i], dtype=np.uint32), unopened.get(n, []))
         requests = {n: dict(zip(("dropped", "survivors"), server.unmask_request(n), strict=True))
                     for n in sorted(server.included())}  # fmt: skip
-        out.append({"case": what, "cohort": names, "graph": "everyone", "unopened": unopened,
-                    "included": sorted(server.included()), "unmask_requests": requests})  # fmt: skip
+        out.append({"case": what, "cohort": names, "graph": "everyone", "neighbours": 5, "threshold": 3,
+                    "unopened": unopened, "included": sorted(server.included()), "unmask_requests": requests})  # fmt: skip
     return out
 
 

@@ -24,7 +24,7 @@ from fedper.common.train_config import TrainConfig
 AnyTrainConfig = TypeVar("AnyTrainConfig", bound=TrainConfig)
 
 VERSION = 1
-REVISION = "1.6"
+REVISION = "1.7"
 PREFIX = "/v1"
 
 

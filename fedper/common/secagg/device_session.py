@@ -111,12 +111,16 @@ class DeviceSession:
 
     def share_keys(self, neighbours: Mapping[str, Advertisement], threshold: int) -> dict[str, bytes]:
         """Shares of the self-mask seed and the mask key, one per neighbour, each sealed for it.
-        Refused: a list that names this device, too short for the threshold, or with a key that
-        is invalid or repeated (only a server that does not check keys could send one)."""
+        Refused: a list that names this device, too short for the threshold or with 2t <= k (a
+        server lying about who dropped could then collect both secrets), or with a key that is
+        invalid or repeated (only a server that does not check keys could send one)."""
         if self.device_id in neighbours:
             raise RequestRefusedError("the server listed this device as its own neighbour")
         if len(neighbours) < threshold or threshold < 1:
             raise RequestRefusedError(f"{len(neighbours)} neighbours cannot hold shares {threshold} of n")
+        if 2 * threshold <= len(neighbours):  # else a lying server could collect t shares of both secrets
+            raise RequestRefusedError(f"a threshold of {threshold} among {len(neighbours)} neighbours is not more "
+                                      "than half: the server could collect both secrets")  # fmt: skip
         try:
             check_keys([*neighbours.values(), self.advertise()])
         except keys.ChannelError as e:
@@ -133,9 +137,10 @@ class DeviceSession:
         return out
 
     def receive_shares(self, ciphertexts: Mapping[str, bytes]) -> None:
-        """Keep the shares the neighbours sealed for this device; one that does not open (or whose
-        share index is not this device's) is left out and listed in ``unopened``. Refused: shares
-        from a device that is not a neighbour, or fewer usable than the threshold."""
+        """Keep the shares the neighbours sealed for this device; one that does not open, is not
+        136 bytes, holds a share out of the field or two shares of different indices is left out
+        and listed in ``unopened``. Refused: shares from a device that is not a neighbour, or fewer
+        usable than the threshold."""
         for sender in sorted(ciphertexts):
             if sender not in self._neighbours:
                 raise RequestRefusedError(f"shares from {sender!r}, who is not a neighbour")
@@ -166,7 +171,10 @@ class DeviceSession:
 
     def unmask(self, dropped: Sequence[str], survivors: Sequence[str]) -> dict[str, bytes]:
         """The mask-key shares of the dropped neighbours and the seed shares of the surviving ones.
-        Refused: a device named as both, one it holds no share of, or a second, different request."""
+        Refused: a device named twice or as both, one it holds no share of, or a second, different
+        request."""
+        if len(set(dropped)) != len(dropped) or len(set(survivors)) != len(survivors):
+            raise RequestRefusedError("the unmasking request names a device twice")
         request = frozenset(dropped), frozenset(survivors)
         if both := request[0] & request[1]:
             raise RequestRefusedError(f"asked for both secrets of {sorted(both)}")

@@ -106,7 +106,7 @@ public final class ProtocolClient {
 
   /**
    * secagg: this device can take part in secure rounds, said in a header (Protocol.Header.SECAGG,
-   * "secagg-1.7": a server refuses a device that names only an earlier revision's layout).
+   * the revision 1.7 token: a server refuses a device that names only an earlier revision's layout).
    */
   public TaskOrWait task(boolean secagg) throws ProtocolException, InterruptedException {
     Map<String, String> extra = new LinkedHashMap<>();

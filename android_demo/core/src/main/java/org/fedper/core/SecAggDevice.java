@@ -112,7 +112,8 @@ public final class SecAggDevice {
 
   /**
    * Shares of the self-mask seed and the mask key, one per neighbour, each sealed for it (receiver
-   * id to 164 bytes). Refused: a list that names this device, is shorter than the threshold, or
+   * id to 164 bytes). Refused: a list that names this device, is shorter than the threshold or
+   * at least twice as long (2t <= k), or
    * holds an invalid key or two equal keys, this device's own included (only a server that skips
    * its checks could send one).
    */
@@ -123,6 +124,12 @@ public final class SecAggDevice {
     }
     if (threshold < 1 || neighbourKeys.size() < threshold) {
       throw new RefusedException(neighbourKeys.size() + " neighbours cannot hold shares " + threshold + " of n");
+    }
+    if (2 * threshold <= neighbourKeys.size()) {
+      // With 2t <= k, a server that tells some holders this device dropped and the others that it
+      // survived could collect t shares of both of its secrets (docs/SECAGG.md, "A round").
+      throw new RefusedException("a threshold of " + threshold + " among " + neighbourKeys.size()
+          + " neighbours is not more than half: the server could collect both secrets");
     }
     List<byte[]> keys = new ArrayList<>();
     for (Advertisement a : neighbourKeys.values()) {
@@ -217,6 +224,9 @@ public final class SecAggDevice {
   public Map<String, byte[]> unmask(List<String> dropped, List<String> survivors) {
     Set<String> d = new TreeSet<>(dropped);
     Set<String> s = new TreeSet<>(survivors);
+    if (d.size() != dropped.size() || s.size() != survivors.size()) {
+      throw new RefusedException("the unmasking request names a device twice");
+    }
     Set<String> both = new TreeSet<>(d);
     both.retainAll(s);
     if (!both.isEmpty()) {

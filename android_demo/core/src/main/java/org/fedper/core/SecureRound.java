@@ -80,6 +80,10 @@ final class SecureRound {
           bytes(k.string(Protocol.Body.SecAggKeys.MASK_KEY))));
     }
     int threshold = (int) relayed.integer(Protocol.Body.SecAggNeighbours.THRESHOLD);
+    if (threshold != task.secagg.threshold || neighbours.size() > task.secagg.neighbours) {
+      throw new SecAggDevice.RefusedException("the server relayed " + neighbours.size() + " neighbours at threshold "
+          + threshold + "; the task said at most " + task.secagg.neighbours + " at " + task.secagg.threshold);
+    }
     Map<String, byte[]> sealed = session.shareKeys(neighbours, threshold);
     JSONObject shares = new JSONObject();
     for (Map.Entry<String, byte[]> e : sealed.entrySet()) {

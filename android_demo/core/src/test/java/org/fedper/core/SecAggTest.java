@@ -269,6 +269,8 @@ public class SecAggTest {
     }
     assertThrows(SecAggDevice.RefusedException.class, () -> peers.get("m").device().shareKeys(others, 4));
     assertThrows(SecAggDevice.RefusedException.class, () -> peers.get("m").device().shareKeys(others, 0));
+    // 2t <= k: a server lying about who dropped could collect t shares of both secrets.
+    assertThrows(SecAggDevice.RefusedException.class, () -> peers.get("m").device().shareKeys(others, 1));
     assertEquals(3, peers.get("m").device().shareKeys(others, 3).size()); // and the honest list is taken
     assertTrue(SecAggCrypto.supported());
   }
@@ -312,6 +314,7 @@ public class SecAggTest {
     assertThrows(SecAggDevice.RefusedException.class, () -> m.unmask(List.of("z"), List.of("z")));
     assertThrows(SecAggDevice.RefusedException.class, () -> m.unmask(List.of("m"), List.of("a")));
     assertThrows(SecAggDevice.RefusedException.class, () -> m.unmask(List.of(), List.of("a", "q")));
+    assertThrows(SecAggDevice.RefusedException.class, () -> m.unmask(List.of(), List.of("a", "a")));
     Map<String, byte[]> answer = m.unmask(List.of("z"), List.of("a", "x"));
     assertEquals(List.of("a", "x", "z"), List.copyOf(answer.keySet()));
     // A second, different request (z's seed now): refused; the same one again is answered again.
