@@ -24,6 +24,7 @@ they arrived in, nor on the (random) device ids.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -63,7 +64,7 @@ from fedper.server.refusals import (
     StaleBaseError,
     UnknownVersionError,
 )
-from fedper.server.secure_round import DONE, SecureRounds
+from fedper.server.secure_round import DONE, SecureRounds, SessionBrokenError
 from fedper.server.storage import Database, Round, RoundState, Slot, StoredUpdate
 from fedper.server.update_store import UpdateStore
 from fedper.server.upload_validation import Upload
@@ -666,8 +667,10 @@ class RoundManager:
         DP). The decoded sum is checked first (FixedPoint.check_sum): SumOutOfBoundsError when no
         set of honest devices could have sent it; RoundFailedError when the masks cannot be removed."""
         assert self.secure is not None
-        summed = self.secure.summed(number, self._layout)
-        self._log_secure_session(number)
+        try:
+            summed = self.secure.summed(number, self._layout)
+        finally:
+            self._log_secure_session(number)
         if self.privacy is not None:  # every round is published: noise alone if nobody took part
             if summed is None:
                 zeros = {name: np.zeros(shape) for name, shape in self._layout}
@@ -707,15 +710,26 @@ class RoundManager:
 
     def secure_post(self, number: int, device_id: str, stage: str, body: bytes, unopened: str = "") -> None:
         assert self.secure is not None
-        with self._lock:
+        with self._lock, self._broken_session(number):
             self.check_open(number)
             self.secure.post(number, device_id, stage, body, self.clock(), unopened)
 
     def secure_get(self, number: int, device_id: str, stage: str) -> dict[str, object] | None:
         assert self.secure is not None
-        with self._lock:
+        with self._lock, self._broken_session(number):
             self.check_open(number)
             return self.secure.get(number, device_id, stage, self.clock())
+
+    @contextlib.contextmanager
+    def _broken_session(self, number: int) -> Iterator[None]:
+        """A request that finds the round's session cannot be replayed abandons the round, and
+        is told the round is not open (not a 500 until the next tick does it)."""
+        try:
+            yield
+        except SessionBrokenError as exc:
+            log.error(json.dumps({"event": "secure_session_failed", "round": number, "reason": str(exc)}))
+            self._abandon_failed(number, str(exc))
+            raise RoundNotOpenError(f"round {number} was abandoned: {exc}") from exc
 
     def check_open(self, number: int) -> None:
         if self._finished():

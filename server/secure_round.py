@@ -126,8 +126,11 @@ class SecureRounds:
             row.graph,
             lambda device: read_masked(self.masked_path(number, device)),
         )
-        for stage, device, body in self.db.secagg_messages(number):
-            apply(session, stage, device, body, self.folder)
+        try:
+            for stage, device, body in self.db.secagg_messages(number):
+                apply(session, stage, device, body, self.folder)
+        except (StageError, OSError, ValueError, KeyError, TypeError) as e:
+            raise SessionBrokenError(f"round {number}'s stored secure session does not replay: {e}") from e
         self._cached = (number, session)
         return row, session
 
@@ -262,6 +265,11 @@ class SecureRounds:
         if row is None or current in (None, DONE):
             return 1
         return max(1, min(POLL_SECONDS, int(row.stage_ends[current] - now) + 1))
+
+
+class SessionBrokenError(RuntimeError):
+    """A stored session that no longer replays (a masked input's file lost, a message an earlier
+    revision stored): its round cannot go on and is abandoned."""
 
 
 def _index(stage: str) -> int:

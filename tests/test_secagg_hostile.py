@@ -16,7 +16,7 @@ from fedper.common.manifest import Manifest
 from fedper.common.protocol import ErrorCode
 from fedper.common.secagg import keys, shamir
 from tests.secure_round_driver import CAN, STAGE, WINDOW, Scene, SecureRoundDriver, b64
-from tests.server_support import round_info
+from tests.server_support import InProcessServer, round_info
 
 pytestmark = pytest.mark.usefixtures("server_secrets")
 
@@ -115,8 +115,10 @@ def test_shares_sealed_to_the_wrong_peers_leave_the_hostile_device_out_and_the_r
 # --- the masked stage -------------------------------------------------------------------------
 
 
-def _to_masked_stage(scene: Scene) -> SecureRoundDriver:
-    d = scene.round()
+def _to_masked_stage(scene: Scene, d: SecureRoundDriver | None = None) -> SecureRoundDriver:
+    """Every device's keys and shares (the round begun unless ``d`` is given), each device holding
+    what it was sent: the masked stage is open."""
+    d = scene.round() if d is None else d
     for device, _ in scene.devices:
         assert d.post_keys(device).status_code == 202
     d.wait_out("keys")
@@ -263,22 +265,10 @@ def test_a_post_before_its_stage_is_told_when_to_come_back_and_received_counts_m
     early = d.post_shares(scene.honest[0], {})
     assert early.status_code == 409 and early.json()["code"] == ErrorCode.SECAGG_STAGE_NOT_OPEN, early.text
     assert 1 <= int(early.headers["Retry-After"]) <= STAGE + 1
-    d = _to_masked_stage_from(scene, d)
+    d = _to_masked_stage(scene, d)
     for h in scene.honest[:3]:
         assert d.post_masked(h, d.words(scene.deltas[h], scene.samples[h])).status_code == 202
     assert round_info(scene.server.http, d.number)["received"] == 3
-
-
-def _to_masked_stage_from(scene: Scene, d: SecureRoundDriver) -> SecureRoundDriver:
-    for device, _ in scene.devices:
-        assert d.post_keys(device).status_code == 202
-    d.wait_out("keys")
-    for device, _ in scene.devices:
-        assert d.post_shares(device).status_code == 202
-    d.wait_out("shares")
-    for device, _ in scene.devices:
-        d.fetch_shares(device)
-    return d
 
 
 # --- with DP-FedAvg --------------------------------------------------------------------------
@@ -337,3 +327,21 @@ def test_a_key_is_checked_as_devices_check_it() -> None:
             keys.check_public(bytes.fromhex(case["key"]))
     for pair in vectors["keys"]["pairs"]:
         keys.check_public(bytes.fromhex(pair["public"]))
+
+
+def test_a_session_that_no_longer_replays_abandons_its_round_not_a_500(scene: Scene) -> None:
+    """A masked input's file lost from the disk while the server was down: the next request that
+    needs the session is told the round is not open, the round is abandoned with its reason, and
+    the next round publishes."""
+    d = _to_masked_stage(scene)
+    for device, _ in scene.devices:
+        assert d.post_masked(device, d.words(scene.deltas[device], scene.samples[device])).status_code == 202
+    d.wait_out("masked")
+    scene.server.__exit__(None, None, None)
+    next(scene.data.rglob("*.masked")).unlink()
+    scene.server = InProcessServer(scene.artifacts, scene.data, clock=scene.clock, **scene.options).__enter__()
+    d.http = scene.server.http
+    r = d.fetch_unmask(scene.honest[0])
+    assert r.status_code == 409 and r.json()["code"] == ErrorCode.ROUND_NOT_OPEN, r.text
+    scene.assert_abandoned(d.number, "does not replay")
+    scene.next_round_publishes(0)
