@@ -259,7 +259,8 @@ def resolution_vectors() -> list[dict[str, object]]:
         requests = {n: dict(zip(("dropped", "survivors"), server.unmask_request(n), strict=True))
                     for n in sorted(server.included())}  # fmt: skip
         out.append({"case": what, "cohort": names, "graph": "everyone", "neighbours": 5, "threshold": 3,
-                    "unopened": unopened, "included": sorted(server.included()), "unmask_requests": requests})  # fmt: skip
+                    "unopened": unopened, "included": sorted(server.included()),
+                    "unmask_requests": requests})  # fmt: skip
     return out
 
 

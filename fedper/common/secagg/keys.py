@@ -69,9 +69,14 @@ def check_public(raw: bytes) -> None:
 
 def agree(own: X25519PrivateKey, theirs: bytes, purpose: bytes, context: bytes) -> bytes:
     """The 32-byte key two devices share for ``purpose`` in ``context`` (the round's session):
-    HKDF-SHA256 (no salt) of their X25519 secret, info ``fedper secagg <purpose> <context>``."""
-    check_public(theirs)
-    secret = own.exchange(X25519PublicKey.from_public_bytes(theirs))
+    HKDF-SHA256 (no salt) of their X25519 secret, info ``fedper secagg <purpose> <context>``.
+    ``theirs`` was checked (check_public) when it arrived; a low-order key still fails here."""
+    if len(theirs) != KEY_BYTES:
+        raise ChannelError(f"an X25519 public key is {KEY_BYTES} bytes, got {len(theirs)}")
+    try:
+        secret = own.exchange(X25519PublicKey.from_public_bytes(theirs))
+    except ValueError as e:  # the shared secret would be all zeros
+        raise ChannelError("the public key is a point of low order") from e
     hkdf = HKDF(algorithm=hashes.SHA256(), length=KEY_BYTES, salt=None, info=info(purpose, context))
     return hkdf.derive(secret)
 

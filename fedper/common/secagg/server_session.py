@@ -27,6 +27,8 @@ from fedper.common.secagg import keys, prg, shamir
 from fedper.common.secagg.device_session import SEALED_BYTES, Advertisement, mask_sign, share_index
 from fedper.common.secagg.graph import check_threshold, neighbour_graph
 
+REPLAY_WORDS = 1024  # the masked words whose digest recognises a replayed input
+
 
 class StageError(FedperError, ValueError):
     """A device's message that does not fit the round's stage, or that it sent before."""
@@ -67,6 +69,7 @@ class ServerSession:
         self.threshold, self.words, self.context = threshold, words, context
         self._load_masked = load_masked
         self.advertised: dict[str, Advertisement] = {}
+        self._keys_seen: set[bytes] = set()
         self.routed: dict[str, dict[str, bytes]] = {}  # receiver -> sender -> ciphertext
         self.shared: set[str] = set()
         self.masked: set[str] = set()
@@ -74,6 +77,8 @@ class ServerSession:
         self._digests: dict[bytes, str] = {}  # of the masked inputs: the same bytes twice is a replay
         self._sum = np.zeros(words, dtype=np.uint32)  # of the masked inputs so far: none is kept
         self.answers: dict[str, dict[str, bytes]] = {}
+        self._answers_about: dict[str, list[tuple[str, bytes]]] = {}  # owner -> (holder, share) answered
+        self._indices: dict[str, dict[str, int]] = {}  # owner -> holder -> its share index
         self._included: frozenset[str] | None = None
         self.wrong_shares: dict[str, list[str]] = {}  # device -> holders whose share of its secret was wrong
 
@@ -100,10 +105,10 @@ class ServerSession:
                 raise StageError(f"{device!r}'s {role} key: {e}") from e
         if advertisement.channel == advertisement.mask:
             raise StageError(f"{device!r}'s channel key and mask key are the same")
-        seen = {k for a in self.advertised.values() for k in (a.channel, a.mask)}
-        if {advertisement.channel, advertisement.mask} & seen:
+        if {advertisement.channel, advertisement.mask} & self._keys_seen:
             raise StageError(f"{device!r} advertised a key another device of the round advertised")
         self.advertised[device] = advertisement
+        self._keys_seen |= {advertisement.channel, advertisement.mask}
 
     def neighbours(self, device: str) -> dict[str, Advertisement]:
         """The keys of the device's neighbours that advertised (after the advertising stage)."""
@@ -135,7 +140,9 @@ class ServerSession:
             raise StageError(f"a masked input is {self.words} uint32 words, got {masked.dtype} {masked.shape}")
         if stray := set(unopened) - set(self.shares_for(device)):
             raise StageError(f"{device!r} says it could not open shares of {sorted(stray)}, which it was not sent")
-        digest = hashlib.sha256(masked.astype("<u4").tobytes()).digest()
+        # A replay is byte for byte another input, whose words are uniform: their first 4 KiB
+        # tell it apart as surely as all of them, at a thousandth of the hashing.
+        digest = hashlib.sha256(masked[:REPLAY_WORDS].astype("<u4").tobytes()).digest()
         if digest in self._digests:
             raise StageError(f"{device!r}'s masked input is {self._digests[digest]!r}'s, byte for byte")
         self._digests[digest] = device
@@ -191,7 +198,11 @@ class ServerSession:
         return sorted(held - inside), sorted(held & inside)
 
     def expected_index(self, owner: str, holder: str) -> int:
-        return share_index(list(self.neighbours(owner)), holder)
+        """The holder's share index of the owner's secrets (asked only once the key stage is over,
+        when who advertised no longer changes)."""
+        if owner not in self._indices:
+            self._indices[owner] = {h: share_index(list(self.neighbours(owner)), h) for h in self.neighbours(owner)}
+        return self._indices[owner][holder]
 
     def answer(self, device: str, shares: Mapping[str, bytes]) -> None:
         """Refused: not in the sum, not exactly the devices asked about, or a share that is not
@@ -209,6 +220,8 @@ class ServerSession:
                 raise StageError(f"{device!r}'s share for {about!r} has index {parsed.index}, not its own "
                                  f"({self.expected_index(about, device)})")  # fmt: skip
         self.answers[device] = dict(shares)
+        for about, share in shares.items():
+            self._answers_about.setdefault(about, []).append((device, share))
 
     def total(self) -> np.ndarray:
         """The sum of the included inputs, mod 2^32."""
@@ -222,8 +235,9 @@ class ServerSession:
             total -= self._load_masked(device)
         for survivor in sorted(inside):
             total -= prg.expand(self._secret(survivor), self.words)
+        held = {s: self.held(s) for s in inside}
         for gone in sorted(self.shared - inside):
-            holders = sorted(s for s in inside if gone in self.held(s))
+            holders = sorted(s for s in inside if gone in held[s])
             if not holders:
                 continue  # no device in the sum added a mask with it
             key = keys.private_key(self._secret(gone))
@@ -238,7 +252,7 @@ class ServerSession:
     def _secret(self, device: str) -> bytes:
         """A survivor's seed or a gone device's mask key, from its neighbours' answers (wrong
         shares corrected where there are enough answers, their holders recorded)."""
-        given = sorted((holder, a[device]) for holder, a in self.answers.items() if device in a)
+        given = sorted(self._answers_about.get(device, []))
         kind = "seed" if device in self.included() else "mask key"
         if len(given) < self.threshold:
             raise RoundFailedError(f"{len(given)} of {device!r}'s neighbours answered for its {kind}; "

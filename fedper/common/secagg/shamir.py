@@ -17,6 +17,7 @@ from __future__ import annotations
 import secrets
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 
 from fedper.common.errors import FedperError
 
@@ -93,27 +94,41 @@ def recover(shares: Sequence[Share], threshold: int) -> tuple[bytes, list[int]]:
     if len(shares) < threshold:
         raise ShamirError(f"{len(shares)} shares cannot give back a secret shared {threshold} of n")
     points = [(s.index, s.value) for s in shares]
-    first = _interpolate(points[:threshold])  # the usual case: every share fits the first t
-    polynomial = first if all(_evaluate(first, x) == y for x, y in points[threshold:]) else _decode(points, threshold)
-    wrong = [x for x, y in points if _evaluate(polynomial, x) != y]
-    secret = polynomial[0] if polynomial else 0
+    xs, newton = _newton(points[:threshold])  # the usual case: every share fits the first t
+    if all(_newton_at(xs, newton, x) == y for x, y in points[threshold:]):
+        secret, wrong = _newton_at(xs, newton, 0), []
+    else:
+        polynomial = _decode(points, threshold)
+        wrong = [x for x, y in points if _evaluate(polynomial, x) != y]
+        secret = polynomial[0] if polynomial else 0
     if secret >= 2 ** (8 * SECRET_BYTES):
         raise ShamirError("the shares are not of one 32-byte secret")
     return secret.to_bytes(SECRET_BYTES, "big"), wrong
 
 
-def _interpolate(points: Sequence[tuple[int, int]]) -> list[int]:
-    """The coefficients of the polynomial of degree < len(points) through ``points`` (Lagrange)."""
-    out = [0] * len(points)
-    for i, (xi, yi) in enumerate(points):
-        basis, denominator = [1], 1
-        for j, (xj, _) in enumerate(points):
-            if j != i:
-                basis = _multiply(basis, [-xj % PRIME, 1])
-                denominator = denominator * (xi - xj) % PRIME
-        factor = yi * pow(denominator, -1, PRIME) % PRIME
-        out = [(a + factor * b) % PRIME for a, b in zip(out, basis, strict=True)]
-    return out
+@lru_cache(maxsize=4096)
+def _inverse(d: int) -> int:
+    """1/d in the field; d is a difference of share indices (small), so a round needs few."""
+    return pow(d % PRIME, -1, PRIME)
+
+
+def _newton(points: Sequence[tuple[int, int]]) -> tuple[list[int], list[int]]:
+    """The polynomial through ``points`` in Newton's form (its divided differences): O(t^2)
+    multiplications and only inverses of index differences, which are cached."""
+    xs = [x for x, _ in points]
+    coefficients = [y for _, y in points]
+    for level in range(1, len(points)):
+        for i in range(len(points) - 1, level - 1, -1):
+            step = (coefficients[i] - coefficients[i - 1]) * _inverse(xs[i] - xs[i - level])
+            coefficients[i] = step % PRIME
+    return xs, coefficients
+
+
+def _newton_at(xs: Sequence[int], coefficients: Sequence[int], x: int) -> int:
+    value = 0
+    for i in range(len(coefficients) - 1, -1, -1):
+        value = (value * (x - xs[i]) + coefficients[i]) % PRIME
+    return value
 
 
 def _decode(points: Sequence[tuple[int, int]], threshold: int) -> list[int]:
@@ -163,14 +178,6 @@ def _solve(rows: list[list[int]], unknowns: int) -> list[int] | None:
     for i, c in enumerate(pivots):
         solution[c] = rows[i][unknowns]
     return solution
-
-
-def _multiply(a: list[int], b: list[int]) -> list[int]:
-    out = [0] * (len(a) + len(b) - 1)
-    for i, x in enumerate(a):
-        for j, y in enumerate(b):
-            out[i + j] = (out[i + j] + x * y) % PRIME
-    return out
 
 
 def _divide(numerator: list[int], divisor: list[int]) -> tuple[list[int], list[int]]:
