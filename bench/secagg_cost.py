@@ -102,8 +102,9 @@ def secure_round(n: int, words: int) -> dict[str, float]:
         masked = timed(i, lambda s=s: s.masked_input(fixed.encode(delta, 100)))
         sent[i] += 4 * (words + 1)
         timed(None, server.submit, d, masked)
+    inside = timed(None, server.included)
     for i, (d, s) in enumerate(zip(names, devices, strict=True)):
-        if i in dropped:
+        if d not in inside:
             continue
         who = timed(None, server.unmask_request, d)
         received[i] += len(SecAggUnmaskRequest(dropped=who[0], survivors=who[1]).model_dump_json())

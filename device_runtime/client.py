@@ -166,18 +166,32 @@ class ProtocolClient:
 
     # --- a secure round's stages (revision 1.6, docs/SECAGG.md) ---------------------------
 
-    def secagg_send(self, route: str, round_number: int, body: bytes, json_body: bool = True) -> None:
-        """This device's part of a stage; a repeat of what the server already has is done too."""
+    def secagg_send(
+        self,
+        route: str,
+        round_number: int,
+        body: bytes,
+        json_body: bool = True,
+        headers: dict[str, str] | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        """This device's part of a stage; a repeat of what the server already has is done too;
+        sent again after ``Retry-After`` while the stage has not begun (revision 1.7)."""
         media = Header.JSON if json_body else Header.OCTET_STREAM
-        r = self._request("POST", route.format(round_number=round_number), content=body,
-                          headers=self._headers({Header.CONTENT_TYPE: media}))  # fmt: skip
-        if r.status_code == 202:
+        while True:
+            r = self._request("POST", route.format(round_number=round_number), content=body,
+                              headers=self._headers({Header.CONTENT_TYPE: media, **(headers or {})}))  # fmt: skip
+            if r.status_code == 202:
+                return
+            if r.status_code == 410:
+                raise RunFinishedError()
+            refused = self._refused(r)
+            if refused.code == ErrorCode.SECAGG_STAGE_NOT_OPEN:
+                sleep(_retry_after(r))
+                continue
+            if refused.code != ErrorCode.DUPLICATE_UPDATE:
+                raise refused
             return
-        if r.status_code == 410:
-            raise RunFinishedError()
-        refused = self._refused(r)
-        if refused.code != ErrorCode.DUPLICATE_UPDATE:
-            raise refused
 
     def secagg_fetch(self, route: str, round_number: int) -> dict[str, Any] | NoTask:
         """What the server relays for a stage, or NoTask (with its Retry-After) until it has it."""

@@ -15,6 +15,7 @@ from pydantic import ValidationError
 from fedper.common.dp.clipping import clip_delta
 from fedper.common.errors import FedperError
 from fedper.common.protocol import (
+    Header,
     OctetsError,
     Route,
     SecAggKeys,
@@ -73,8 +74,8 @@ class SecureRound:
                 return answer
             self._sleep(min(answer.retry_after, self._max_wait))
 
-    def _send(self, route: str, body: bytes, json_body: bool = True) -> None:
-        self.client.secagg_send(route, self.round, body, json_body)
+    def _send(self, route: str, body: bytes, json_body: bool = True, headers: dict[str, str] | None = None) -> None:
+        self.client.secagg_send(route, self.round, body, json_body, headers, self._sleep)
 
     def share(self) -> None:
         """Advertise the keys, seal the shares for the neighbours, keep theirs."""
@@ -86,6 +87,11 @@ class SecureRound:
         keys = SecAggKeys(channel_key=octets_text(own.channel), mask_key=octets_text(own.mask))
         self._send(Route.SECAGG_KEYS, keys.model_dump_json().encode())
         relayed = SecAggNeighbours.model_validate(self._wait_for(Route.SECAGG_KEYS))
+        if relayed.threshold != self.task.threshold or len(relayed.neighbours) > self.task.neighbours:
+            raise RequestRefusedError(
+                f"the server relayed {len(relayed.neighbours)} neighbours at threshold {relayed.threshold}; the task "
+                f"said at most {self.task.neighbours} at {self.task.threshold}"
+            )
         neighbours = {
             d: Advertisement(octets(k.channel_key), octets(k.mask_key)) for d, k in relayed.neighbours.items()
         }
@@ -113,7 +119,8 @@ class SecureRound:
 
     def send_masked(self, words: np.ndarray) -> None:
         masked = self.session.masked_input(words)
-        self._send(Route.SECAGG_MASKED, masked.astype("<u4").tobytes(), json_body=False)
+        unopened = {Header.SECAGG_UNOPENED: ",".join(self.session.unopened)} if self.session.unopened else {}
+        self._send(Route.SECAGG_MASKED, masked.astype("<u4").tobytes(), json_body=False, headers=unopened)
 
     def unmask(self) -> None:
         """Answer the server's one unmasking request (the session refuses a malicious one)."""

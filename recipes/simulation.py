@@ -27,7 +27,7 @@ from fedper.checkpoints import Checkpoint, init_base, read_checkpoint
 from fedper.client_round import Client, ClientOutcome, ClientRound, client_round
 from fedper.common import weights
 from fedper.common.config_cli import nested, option
-from fedper.common.dp.accountant import PrivacyBudget
+from fedper.common.dp.accountant import PrivacyBudget, largest_cohort
 from fedper.common.dp.clipping import clip_delta, distance
 from fedper.common.dp.config import DPConfig
 from fedper.common.dp.mechanism import DPReport, dp_aggregate
@@ -272,7 +272,8 @@ def _run_algorithm(
         if private is not None:  # every round is published, however many took part
             noise = np.random.default_rng([seed, 31, rnd])
             contributions = [(u, bit) for (u, _), bit in zip(updates, bits, strict=True)]
-            noised, dp_report = dp_aggregate(layout, received, contributions, private.clip, sim.privacy, n_train, noise)
+            noised, dp_report = dp_aggregate(layout, received, contributions, private.clip, sim.privacy, n_train, noise,
+                                             max_devices=private.max_devices)  # fmt: skip
             global_shared = to_torch(noised)
             recorder.aggregation[algorithm].append({"round": rnd, **private.record(dp_report, rnd)})
         elif shared and updates:  # none (every one refused): the base stays, as an abandoned round's
@@ -300,6 +301,7 @@ class _Private:
     def __init__(self, config: DPConfig, expected_cohort: int, population: int) -> None:
         q = expected_cohort / population
         self.budget = PrivacyBudget(config.dp_noise_multiplier, q, config.delta(population), config.target_epsilon)
+        self.max_devices = largest_cohort(population, q)  # what the Poisson draw gives, but with probability 1e-9
         self.clip = config.dp_clip
         config.noise(expected_cohort)  # a count noise too small for z is refused before any training
         self.stopped_before: int | None = None

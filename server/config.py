@@ -71,6 +71,10 @@ class ServerConfig:
     header_timeout: float = option(10.0, "seconds a client may take to send a request's headers")
     keep_alive_timeout: int = option(5, "seconds an idle keep-alive connection stays open")
     max_inflight_uploads: int = option(32, "uploads received at once; more get 503 server_busy")
+    busy_upload_rate: float = option(
+        16384.0, "bytes per second an upload must average after --upload-rate-grace while every place is taken "
+        "and another device waits: a slower one is cut (408) and its device waits for the next round (0: never)",
+    )  # fmt: skip
     db_busy_timeout: float = option(
         5.0, "seconds a request waits for the database's write lock (held by another process) before 503 server_busy"
     )
@@ -103,6 +107,7 @@ class ServerConfig:
         positive = {
             "--upload-timeout": self.upload_timeout, "--header-timeout": self.header_timeout,
             "--keep-alive-timeout": self.keep_alive_timeout, "--max-inflight-uploads": self.max_inflight_uploads,
+            "--busy-upload-rate": self.busy_upload_rate,
             "--db-busy-timeout": self.db_busy_timeout, "--enroll-per-minute": self.enroll_per_minute,
             "--auth-failures-per-minute": self.auth_failures_per_minute,
         }  # fmt: skip
@@ -119,8 +124,8 @@ class ServerConfig:
             raise ConfigError("--keep-versions must be >= 0 (0: keep all)")
         if self.enroll_total_per_minute < 0:
             raise ConfigError("--enroll-total-per-minute must be >= 0 (0: no limit)")
-        if not self.min_upload_rate >= 0 or not self.upload_rate_grace >= 0:
-            raise ConfigError("--min-upload-rate and --upload-rate-grace must be >= 0")
+        if not self.min_upload_rate >= 0 or not self.upload_rate_grace >= 0 or not self.busy_upload_rate >= 0:
+            raise ConfigError("--min-upload-rate, --busy-upload-rate and --upload-rate-grace must be >= 0")
         if not self.max_update_norm >= 0:
             raise ConfigError("--max-update-norm must be >= 0 (0: no bound)")
         if self.cohort_size < 0 or not self.report_timeout >= 0:

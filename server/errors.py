@@ -21,6 +21,7 @@ from fedper.server.refusals import (
     DeviceRevokedError,
     DrainingError,
     NotInCohortError,
+    PrivacyBudgetSpentError,
     RefusalError,
     RoundNotOpenError,
     RunFinishedError,
@@ -28,6 +29,7 @@ from fedper.server.refusals import (
     SecureMessageError,
     SecureRoundError,
     SecureStageError,
+    SecureStageNotOpenError,
     StaleBaseError,
     UnknownVersionError,
 )
@@ -96,8 +98,10 @@ REFUSALS: dict[type[RefusalError], tuple[int, ErrorCode]] = {
     DrainingError: (503, ErrorCode.SERVER_BUSY),
     SecAggUnsupportedError: (403, ErrorCode.SECAGG_UNSUPPORTED),
     SecureStageError: (409, ErrorCode.SECAGG_STAGE_CLOSED),
+    SecureStageNotOpenError: (409, ErrorCode.SECAGG_STAGE_NOT_OPEN),
     SecureRoundError: (409, ErrorCode.SECURE_ROUND),
     SecureMessageError: (422, ErrorCode.BAD_SECAGG_MESSAGE),
+    PrivacyBudgetSpentError: (409, ErrorCode.PRIVACY_BUDGET_SPENT),
 }
 
 

@@ -10,19 +10,23 @@ devices enrolled then), so epsilon is reported at one delta for the whole run.
 
 from __future__ import annotations
 
+import json
+import logging
+import math
 import secrets
 import sqlite3
 from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 
-from fedper.common.dp.accountant import PrivacyBudget
+from fedper.common.dp.accountant import PrivacyBudget, largest_cohort
 from fedper.common.dp.mechanism import Contribution, DPReport, dp_aggregate, noised_mean
 from fedper.common.protocol import DPTask, PrivacySpent
 from fedper.common.weights import TensorSpec
 from fedper.server.config import ServerConfig
 from fedper.server.storage import Database
 
+log = logging.getLogger("fedper.server")
 CLIP_KEY = "dp_clip"  # the clip of the open round (and the next, until a round closes)
 ROUNDS_KEY = "dp_rounds"  # noised rounds so far
 DELTA_KEY = "dp_delta"
@@ -31,11 +35,25 @@ DELTA_KEY = "dp_delta"
 class ServerPrivacy:
     def __init__(self, config: ServerConfig, db: Database) -> None:
         self.config, self.dp, self.db = config, config.privacy, db
+        self._refused_clip = False
 
     def clip(self) -> float:
-        """The L2 bound of the open round's deltas."""
+        """The L2 bound of the open round's deltas. A stored clip that is not a finite number
+        above 0 (written by a server before revision 1.7, which did not bound the adaptive step)
+        is refused: the first clip is used instead, and the refusal logged."""
         text = self.db.get_meta(CLIP_KEY)
-        return float(text) if text is not None else self.dp.dp_clip
+        if text is None:
+            return self.dp.dp_clip
+        try:
+            stored = float(text)
+        except ValueError:
+            stored = math.nan
+        if math.isfinite(stored) and stored > 0:
+            return stored
+        if not self._refused_clip:
+            self._refused_clip = True
+            log.error(json.dumps({"event": "dp_clip_refused", "stored": text, "using": self.dp.dp_clip}))
+        return self.dp.dp_clip
 
     def task(self) -> DPTask:
         return DPTask(clip_norm=self.clip())
@@ -59,7 +77,8 @@ class ServerPrivacy:
     ) -> tuple[dict[str, np.ndarray], DPReport]:
         """The round's noised mean, with noise from a generator seeded by the OS's entropy."""
         rng = np.random.default_rng(secrets.randbits(128))
-        return dp_aggregate(layout, base, uploads, self.clip(), self.dp, self.config.cohort, rng, group=1)
+        return dp_aggregate(layout, base, uploads, self.clip(), self.dp, self.config.cohort, rng, group=1,
+                            max_devices=self.max_devices())  # fmt: skip
 
     def aggregate_sum(
         self,
@@ -75,7 +94,14 @@ class ServerPrivacy:
         ``sensitivity`` (the clip plus the encoding's rounding)."""
         rng = np.random.default_rng(secrets.randbits(128))
         return noised_mean(layout, base, sums, count, unclipped - count / 2, self.clip(), self.dp,
-                           self.config.cohort, rng, sensitivity)  # fmt: skip
+                           self.config.cohort, rng, sensitivity, self.max_devices())  # fmt: skip
+
+    def max_devices(self) -> int:
+        """B: the most devices the draw gives (each on its coin of probability q) from the
+        population the expected cohort implies (cohort / q), but with probability 1e-9; the
+        mechanism projects a larger sum back to B devices' worth."""
+        q = self.dp.dp_sampling_probability
+        return largest_cohort(math.ceil(self.config.cohort / q - 1e-9), q)
 
     def record(self, conn: sqlite3.Connection, report: DPReport) -> bool:
         """Count the round and take the next clip (in the caller's transaction); False when the

@@ -49,8 +49,12 @@ class DrainingError(RefusalError):
 
 
 class SecureStageError(RefusalError):
-    """Since revision 1.6: the secure round's stage this request belongs to is over, or has not
-    begun, or this device is no longer in it."""
+    """Since revision 1.6: the secure round's stage this request belongs to is over, or this
+    device is no longer in it."""
+
+
+class SecureStageNotOpenError(RefusalError):
+    """Since revision 1.7: the secure round's stage this request belongs to has not begun."""
 
 
 class SecureMessageError(RefusalError):
@@ -63,3 +67,7 @@ class SecureRoundError(RefusalError):
 
 class SecAggUnsupportedError(RefusalError):
     """Since revision 1.6: the server runs secure rounds and the device cannot take part."""
+
+
+class PrivacyBudgetSpentError(RefusalError):
+    """Since revision 1.7: a rollback would let a DP run publish past ``--target-epsilon``."""

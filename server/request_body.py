@@ -23,6 +23,7 @@ from starlette.requests import ClientDisconnect
 from fedper.common.protocol import ErrorCode
 from fedper.server.errors import ClientDisconnectedError, ProtocolError, too_large
 from fedper.server.update_store import UpdateStore
+from fedper.server.upload_places import Place
 
 
 def _check_length(request: Request, limit: int) -> None:
@@ -48,22 +49,32 @@ class BodyPace:
         return min(self.timeout, self.grace + (received + 1) / self.min_rate)
 
 
-async def _receive(request: Request, limit: int, pace: BodyPace, sink: Callable[[bytes], object]) -> None:
+async def _receive(
+    request: Request, limit: int, pace: BodyPace, sink: Callable[[bytes], object], place: Place | None = None
+) -> None:
     """Hand the body to ``sink`` chunk by chunk: 413 past ``limit`` (chunked bodies too),
-    408 past the deadline or behind the minimum rate, ClientDisconnectedError if the client goes."""
+    408 past the deadline or behind the minimum rate, or when its ``place`` is cut for being slow
+    while others wait (server.upload_places); ClientDisconnectedError if the client goes."""
     loop = asyncio.get_running_loop()
     start, total = loop.time(), 0
     try:
         async with asyncio.timeout_at(start + pace.due(0)) as deadline:
+            if place is not None:
+                place.deadline = deadline
             async for chunk in request.stream():
                 total += len(chunk)
                 if total > limit:
                     raise too_large(limit)
                 sink(chunk)
+                if place is not None:
+                    place.received = total
                 deadline.reschedule(start + pace.due(total))
     except TimeoutError as exc:
         elapsed = loop.time() - start
-        if elapsed < pace.timeout:
+        if place is not None and place.cut:
+            message = (f"the body arrived at {total / max(elapsed, 1e-9):.0f} bytes/s while other devices waited for a "
+                       "place: cut; this device may upload again in the next round")  # fmt: skip
+        elif elapsed < pace.timeout:
             message = (f"the body arrived at {total / elapsed:.0f} bytes/s, slower than the server's minimum of "
                        f"{pace.min_rate:g} bytes/s (after {pace.grace:g} s)")  # fmt: skip
         else:
@@ -82,11 +93,13 @@ async def read_small(request: Request, limit: int, timeout: float) -> bytes:
 
 
 @contextlib.asynccontextmanager
-async def streamed_to_file(request: Request, limit: int, pace: BodyPace, store: UpdateStore) -> AsyncIterator[Path]:
+async def streamed_to_file(
+    request: Request, limit: int, pace: BodyPace, store: UpdateStore, place: Place | None = None
+) -> AsyncIterator[Path]:
     """The body as a temporary file in ``tmp/``, removed when the block ends. Chunks go to the
     page cache as they arrive (microseconds each; no fsync: the body itself is never kept)."""
     _check_length(request, limit)
     with store.temp_file(".body") as (path, f):
-        await _receive(request, limit, pace, f.write)
+        await _receive(request, limit, pace, f.write, place)
         f.flush()
         yield path

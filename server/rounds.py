@@ -24,6 +24,7 @@ they arrived in, nor on the (random) device ids.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -43,6 +44,7 @@ from fedper.common.manifest import Manifest, sha256_file
 from fedper.common.metrics import summarize
 from fedper.common.protocol import RoundInfo
 from fedper.common.robust_aggregate import NonFiniteAggregateError, robust_aggregate
+from fedper.common.secagg.fixed_point import SumOutOfBoundsError
 from fedper.common.secagg.server_session import RoundFailedError
 from fedper.server import publish_check
 from fedper.server.clock import SteadyClock, iso_time
@@ -55,13 +57,14 @@ from fedper.server.refusals import (
     DeviceRevokedError,
     DrainingError,
     NotInCohortError,
+    PrivacyBudgetSpentError,
     RoundNotOpenError,
     RunFinishedError,
     SecureRoundError,
     StaleBaseError,
     UnknownVersionError,
 )
-from fedper.server.secure_round import DONE, SecureRounds
+from fedper.server.secure_round import DONE, SecureRounds, SessionBrokenError
 from fedper.server.storage import Database, Round, RoundState, Slot, StoredUpdate
 from fedper.server.update_store import UpdateStore
 from fedper.server.upload_validation import Upload
@@ -349,17 +352,29 @@ class RoundManager:
     # --- closing, abandoning, stopping ----------------------------------------------------
 
     def _try_close(self, number: int, reason: str) -> None:
-        """Close; a failure is logged and retried at the next tick (the update that filled the
-        round is stored either way, so its device gets its 202)."""
+        """Close. A full disk drains the server (the round closes when there is room); any other
+        failure (a secure round's masks that cannot be removed, an overflow, a bug) abandons the
+        round with its reason recorded and opens the next one: no round can wedge the server, and
+        a restart does not meet the same failure again. The update that filled the round is
+        stored either way, so its device gets its 202."""
+        noised: list[DPReport] = []  # a DP round noised before it failed still counts
         try:
-            self._close(number, reason)
+            self._close(number, reason, noised)
         except Exception as exc:
             if out_of_space(exc):
                 self._drain(f"round {number} could not be closed: {exc}")
                 return
             log.exception(json.dumps({"event": "round_close_failed", "round": number}))
+            self._abandon_failed(number, f"closing failed: {type(exc).__name__}: {exc}", noised[0] if noised else None)
 
-    def _close(self, number: int, reason: str) -> None:
+    def _abandon_failed(self, number: int, why: str, dp_report: DPReport | None = None) -> None:
+        """Abandon a round that cannot be closed (if it is still open), counted as not published."""
+        current = self.db.round(number)
+        if current is None or current.state != RoundState.OPEN:
+            return
+        self._refuse(number, current.model_version, why[:500], dp_report)
+
+    def _close(self, number: int, reason: str, noised: list[DPReport] | None = None) -> None:
         """Aggregate, check the aggregate (:mod:`server.publish_check`), write version v+1
         durably, then record it and open the next round; an aggregate that fails a check is not
         published: the round is abandoned and the next one trains the same version.
@@ -380,18 +395,21 @@ class RoundManager:
         try:  # group=1: one loaded update in memory at a time (for the mean)
             if self.secure is not None:
                 try:
-                    secured = self._secure_aggregate(number, round_base)
-                except RoundFailedError as exc:
+                    secured = self._secure_aggregate(number, round_base, noised)
+                except (RoundFailedError, SumOutOfBoundsError) as exc:
                     log.warning(json.dumps({"event": "secure_round_failed", "round": number, "reason": str(exc)}))
-                    self._abandon(number, current.model_version)
+                    self._refuse(number, current.model_version, f"secure round failed: {exc}",
+                                 noised[0] if noised else None)  # fmt: skip
                     return
-                if secured is None:
-                    self._abandon(number, current.model_version)
+                if isinstance(secured, str):
+                    self._abandon(number, current.model_version, reason=secured)
                     return
                 base, count, dp_report = secured
             elif self.privacy is not None:
                 contributions = ((tensors, bool(u.unclipped)) for u, tensors in self._stored(number))
                 base, dp_report = self.privacy.aggregate(self._layout, round_base, contributions)
+                if noised is not None:
+                    noised.append(dp_report)
                 count = dp_report.updates
             else:
                 base, report = robust_aggregate(self._layout, round_base, stored, self.config.aggregation, 1)
@@ -485,18 +503,20 @@ class RoundManager:
     def _refuse(self, number: int, version: int, why: str, dp_report: DPReport | None = None) -> None:
         """A round whose aggregate may not be published: abandoned, counted, logged as a warning.
         A noised round counts against the privacy budget all the same (its refusal is visible)."""
-        self._abandon(number, version, dp_report)
+        self._abandon(number, version, dp_report, why)
         self.rounds_refused += 1
         log.warning(json.dumps({"event": "round_not_published", "round": number, "model_version": version,
                                 "reason": why}))  # fmt: skip
 
-    def _abandon(self, number: int, version: int, dp_report: DPReport | None = None) -> None:
-        """End the round unaggregated and open the next on the same version (or finish the run,
-        when a refused noised round used up the privacy budget)."""
+    def _abandon(self, number: int, version: int, dp_report: DPReport | None = None, reason: str | None = None) -> None:
+        """End the round unaggregated (with ``reason`` recorded: GET /v1/rounds/{r} says it) and
+        open the next on the same version, or finish the run, when a refused noised round used up
+        the privacy budget. A secure round's secrets (sealed shares, answers) go with its row's
+        messages, its masked inputs with its folder."""
         now = self.clock()
         try:
             with self.db.transaction() as conn:
-                self.db.end_round(conn, number, RoundState.ABANDONED, now)
+                self.db.end_round(conn, number, RoundState.ABANDONED, now, reason=reason)
                 if self.privacy is not None and dp_report is not None and not self.privacy.record(conn, dp_report):
                     self.db.set_meta(conn, "state", "finished")
                 else:
@@ -504,7 +524,7 @@ class RoundManager:
         finally:
             self._refresh()
         self.store.remove_round(number)
-        log.info(json.dumps({"event": "round_abandoned", "round": number, "model_version": version}))
+        log.info(json.dumps({"event": "round_abandoned", "round": number, "model_version": version, "reason": reason}))
 
     def rollback(self, to: int) -> tuple[int, int]:
         """Reopen the run from version ``to``: its tensors become a new version (versions only ever
@@ -516,6 +536,13 @@ class RoundManager:
             found = self.version_file(to)
             if found is None or not found[0].exists():
                 raise UnknownVersionError(f"model version {to} does not exist")
+            if self.privacy is not None and not self.privacy.budget().allows(self.privacy.rounds() + 1):
+                spent = self.privacy.spent()
+                raise PrivacyBudgetSpentError(
+                    f"the run has spent epsilon {spent.epsilon} at delta {spent.delta:.3g} in {spent.rounds} noised "
+                    f"rounds; one more would exceed --target-epsilon {spent.target_epsilon}. A rollback does not give "
+                    "back what was published: the run stays finished"
+                )
             version = self.db.latest_version() + 1
             target = self.models_dir / f"v{version}.safetensors"
             atomic_write_bytes(target, found[0].read_bytes())
@@ -599,7 +626,8 @@ class RoundManager:
                 if received >= self.config.min_clients:
                     self._try_close(current.round, "deadline")
                 else:
-                    self._abandon(current.round, current.model_version)
+                    why = f"deadline: {received} updates, fewer than {self.config.min_clients}"
+                    self._abandon(current.round, current.model_version, reason=why)
 
     def _tick_secure(self, now: float) -> None:
         """A secure round closes once its unmasking is over, under DP not before its deadline
@@ -613,7 +641,14 @@ class RoundManager:
             current = self.db.latest_round()
             if current is None or current.state != RoundState.OPEN or self._finished():
                 return
-            stage = self.secure.stage(current.round, now)
+            try:
+                stage = self.secure.stage(current.round, now)
+            except Exception as exc:  # a stored session that no longer replays must not wedge the run
+                if out_of_space(exc):
+                    raise
+                log.exception(json.dumps({"event": "secure_session_failed", "round": current.round}))
+                self._abandon_failed(current.round, f"the secure session cannot be replayed: {exc}")
+                return
             due = current.deadline is not None and now >= current.deadline
             if stage == DONE and (self.privacy is None or due):
                 self._try_close(current.round, "unmasked")
@@ -621,44 +656,80 @@ class RoundManager:
                 if self.privacy is not None:
                     self._try_close(current.round, "deadline")  # noise alone: every DP round is published
                 else:
-                    self._abandon(current.round, current.model_version)
+                    self._abandon(current.round, current.model_version,
+                                  reason="deadline: fewer than two devices were drawn, so no secure sum")  # fmt: skip
 
     def _secure_aggregate(
-        self, number: int, round_base: dict[str, np.ndarray]
-    ) -> tuple[dict[str, np.ndarray], int, DPReport | None] | None:
-        """A secure round's new base (float32), its survivors, and under DP what the mechanism did;
-        None when it publishes nothing (fewer than ``min_clients`` survivors, without DP)."""
+        self, number: int, round_base: dict[str, np.ndarray], noised: list[DPReport] | None = None
+    ) -> tuple[dict[str, np.ndarray], int, DPReport | None] | str:
+        """A secure round's new base (float32), the devices in its sum, and under DP what the
+        mechanism did; or why it publishes nothing (fewer than ``min_clients`` in the sum, without
+        DP). The decoded sum is checked first (FixedPoint.check_sum): SumOutOfBoundsError when no
+        set of honest devices could have sent it; RoundFailedError when the masks cannot be removed."""
         assert self.secure is not None
-        summed = self.secure.summed(number, self._layout)
+        try:
+            summed = self.secure.summed(number, self._layout)
+        finally:
+            self._log_secure_session(number)
         if self.privacy is not None:  # every round is published: noise alone if nobody took part
             if summed is None:
                 zeros = {name: np.zeros(shape) for name, shape in self._layout}
                 base, report = self.privacy.aggregate_sum(self._layout, round_base, zeros, 0, 0, self.privacy.clip())
-                return base, 0, report
-            sums, weight, flags, fixed, survivors = summed
-            sensitivity = fixed.clip + fixed.error_norm(self.secure.words)
-            base, report = self.privacy.aggregate_sum(self._layout, round_base, sums, weight, flags[0], sensitivity)
-            return base, survivors, report
+            else:
+                # Only what depends on no honest device's data may stop a noised round (every honest
+                # weight is 1); the bits' count and the sum are bounded by the mechanism instead
+                # (clamped to [0, B], projected onto B x the sensitivity), with B fixed by the sampling.
+                sums, weight, flags, fixed, survivors = summed
+                fixed.check_weight(weight, survivors)
+                bits = min(max(flags[0], 0), self.privacy.max_devices())
+                sensitivity = fixed.clip + fixed.error_norm(self.secure.words)
+                base, report = self.privacy.aggregate_sum(self._layout, round_base, sums, survivors, bits, sensitivity)
+            if noised is not None:
+                noised.append(report)
+            return base, 0 if summed is None else survivors, report
         if summed is None:
-            return None
-        sums, weight, _, fixed, survivors = summed
-        if weight == 0 or survivors < self.config.min_clients:
-            return None
+            return "no secure session: fewer than two devices were drawn"
+        sums, weight, flags, fixed, survivors = summed
+        fixed.check_sum(np.concatenate([sums[name].ravel() for name, _ in self._layout]), weight, flags, survivors)
+        if survivors < self.config.min_clients:
+            return f"{survivors} devices in the secure sum, fewer than {self.config.min_clients}"
         scale = fixed.weight_cap / weight
         out = {name: (round_base[name] + sums[name] * scale).astype(np.float32) for name, _ in self._layout}
         return out, survivors, None
 
-    def secure_post(self, number: int, device_id: str, stage: str, body: bytes) -> None:
+    def _log_secure_session(self, number: int) -> None:
+        """Who a secure round left out of its sum, and whose shares of a secret were wrong."""
         assert self.secure is not None
-        with self._lock:
+        found = self.secure.session(number)
+        if found is None:
+            return
+        s = found[1]
+        if s.left_out() or s.wrong_shares:
+            log.warning(json.dumps({"event": "secure_round_devices", "round": number, "left_out": sorted(s.left_out()),
+                                    "wrong_shares": s.wrong_shares}))  # fmt: skip
+
+    def secure_post(self, number: int, device_id: str, stage: str, body: bytes, unopened: str = "") -> None:
+        assert self.secure is not None
+        with self._lock, self._broken_session(number):
             self.check_open(number)
-            self.secure.post(number, device_id, stage, body, self.clock())
+            self.secure.post(number, device_id, stage, body, self.clock(), unopened)
 
     def secure_get(self, number: int, device_id: str, stage: str) -> dict[str, object] | None:
         assert self.secure is not None
-        with self._lock:
+        with self._lock, self._broken_session(number):
             self.check_open(number)
             return self.secure.get(number, device_id, stage, self.clock())
+
+    @contextlib.contextmanager
+    def _broken_session(self, number: int) -> Iterator[None]:
+        """A request that finds the round's session cannot be replayed abandons the round, and
+        is told the round is not open (not a 500 until the next tick does it)."""
+        try:
+            yield
+        except SessionBrokenError as exc:
+            log.error(json.dumps({"event": "secure_session_failed", "round": number, "reason": str(exc)}))
+            self._abandon_failed(number, str(exc))
+            raise RoundNotOpenError(f"round {number} was abandoned: {exc}") from exc
 
     def check_open(self, number: int) -> None:
         if self._finished():
@@ -723,16 +794,20 @@ class RoundManager:
             return None
         updates = self.db.updates(number)
         metrics = r.metrics if r.metrics is not None else round_metrics(updates)
+        received = len(updates)
+        if self.secure is not None and r.state == RoundState.OPEN:  # a secure round's updates are masked inputs
+            received = sum(stage == "masked" for stage, _, _ in self.db.secagg_messages(number))
         return RoundInfo(
             round=r.round,
             state=r.state,  # type: ignore[arg-type]
             model_version=r.model_version,
-            received=len(updates),
+            received=received,
             min_clients=self.config.min_clients,
             target_clients=self.config.target_clients,
             result_version=r.result_version,
             deadline=iso_time(r.deadline),
             metrics=metrics,  # type: ignore[arg-type]
+            reason=r.reason,
         )
 
 

@@ -6,9 +6,9 @@ weighted deltas at the end.
 A stage ends at its time (fixed at the draw) or as soon as every device that could still take
 part in it has: the key stage when the whole cohort advertised, the share stage when every device
 that advertised shared, the masked stage when every device that shared sent its input, the
-unmasking when every device that sent an input answered. What a device sends for a stage that is
-over is refused (``secagg_stage_closed``), and for one not begun it is told to come back.
-
+unmasking when every device in the sum answered. What a device sends for a stage that is over is
+refused (``secagg_stage_closed``), and for one not begun it is told when to come back
+(``secagg_stage_not_open``, with Retry-After).
 """
 
 from __future__ import annotations
@@ -18,12 +18,14 @@ import math
 import secrets
 import sqlite3
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from fedper.common.atomic_write import atomic_write_bytes
 from fedper.common.protocol import (
+    Header,
     OctetsError,
     SecAggKeys,
     SecAggNeighbours,
@@ -39,7 +41,13 @@ from fedper.common.secagg.fixed_point import FixedPoint
 from fedper.common.secagg.graph import neighbour_graph
 from fedper.common.secagg.server_session import DuplicateMessageError, ServerSession, StageError
 from fedper.server.clock import iso_time
-from fedper.server.refusals import AlreadyReportedError, NotInCohortError, SecureMessageError, SecureStageError
+from fedper.server.refusals import (
+    AlreadyReportedError,
+    NotInCohortError,
+    SecureMessageError,
+    SecureStageError,
+    SecureStageNotOpenError,
+)
 from fedper.server.storage import Database, SecAggSession
 
 STAGES = ("keys", "shares", "masked", "unmask")
@@ -48,6 +56,7 @@ DONE = "done"
 # keys once the key stage is over, the shares once the share stage is, whom to unmask once the
 # masked inputs are in.
 RELAYED_AFTER = {"keys": 1, "shares": 2, "unmask": 3}
+POLL_SECONDS = 2  # the longest Retry-After of a stage's 204 or 409 secagg_stage_not_open
 
 
 class SecureRounds:
@@ -109,10 +118,19 @@ class SecureRounds:
             return row, self._cached[1]
         k = len(next(iter(row.graph.values())))
         session = ServerSession(
-            sorted(row.graph), k, row.threshold, self.words_of(row), row.session.encode(), row.graph
+            sorted(row.graph),
+            k,
+            row.threshold,
+            self.words_of(row),
+            row.session.encode(),
+            row.graph,
+            lambda device: read_masked(self.masked_path(number, device)),
         )
-        for stage, device, body in self.db.secagg_messages(number):
-            apply(session, stage, device, body, self.folder)
+        try:
+            for stage, device, body in self.db.secagg_messages(number):
+                apply(session, stage, device, body, self.folder)
+        except (StageError, OSError, ValueError, KeyError, TypeError) as e:
+            raise SessionBrokenError(f"round {number}'s stored secure session does not replay: {e}") from e
         self._cached = (number, session)
         return row, session
 
@@ -144,7 +162,7 @@ class SecureRounds:
             size = math.prod(shape)
             out[name] = summed[at : at + size].reshape(shape)
             at += size
-        return out, weight, flags, fixed, len(s.masked)
+        return out, weight, flags, fixed, len(s.included())
 
     def took_part(self, number: int, device: str) -> bool:
         """Whether the device advertised its keys in round ``number``'s session: it cannot take
@@ -157,7 +175,7 @@ class SecureRounds:
 
     def referenced(self, number: int) -> set[str]:
         """The masked inputs' files of round ``number`` (relative to the updates folder)."""
-        return {body.decode() for stage, _, body in self.db.secagg_messages(number) if stage == "masked"}
+        return {MaskedBody.parse(body).file for stage, _, body in self.db.secagg_messages(number) if stage == "masked"}
 
     # --- a device's requests (the caller holds the rounds' lock) ---------------------------
 
@@ -170,15 +188,18 @@ class SecureRounds:
         if device in s.done(stage):  # a retry whose first answer was lost, maybe after the stage ended
             raise AlreadyReportedError(f"{device!r} already sent its part of the {stage} stage")
         current = self.stage(number, now)
+        if current != stage and current is not None and _index(current) < _index(stage):
+            wait = self.retry_after(number, now)
+            raise SecureStageNotOpenError(f"round {number} is in its {current} stage; {stage} has not begun", wait)
         if current != stage:
             raise SecureStageError(f"round {number} is in its {current} stage, not {stage}")
         if device not in s.eligible(stage):
             raise SecureStageError(f"this device missed a stage before {stage}: it is out of round {number}")
         return s
 
-    def post(self, number: int, device: str, stage: str, body: bytes, now: float) -> None:
-        """A device's message for ``stage`` (JSON body; for ``masked``, the words' bytes),
-        checked, stored, then applied."""
+    def post(self, number: int, device: str, stage: str, body: bytes, now: float, unopened: str = "") -> None:
+        """A device's message for ``stage`` (JSON body; for ``masked``, the words' bytes and the
+        ids of the neighbours whose shares it could not open), checked, stored, then applied."""
         s = self._check(number, device, stage, now)
         stored = body
         path = None
@@ -187,8 +208,11 @@ class SecureRounds:
             words = s.words
             if len(body) != 4 * words:
                 raise SecureMessageError(f"a masked input is {words} uint32 words, got {len(body)} bytes")
+            ids = [d.strip() for d in unopened.split(",") if d.strip()]
+            if len(ids) != len(set(ids)):
+                raise SecureMessageError(f"{Header.SECAGG_UNOPENED} names a device twice")
             store_masked(path, np.frombuffer(body, dtype="<u4"))
-            stored = str(path.relative_to(self.folder)).encode()
+            stored = MaskedBody(str(path.relative_to(self.folder)), ids).encode()
         try:
             apply(s, stage, device, stored, self.folder)
         except DuplicateMessageError as e:
@@ -226,16 +250,26 @@ class SecureRounds:
             return SecAggSealed(shares={n: octets_text(c) for n, c in s.shares_for(device).items()}).model_dump()
         if device not in s.masked:
             raise SecureStageError(f"this device sent no masked input: it is out of round {number}")
+        if device not in s.included():
+            raise SecureStageError(f"this device's input was left out of round {number}'s sum (docs/SECAGG.md, "
+                                   "'Who is in the sum'): it is out of the round")  # fmt: skip
         dropped, survivors = s.unmask_request(device)
         return SecAggUnmaskRequest(dropped=dropped, survivors=survivors).model_dump()
 
     def retry_after(self, number: int, now: float) -> int:
-        """Seconds until the round's current stage ends at the latest (at least 1)."""
+        """Seconds a device waits before it asks again: until the current stage's end, but at most
+        POLL_SECONDS (a stage ends early once everyone who can has sent, and the next stage's
+        time starts then: a device that slept to the end could miss a short one)."""
         row = self.db.secagg_session(number)
         current = self.stage(number, now)
         if row is None or current in (None, DONE):
             return 1
-        return max(1, min(60, int(row.stage_ends[current] - now) + 1))
+        return max(1, min(POLL_SECONDS, int(row.stage_ends[current] - now) + 1))
+
+
+class SessionBrokenError(RuntimeError):
+    """A stored session that no longer replays (a masked input's file lost, a message an earlier
+    revision stored): its round cannot go on and is abandoned."""
 
 
 def _index(stage: str) -> int:
@@ -250,17 +284,40 @@ def apply(session: ServerSession, stage: str, device: str, body: bytes, folder: 
     elif stage == "shares":
         session.share(device, {to: _b64(v) for to, v in json.loads(body)["shares"].items()})
     elif stage == "masked":
-        path = folder / body.decode()
-        session.submit(device, np.frombuffer(path.read_bytes(), dtype="<u4").astype(np.uint32))
+        stored = MaskedBody.parse(body)
+        session.submit(device, read_masked(folder / stored.file), stored.unopened)
     elif stage == "unmask":
         session.answer(device, {about: _b64(v) for about, v in json.loads(body)["shares"].items()})
     else:
         raise StageError(f"no stage {stage!r}")
 
 
+@dataclass(frozen=True)
+class MaskedBody:
+    """How a masked input is recorded: its file (relative to the updates folder) and the
+    neighbours whose shares its device could not open."""
+
+    file: str
+    unopened: list[str]
+
+    def encode(self) -> bytes:
+        return json.dumps({"file": self.file, "unopened": self.unopened}).encode()
+
+    @classmethod
+    def parse(cls, body: bytes) -> MaskedBody:
+        if not body.startswith(b"{"):  # revision 1.6 recorded the file alone
+            return cls(body.decode(), [])
+        data = json.loads(body)
+        return cls(str(data["file"]), [str(d) for d in data["unopened"]])
+
+
 def store_masked(path: Path, words: np.ndarray) -> None:
     """A masked input, as the little-endian words it is (the only form of an update the server keeps)."""
     atomic_write_bytes(path, words.astype("<u4").tobytes())
+
+
+def read_masked(path: Path) -> np.ndarray:
+    return np.frombuffer(path.read_bytes(), dtype="<u4").astype(np.uint32)
 
 
 def _b64(text: str) -> bytes:

@@ -6,7 +6,7 @@ import json
 import logging
 import sqlite3
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from fedper.common.errors import FedperError
@@ -20,6 +20,7 @@ from fedper.server.metrics_registry import MetricsRegistry
 from fedper.server.rate_limit import RateLimiter
 from fedper.server.rounds import Clock, RoundManager
 from fedper.server.storage import Database
+from fedper.server.upload_places import UploadPlaces
 
 log = logging.getLogger("fedper.server")
 
@@ -38,8 +39,8 @@ class ServerState:
     key_failures: RateLimiter  # wrong enrollment keys per address
     metrics: MetricsRegistry
     max_upload_bytes: int
+    places: UploadPlaces  # for upload bodies in flight
     verify_attestation: Verifier | None = None
-    uploading: set[str] = field(default_factory=set)  # devices whose upload body is arriving
 
     def artifact_path(self, name: str) -> Path | None:
         """Only files the manifest names (and the manifest itself); never a path."""
@@ -129,5 +130,8 @@ def open_state(config: ServerConfig, clock: Clock | None = None, free: Callable[
         key_failures=RateLimiter(config.auth_failures_per_minute),
         metrics=MetricsRegistry(),
         max_upload_bytes=limit,
+        places=UploadPlaces(
+            config.max_inflight_uploads, config.busy_upload_rate, config.upload_rate_grace, config.retry_after
+        ),
         verify_attestation=verifier,
     )

@@ -54,7 +54,8 @@ CREATE TABLE IF NOT EXISTS rounds (
     deadline REAL,
     closed_at REAL,
     result_version INTEGER,
-    metrics TEXT
+    metrics TEXT,
+    reason TEXT
 );
 CREATE TABLE IF NOT EXISTS updates (
     round INTEGER NOT NULL,
@@ -150,6 +151,7 @@ class Round:
     closed_at: float | None
     result_version: int | None
     metrics: dict[str, Any] | None
+    reason: str | None = None  # why it was abandoned, when the server knows
 
 
 @dataclass(frozen=True)
@@ -270,13 +272,17 @@ class Database:
 
     def _migrate(self) -> None:
         """Data directories of protocol revision 1.0 cannot record a ``stopped`` round: widen the
-        check; those before 1.5 have no column for an update's DP bit: add it."""
+        check; those before 1.5 have no column for an update's DP bit, those before 1.7 none for
+        why a round was abandoned: add them."""
         columns = {r["name"] for r in self._conn.execute("PRAGMA table_info(updates)")}
         if columns and "unclipped" not in columns:
             self._conn.execute("ALTER TABLE updates ADD COLUMN unclipped INTEGER")
         columns = {r["name"] for r in self._conn.execute("PRAGMA table_info(secagg_sessions)")}
         if columns and "flags" not in columns:  # a secure session of the first revision 1.6 server
             self._conn.execute("ALTER TABLE secagg_sessions ADD COLUMN flags INTEGER NOT NULL DEFAULT 0")
+        columns = {r["name"] for r in self._conn.execute("PRAGMA table_info(rounds)")}
+        if columns and "reason" not in columns:  # before revision 1.7: no recorded reason for an abandoned round
+            self._conn.execute("ALTER TABLE rounds ADD COLUMN reason TEXT")
         rows = list(self._conn.execute("SELECT sql FROM sqlite_master WHERE type = 'table' AND name = 'rounds'"))
         if not rows or "'stopped'" in rows[0]["sql"]:
             return
@@ -285,7 +291,11 @@ class Database:
         try:
             self._conn.execute("ALTER TABLE rounds RENAME TO rounds_rev10")
             self._conn.execute(rounds_schema)
-            self._conn.execute("INSERT INTO rounds SELECT * FROM rounds_rev10")
+            self._conn.execute(
+                "INSERT INTO rounds (round, state, model_version, opened_at, deadline, closed_at, result_version, "
+                "metrics) SELECT round, state, model_version, opened_at, deadline, closed_at, result_version, metrics "
+                "FROM rounds_rev10"
+            )
             self._conn.execute("DROP TABLE rounds_rev10")
         except BaseException:
             self._conn.execute("ROLLBACK")
@@ -517,11 +527,12 @@ class Database:
         now: float,
         result_version: int | None = None,
         metrics: dict[str, Any] | None = None,
+        reason: str | None = None,
     ) -> None:
         """Record how round ``number`` ended; its update files are no longer needed."""
         conn.execute(
-            "UPDATE rounds SET state = ?, closed_at = ?, result_version = ?, metrics = ? WHERE round = ?",
-            (state.value, now, result_version, json.dumps(metrics) if metrics is not None else None, number),
+            "UPDATE rounds SET state = ?, closed_at = ?, result_version = ?, metrics = ?, reason = ? WHERE round = ?",
+            (state.value, now, result_version, json.dumps(metrics) if metrics is not None else None, reason, number),
         )
         conn.execute("UPDATE updates SET file = NULL WHERE round = ?", (number,))
         conn.execute("DELETE FROM slots WHERE round = ?", (number,))  # an ended round has no cohort
@@ -581,4 +592,5 @@ def _round(row: sqlite3.Row) -> Round:
         closed_at=row["closed_at"],
         result_version=row["result_version"],
         metrics=json.loads(row["metrics"]) if row["metrics"] else None,
+        reason=row["reason"],
     )

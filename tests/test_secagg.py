@@ -132,7 +132,7 @@ def test_a_share_sealed_for_one_device_opens_for_no_other() -> None:
         keys.decrypt(keys.agree(c.channel, a.public()[0], keys.CHANNEL, CONTEXT), sealed, b"a|b")
     with pytest.raises(keys.ChannelError, match="authentication"):
         keys.decrypt(key_ab, sealed, b"a|c")  # rerouted to another receiver
-    with pytest.raises(keys.ChannelError, match="refused"):
+    with pytest.raises(keys.ChannelError, match="low order"):
         keys.agree(a.channel, bytes(32), keys.MASK, CONTEXT)  # a low-order point
 
 
@@ -161,7 +161,7 @@ def _round(n: int, drop: set[int], rng: np.random.Generator, k: int | None = Non
             masked = device.masked_input(encoded)
             assert np.mean(masked == encoded) < 0.1  # what the server receives is not the input
             server.submit(name, masked)
-    for name in server.masked:
+    for name in server.included():
         server.answer(name, devices[name].unmask(*server.unmask_request(name)))
     return server, deltas, samples, fixed
 
@@ -188,9 +188,11 @@ def test_the_2017_protocol_everyone_neighbours_everyone() -> None:
 
 
 def test_too_many_dropouts_fail_the_round_cleanly() -> None:
-    # 10 devices, k = 4, t = 3: device 0's ring neighbours are unknown, so drop 7 of 10.
+    # 10 devices, k = 4, t = 3: device 0's ring neighbours are unknown, so drop 7 of 10. A survivor
+    # holding shares of a dropped device with fewer than 3 holders left cannot have its mask with
+    # it removed: it is left out of the sum too, and what remains cannot be unmasked.
     server, *_ = _round(10, set(range(7)), np.random.default_rng(2), k=4, t=3)
-    with pytest.raises(RoundFailedError, match="its masks need 3"):
+    with pytest.raises(RoundFailedError, match="it needs 3|no device's masked input is in the sum"):
         server.total()
 
 
@@ -216,7 +218,7 @@ def test_a_device_refuses_a_key_list_that_could_trick_it() -> None:
     names = [f"n{i}" for i in range(4)]
     devices = {n: DeviceSession(n, CONTEXT) for n in names}
     ads = {n: d.advertise() for n, d in devices.items()}
-    with pytest.raises(RequestRefusedError, match="same public key"):
+    with pytest.raises(RequestRefusedError, match="two keys of the round are the same"):
         devices["n0"].share_keys({"n1": ads["n1"], "n2": ads["n1"], "n3": ads["n3"]}, 2)
     with pytest.raises(RequestRefusedError, match="its own neighbour"):
         devices["n0"].share_keys(ads, 2)
@@ -285,3 +287,37 @@ def test_the_mask_generator_is_aes_256_ctr_from_a_zero_counter() -> None:
     assert words[4:].astype("<u4").tobytes() == second
     with pytest.raises(ValueError, match="32 bytes"):
         prg.expand(bytes(16), 1)
+
+
+def test_a_device_refuses_a_threshold_a_lying_server_could_beat_and_a_request_naming_a_device_twice() -> None:
+    """2t > k is what keeps a server that lies about who dropped from collecting both secrets of a
+    device: a device refuses a threshold of half its neighbours or fewer (helper's finding)."""
+    names = [f"n{i}" for i in range(5)]
+    devices = {n: DeviceSession(n, CONTEXT) for n in names}
+    ads = {n: d.advertise() for n, d in devices.items()}
+    with pytest.raises(RequestRefusedError, match="not more than half"):
+        devices["n0"].share_keys({m: ads[m] for m in names[1:]}, 2)  # k = 4, t = 2
+    sealed = {n: d.share_keys({m: ads[m] for m in names if m != n}, 3) for n, d in devices.items()}
+    for n, d in devices.items():
+        d.receive_shares({m: sealed[m][n] for m in names if m != n})
+    with pytest.raises(RequestRefusedError, match="names a device twice"):
+        devices["n0"].unmask([], ["n1", "n1", "n2"])
+
+
+@settings(max_examples=60, deadline=None)
+@given(t=st.integers(1, 6), extra=st.integers(0, 6), data=st.data())
+def test_wrong_shares_up_to_half_the_spare_ones_are_corrected_and_named(
+    t: int, extra: int, data: st.DataObject
+) -> None:
+    """Berlekamp-Welch: m = t + extra shares, up to extra // 2 of them wrong (any values)."""
+    secret = data.draw(st.binary(min_size=32, max_size=32))
+    shares = shamir.split(secret, t, t + extra)
+    wrong = data.draw(st.sets(st.sampled_from(range(t + extra)), max_size=extra // 2))
+    given_shares = [
+        shamir.Share(s.index, data.draw(st.integers(0, shamir.PRIME - 1).filter(lambda v, s=s: v != s.value)))
+        if i in wrong
+        else s
+        for i, s in enumerate(shares)
+    ]
+    recovered, named = shamir.recover(given_shares, t)
+    assert recovered == secret and named == sorted(shares[i].index for i in wrong)

@@ -159,7 +159,7 @@ def test_a_device_that_cannot_take_part_is_refused_with_a_clear_error(server_art
         headers = {"Authorization": f"Bearer {r.json()['token']}"}
         r = http.get("/v1/task", headers=headers)  # no Fedper-Capabilities: a revision 1.5 client
         assert r.status_code == 403 and r.json()["code"] == ErrorCode.SECAGG_UNSUPPORTED
-        assert "revision 1.6" in r.json()["message"]
+        assert "revision 1.7" in r.json()["message"]
         r = http.post("/v1/rounds/1/updates", headers=headers, content=b"x")
         assert r.status_code == 409 and r.json()["code"] == ErrorCode.SECURE_ROUND
         http.close()

@@ -68,7 +68,7 @@ def test_one_device_can_hold_one_place_among_the_uploads_in_flight(server_artifa
             assert (await c.get("/v1/task", headers=attacker)).status_code == 200
             assert (await c.get("/v1/task", headers=honest)).status_code == 200
             first = asyncio.create_task(c.post(UPDATE, content=_trickle(gate), headers=attacker))
-            while not state.uploading:
+            while not state.places.places:
                 await asyncio.sleep(0.01)
             more = await asyncio.gather(*(c.post(UPDATE, content=_trickle(gate), headers=attacker) for _ in range(31)))
             assert {_code(r) for r in more} == {(409, "upload_in_progress")}
@@ -77,7 +77,47 @@ def test_one_device_can_hold_one_place_among_the_uploads_in_flight(server_artifa
             assert r.status_code == 202, r.text
             gate.set()
             assert _code(await first) == (400, "malformed_safetensors")
-            assert not state.uploading
+            assert not state.places.places
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        state.db.close()
+
+
+def test_trickling_devices_cannot_keep_the_other_drawn_devices_out(server_artifacts, server_manifest, tmp_path):
+    """Issue 49's finding: drawn devices trickling their bodies held every upload place for the
+    whole round (0 of 10 honest uploads accepted, 240 answers of 503). Now, when every place is
+    taken and another device asks, the uploads past their grace that are slower than the busy
+    rate are cut (408), their devices may not take a place again this round (503), and the one
+    that asked gets a place a second later."""
+    state = open_in_process(server_artifacts, tmp_path / "data", target_clients=5, max_inflight_uploads=2,
+                            upload_rate_grace=0.3, min_upload_rate=0, busy_upload_rate=100_000)  # fmt: skip
+
+    async def scenario() -> None:
+        gate = asyncio.Event()
+        async with http_in_process(state) as c:
+            tricklers = [await enroll_async(c) for _ in range(2)]
+            honest = await enroll_async(c)
+            for device in [*tricklers, honest]:
+                assert (await c.get("/v1/task", headers=device)).status_code == 200
+            held = [asyncio.create_task(c.post(UPDATE, content=_trickle(gate), headers=t)) for t in tricklers]
+            while len(state.places) < 2:
+                await asyncio.sleep(0.01)
+            body = update_body(base_like(server_manifest), num_samples=10)
+            busy = await c.post(UPDATE, content=body, headers=honest)
+            assert _code(busy) == (503, "server_busy")  # within the grace: nobody is cut yet
+            await asyncio.sleep(0.4)
+            busy = await c.post(UPDATE, content=body, headers=honest)
+            assert _code(busy) == (503, "server_busy") and busy.headers["Retry-After"] == "1"
+            cut = await asyncio.gather(*held)
+            assert {_code(r) for r in cut} == {(408, "upload_timeout")}
+            assert all("while other devices waited for a place: cut" in r.json()["message"] for r in cut)
+            r = await c.post(UPDATE, content=body, headers=honest)
+            assert r.status_code == 202, r.text
+            again = await c.post(UPDATE, content=_trickle(gate), headers=tricklers[0])
+            assert _code(again) == (503, "server_busy") and "next round" in again.json()["message"]
+            gate.set()
 
     try:
         asyncio.run(scenario())

@@ -24,7 +24,11 @@ javac --release 11 -Xlint:all -Werror -cp "$ANDROID_JSON" -d "$BUILD/classes" $(
 javac --release 11 -cp "$BUILD/classes:$ANDROID_JSON:$JUNIT:$HAMCREST" -d "$BUILD/test-classes" $(find src/test/java -name '*.java')
 "$PYTHON" host_fixtures.py make "$BUILD/fixtures"
 "$PYTHON" host_fixtures.py onnx-inputs "$BUILD/fixtures/onnx"
+# SecAggVectorsTest reads the protocol's known-answer vectors where the repository keeps them.
+VECTORS=$(cd ../.. && pwd)/docs/secagg_vectors.json
+[ -f "$VECTORS" ] || { echo "host-test.sh: $VECTORS not found" >&2; exit 1; }
 TESTS=$(cd src/test/java && find . -name '*Test.java' | sed 's|^\./||; s|\.java$||; s|/|.|g' | sort)
 java -cp "$BUILD/classes:$BUILD/test-classes:$ANDROID_JSON:$JUNIT:$HAMCREST" \
   -Dfedper.python="$PYTHON" -Dfedper.fixtures="$PWD/$BUILD/fixtures" -Dfedper.script="$PWD/host_fixtures.py" \
+  -Dfedper.vectors="$VECTORS" \
   org.junit.runner.JUnitCore $TESTS

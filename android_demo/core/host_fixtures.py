@@ -10,6 +10,8 @@ base holds tensors that ``artifacts`` keeps personal.
 ``make`` exported, and input_names.txt: ONNX Runtime's input names for it, one a line, in order (what
 the Java ``OrtSession.getInputNames()`` reports on a phone); ir_version.txt: its ONNX IR version.
 ``host_fixtures.py verify-ptd FILE``: checks a ``.ptd`` the Java side rewrote, with ExecuTorch's reader.
+``host_fixtures.py verify-secagg FILE``: what the Java secure-aggregation device sealed for its
+neighbours (``secagg/case.json``'s round) must open in Python's sessions and give back its secrets.
 ``make`` also writes ``clipping/<case>/``: a received and a trained base and what Python's clipping
 (``fedper.common.dp.clipping``, PROTOCOL.md "Clipping the base delta") uploads for them, with the bound,
 the norm, the scale, the bit and the names' order in its metadata: the Java core must give the same bytes.
@@ -97,7 +99,7 @@ def clipping_cases(out: Path, artifacts: Path) -> None:
         save_file(clipped.tensors, str(folder / "expected.safetensors"), metadata=meta)
 
 
-SECAGG_CONTEXT = b"fixture run|round 3"
+SECAGG_SESSION = "a11ce5e55100000000000000000000f1"  # a task's secagg.session: 32 lowercase hex digits
 SECAGG_DEVICES = ("a-1", "java", "z-1", "z-2")  # the Java device has a smaller and larger neighbours
 SECAGG_THRESHOLD = 2
 
@@ -113,52 +115,28 @@ def _secagg_sessions():  # type: ignore[no-untyped-def]
         return hashlib.sha256(f"{name} {what}".encode()).digest()
 
     return {
-        n: DeviceSession(n, SECAGG_CONTEXT, keys.KeyPairs(keys.private_key(secret(n, "channel")),
-                                                           keys.private_key(secret(n, "mask"))), secret(n, "seed"))
+        n: DeviceSession(n, SECAGG_SESSION.encode(), keys.KeyPairs(keys.private_key(secret(n, "channel")),
+                                                                   keys.private_key(secret(n, "mask"))),
+                         secret(n, "seed"))
         for n in SECAGG_DEVICES
     }, secret  # fmt: skip
 
 
 def secagg_case(out: Path) -> None:
-    """secagg/case.json: the Java device's keys and seed, its neighbours' public keys and the shares
-    they sealed for it (by Python), the words it masks and what Python's session of the same device
-    masks them into and answers to an unmasking request; known answers of the mask generator, the
-    key agreement and Shamir's combination. The Java test must give the same bytes."""
+    """secagg/case.json: a round of four devices, everyone each other's neighbour, one of them the
+    Java device: the session, the threshold, the Java device's private keys and seed, and every
+    device's public keys (Python's). The byte-for-byte checks are docs/secagg_vectors.json's
+    (SecAggVectorsTest); this case is for ``verify-secagg``, which takes what the Java device,
+    with its own random coefficients and nonces, sealed for the other three."""
     import json
-
-    from fedper.common.secagg import keys, prg, shamir
-    from fedper.common.secagg.fixed_point import FixedPoint
 
     sessions, secret = _secagg_sessions()
     ads = {n: s.advertise() for n, s in sessions.items()}
-    sealed = {n: s.share_keys({m: ads[m] for m in SECAGG_DEVICES if m != n}, SECAGG_THRESHOLD)
-              for n, s in sessions.items()}  # fmt: skip
-    java = sessions["java"]
-    java.receive_shares({n: sealed[n]["java"] for n in SECAGG_DEVICES if n != "java"})
-    rng = np.random.default_rng(5)
-    delta = rng.normal(size=37)
-    delta = delta * min(1.0, 0.8 / float(np.linalg.norm(delta)))
-    fixed = FixedPoint(0.8, 4, 150)
-    words = fixed.encode(delta, 97)
-    answer = java.unmask(["z-2"], ["a-1", "z-1"])
-    shares = shamir.split(secret("shamir", "secret"), 3, 5)
-    java_secrets = {what: secret("java", what).hex() for what in ("channel", "mask", "seed")}
-    prg_seed = secret("prg", "seed")
-    agreed = keys.agree(keys.private_key(secret("java", "mask")), ads["z-1"].mask, keys.MASK, SECAGG_CONTEXT)
-    shares_hex = [x.to_bytes().hex() for x in shares]
     case = {
-        "context": SECAGG_CONTEXT.hex(),
+        "session": SECAGG_SESSION,
         "threshold": SECAGG_THRESHOLD,
-        "java": java_secrets,
+        "java": {what: secret("java", what).hex() for what in ("channel", "mask", "seed")},
         "advertised": {n: {"channel": a.channel.hex(), "mask": a.mask.hex()} for n, a in ads.items()},
-        "sealed_for_java": {n: sealed[n]["java"].hex() for n in SECAGG_DEVICES if n != "java"},
-        "fixed_point": {"clip": 0.8, "cohort": 4, "weight_cap": 150, "num_samples": 97, "delta": delta.tolist()},
-        "words": words.astype("<u4").tobytes().hex(),
-        "masked": java.masked_input(words).astype("<u4").tobytes().hex(),
-        "unmask": {"dropped": ["z-2"], "survivors": ["a-1", "z-1"], "answer": {n: v.hex() for n, v in answer.items()}},
-        "prg": {"seed": prg_seed.hex(), "words": prg.expand(prg_seed, 9).astype("<u4").tobytes().hex()},
-        "agree": {"with": "z-1", "mask": agreed.hex()},
-        "shamir": {"secret": secret("shamir", "secret").hex(), "threshold": 3, "shares": shares_hex},
     }
     out.mkdir(parents=True, exist_ok=True)
     (out / "case.json").write_text(json.dumps(case, indent=1) + "\n")
@@ -166,17 +144,22 @@ def secagg_case(out: Path) -> None:
 
 def verify_secagg(path: Path) -> int:
     """What the Java device sealed for its neighbours (JSON: receiver -> hex), taken by Python's
-    sessions of the three neighbours beside each other's shares: asked for the Java device's mask
-    key (as if it dropped) and, in a second run of the round, for its seed (as if it survived),
-    their answers must give back the Java device's mask key and seed."""
+    sessions of the three neighbours beside each other's messages: each must open the Java
+    device's (none lists it as unopened); asked for the Java device's mask key (as if it dropped)
+    and, in a second run of the round, for its seed (as if it survived), their three answers must
+    fit one polynomial and give back the Java device's mask key and seed."""
     import json
 
     from fedper.common.secagg import shamir
+    from fedper.common.secagg.device_session import SEALED_BYTES
 
     java_sealed = {n: bytes.fromhex(v) for n, v in json.loads(path.read_text()).items()}
     python = [n for n in SECAGG_DEVICES if n != "java"]
     if sorted(java_sealed) != python:
         print(f"sealed for {sorted(java_sealed)}, not {python}")
+        return 1
+    if any(len(c) != SEALED_BYTES for c in java_sealed.values()):
+        print(f"sealed messages of {sorted({len(c) for c in java_sealed.values()})} bytes, not {SEALED_BYTES}")
         return 1
     recovered = []
     for java_dropped in (True, False):
@@ -188,9 +171,16 @@ def verify_secagg(path: Path) -> int:
         for name in python:
             others = [m for m in python if m != name]
             sessions[name].receive_shares({**{m: sealed[m][name] for m in others}, "java": java_sealed[name]})
+            if sessions[name].unopened:
+                print(f"{name} could not open the messages of {sessions[name].unopened}")
+                return 1
             dropped, survivors = (["java"], others) if java_dropped else ([], ["java", *others])
             answers.append(shamir.Share.from_bytes(sessions[name].unmask(dropped, survivors)["java"]))
-        recovered.append(shamir.combine(answers, SECAGG_THRESHOLD))
+        value, wrong = shamir.recover(answers, SECAGG_THRESHOLD)
+        if wrong:
+            print(f"the shares of holders {wrong} do not fit the others")
+            return 1
+        recovered.append(value)
     if recovered != [secret("java", "mask"), secret("java", "seed")]:
         print("the Java device's shares do not give back its mask key and seed")
         return 1

@@ -24,7 +24,7 @@ from fedper.common.train_config import TrainConfig
 AnyTrainConfig = TypeVar("AnyTrainConfig", bound=TrainConfig)
 
 VERSION = 1
-REVISION = "1.6"
+REVISION = "1.7"
 PREFIX = "/v1"
 
 
@@ -71,7 +71,9 @@ class ErrorCode(StrEnum):
     NOT_IN_COHORT = "not_in_cohort"  # 409, since revision 1.2
     UPLOAD_IN_PROGRESS = "upload_in_progress"  # 409, since revision 1.4
     SECAGG_STAGE_CLOSED = "secagg_stage_closed"  # 409, since revision 1.6: out of this secure round
+    SECAGG_STAGE_NOT_OPEN = "secagg_stage_not_open"  # 409, since revision 1.7: too early; Retry-After says when
     SECURE_ROUND = "secure_round"  # 409, since revision 1.6: a plain upload into a secure round
+    PRIVACY_BUDGET_SPENT = "privacy_budget_spent"  # 409, since revision 1.7: a rollback past --target-epsilon
     RUN_FINISHED = "run_finished"  # 410
     PAYLOAD_TOO_LARGE = "payload_too_large"  # 413
     MISSING_TENSOR = "missing_tensor"  # 422
@@ -116,10 +118,15 @@ class Header:
     ETAG = "ETag"
     IF_NONE_MATCH = "If-None-Match"
     OCTET_STREAM = "application/octet-stream"
-    # Since revision 1.6: what a device can do, comma-separated, on GET /v1/task; "secagg" if it
-    # can take part in a secure round (docs/SECAGG.md). A secure server refuses a device without it.
+    # Since revision 1.6: what a device can do, comma-separated, on GET /v1/task. Since revision
+    # 1.7, "secagg-1.7" if it can take part in a secure round as docs/SECAGG.md defines it to the
+    # byte (revision 1.6's "secagg" sealed its shares in another layout: a secure server refuses it).
     CAPABILITIES = "Fedper-Capabilities"
-    SECAGG = "secagg"
+    SECAGG = "secagg-1.7"
+    # Since revision 1.7, on POST .../secagg/masked: the ids of the neighbours whose sealed shares
+    # this device could not open, comma-separated (absent: none). It holds no share of them and
+    # added no pairwise mask with them.
+    SECAGG_UNOPENED = "Fedper-SecAgg-Unopened"
 
 
 class Env:
@@ -185,7 +192,8 @@ class SecAggTask(_Body):
     """Since revision 1.6: the round is securely aggregated (docs/SECAGG.md). ``session`` names
     the round in every key the devices derive; the device encodes its clipped, weighted base delta
     as ``FixedPoint(clip_norm, cohort, weight_cap)`` and takes part in the stages before their
-    deadlines (ISO 8601 UTC); its masked input is due by the task's ``report_by``."""
+    deadlines (ISO 8601 UTC): its keys by ``keys_by``, its shares by ``shares_by``, its masked
+    input by ``masked_by`` and its unmasking answer by ``unmask_by`` (the round's deadline)."""
 
     session: str = Field(pattern=r"^[0-9a-f]{32}$")
     cohort: int = Field(ge=1)
@@ -280,6 +288,9 @@ class RoundInfo(_Body):
     result_version: int | None
     deadline: str | None
     metrics: dict[str, MetricSummary]
+    # Since revision 1.7: why an abandoned round published nothing, when the server knows (too few
+    # devices, a secure round's masks that could not be removed, a sum out of bounds, ...).
+    reason: str | None = None
 
 
 class PrivacySpent(_Body):

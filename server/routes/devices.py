@@ -112,7 +112,7 @@ def task(request: Request, device_id: DeviceId, state: State) -> Response:
         return Response(status_code=204, headers={Header.RETRY_AFTER: str(state.config.retry_after)})
     if rounds.secure is not None and Header.SECAGG not in _capabilities(request):
         raise SecAggUnsupportedError(
-            "this server aggregates securely (protocol revision 1.6, docs/SECAGG.md) and this device did not say "
+            "this server aggregates securely (protocol revision 1.7, docs/SECAGG.md) and this device did not say "
             f"it can take part ({Header.CAPABILITIES}: {Header.SECAGG}); it gets no task"
         )
     done = state.db.has_update(snap.round, device_id)

@@ -2,19 +2,17 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import sqlite3
-from collections.abc import Iterator
 
 from anyio import to_thread
 from fastapi import APIRouter, Request
 
-from fedper.common.protocol import Accepted, ErrorCode, Header, RoundInfo, Route
+from fedper.common.protocol import Accepted, RoundInfo, Route
 from fedper.server.auth import AnyCaller, DeviceId, State
 from fedper.server.disk_room import out_of_space
-from fedper.server.errors import ProtocolError, answer, conflict, not_found, run_finished
+from fedper.server.errors import ProtocolError, answer, not_found, run_finished
 from fedper.server.refusals import RefusalError
 from fedper.server.request_body import BodyPace, streamed_to_file
 from fedper.server.routes.responses import ERRORS, OCTETS
@@ -23,24 +21,6 @@ from fedper.server.upload_validation import validate
 
 log = logging.getLogger("fedper.server")
 router = APIRouter()
-
-
-@contextlib.contextmanager
-def _upload_slot(state: ServerState, device_id: str) -> Iterator[None]:
-    """One of ``--max-inflight-uploads``, and the device's only one: 409 ``upload_in_progress``
-    for a second upload from a device whose first is still arriving, 503 ``server_busy`` when
-    every place is taken (nothing is read or stored either way)."""
-    if device_id in state.uploading:
-        message = "this device is already sending an update; wait for its answer"
-        raise conflict(ErrorCode.UPLOAD_IN_PROGRESS, message)
-    if len(state.uploading) >= state.config.max_inflight_uploads:
-        message = "the server is receiving as many uploads as it can; retry later"
-        raise ProtocolError(503, ErrorCode.SERVER_BUSY, message, {Header.RETRY_AFTER: str(state.config.retry_after)})
-    state.uploading.add(device_id)  # only touched on the event loop: no lock needed
-    try:
-        yield
-    finally:
-        state.uploading.discard(device_id)
 
 
 @router.post(
@@ -66,9 +46,9 @@ async def upload(round_number: int, request: Request, device_id: DeviceId, state
         if not rounds.round_exists(round_number):
             raise not_found(f"round {round_number}")
         await to_thread.run_sync(rounds.check_admission, device_id, round_number)
-        with _upload_slot(state, device_id):
+        with state.places.take(device_id, round_number) as place:
             pace = BodyPace(c.upload_timeout, c.min_upload_rate, c.upload_rate_grace)
-            async with streamed_to_file(request, state.max_upload_bytes, pace, rounds.store) as body:
+            async with streamed_to_file(request, state.max_upload_bytes, pace, rounds.store, place) as body:
                 size = body.stat().st_size
                 checked = c.max_update_norm or rounds.privacy is not None
                 base = await to_thread.run_sync(rounds.round_base, round_number) if checked else None

@@ -68,7 +68,10 @@ async def _post(state: ServerState, request: Request, device_id: str, number: in
     else:
         raw = await read_small(request, JSON_LIMIT + PER_DEVICE * state.config.slots, state.config.upload_timeout)
         body = _canonical(stage, raw)
-    await to_thread.run_sync(state.rounds.secure_post, number, device_id, stage, body)
+    unopened = request.headers.get(Header.SECAGG_UNOPENED, "") if stage == "masked" else ""
+    if len(unopened) > PER_DEVICE * 8:
+        raise unprocessable(ErrorCode.BAD_SECAGG_MESSAGE, f"{Header.SECAGG_UNOPENED} is longer than any cohort's ids")
+    await to_thread.run_sync(state.rounds.secure_post, number, device_id, stage, body, unopened)
     if stage == "masked":  # a secure round's update
         state.metrics.accept(len(raw))
     else:

@@ -27,6 +27,22 @@ from dp_accounting.rdp import RdpAccountant
 
 from fedper.common.errors import ConfigError
 
+COHORT_TAIL = 1e-9  # the chance that the assumed sampling draws more devices than largest_cohort
+
+
+def largest_cohort(population: int, sampling_probability: float) -> int:
+    """The most devices the sampling the accountant assumes draws from ``population``, but with
+    probability COHORT_TAIL: each device on its own coin of probability q, so the count is
+    Binomial(population, q) (q = 1: everyone). What more devices than that contribute is more
+    than the assumed sampling gives: the mechanism projects their sum back (mechanism.noised_mean)."""
+    if population < 1:
+        raise ConfigError(f"a population of {population} devices has no cohort")
+    if sampling_probability >= 1:
+        return population
+    from scipy.stats import binom
+
+    return int(binom.isf(COHORT_TAIL, population, sampling_probability))
+
 
 def round_event(noise_multiplier: float, sampling_probability: float) -> dp_accounting.DpEvent:
     """One round: the Gaussian mechanism on a Poisson sample (or on everyone, q = 1)."""

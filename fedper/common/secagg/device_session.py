@@ -1,20 +1,29 @@
-"""A device's side of one SecAgg+ round: keys, shares, the masked input, the unmasking answer.
+"""A device's side of one SecAgg+ round: keys, shares, the masked input, the unmasking answer
+(docs/SECAGG.md, "To the byte", defines every byte of it).
 
 The device trusts the server to route, not to be honest about who dropped: it answers one
 unmasking request only, refuses one that names a device both as dropped and as surviving, and
-never gives its own secrets away.
+never gives its own secrets away. A neighbour's sealed shares that it cannot open (a hostile or
+broken neighbour) do not end its round: it keeps no share of that neighbour, adds no pairwise
+mask with it, and says so with its masked input, so that the server leaves the pair out
+consistently.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+import secrets
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from fedper.common.errors import FedperError
 from fedper.common.secagg import keys, prg, shamir
+
+# The sealed share message: a share of the self-mask seed, then one of the mask key.
+PLAINTEXT_BYTES = 2 * shamir.SHARE_BYTES
+SEALED_BYTES = keys.sealed_size(PLAINTEXT_BYTES)  # 164
 
 
 class RequestRefusedError(FedperError, ValueError):
@@ -37,26 +46,39 @@ class HeldShares:
     mask_key: shamir.Share
 
 
-def _associated(context: bytes, sender: str, receiver: str) -> bytes:
-    return b"|".join((context, sender.encode(), receiver.encode()))
+def associated_data(context: bytes, sender: str, receiver: str) -> bytes:
+    """What a sealed share is bound to: the round, who sealed it and for whom."""
+    return b"\x00".join((b"fedper secagg share", context, sender.encode("ascii"), receiver.encode("ascii")))
 
 
-def _pack(sender: str, receiver: str, held: HeldShares) -> bytes:
-    ids = f"{sender}\n{receiver}\n".encode()
-    return len(ids).to_bytes(2, "big") + ids + held.seed.to_bytes() + held.mask_key.to_bytes()
+def pack(held: HeldShares) -> bytes:
+    return held.seed.to_bytes() + held.mask_key.to_bytes()
 
 
-def _unpack(data: bytes) -> tuple[str, str, HeldShares]:
-    size = int.from_bytes(data[:2], "big")
-    ids, rest = data[2 : 2 + size].decode().split("\n"), data[2 + size :]
-    if len(ids) != 3 or len(rest) != 2 * shamir.SHARE_BYTES:
-        raise RequestRefusedError("a share message is malformed")
+def unpack(data: bytes) -> HeldShares:
+    if len(data) != PLAINTEXT_BYTES:
+        raise shamir.ShamirError(f"a share message is {PLAINTEXT_BYTES} bytes, got {len(data)}")
     half = shamir.SHARE_BYTES
-    return ids[0], ids[1], HeldShares(shamir.Share.from_bytes(rest[:half]), shamir.Share.from_bytes(rest[half:]))
+    return HeldShares(shamir.Share.from_bytes(data[:half]), shamir.Share.from_bytes(data[half:]))
+
+
+def share_index(holders: Sequence[str], holder: str) -> int:
+    """A holder's share index: its 1-based position among the owner's advertised neighbours, in
+    byte order of their ids."""
+    return sorted(holders).index(holder) + 1
+
+
+def check_keys(advertisements: Sequence[Advertisement]) -> None:
+    """Every key valid (keys.check_public) and no two keys equal, across both roles."""
+    public = [k for a in advertisements for k in (a.channel, a.mask)]
+    for key in public:
+        keys.check_public(key)
+    if len(set(public)) != len(public):
+        raise keys.ChannelError("two keys of the round are the same")
 
 
 def mask_sign(owner: str, other: str) -> int:
-    """The pairwise mask is added by the smaller id and subtracted by the larger."""
+    """The pairwise mask is added by the smaller id (in byte order) and subtracted by the larger."""
     return 1 if owner < other else -1
 
 
@@ -64,15 +86,23 @@ class DeviceSession:
     """One device in one round (``context`` names the round: the keys it derives are for it only)."""
 
     def __init__(
-        self, device_id: str, context: bytes, key_pairs: keys.KeyPairs | None = None, seed: bytes | None = None
+        self,
+        device_id: str,
+        context: bytes,
+        key_pairs: keys.KeyPairs | None = None,
+        seed: bytes | None = None,
+        randbelow: Callable[[int], int] = secrets.randbelow,
+        nonce: Callable[[int], bytes] = os.urandom,
     ) -> None:
-        """Fresh keys and seed unless given (given only by the cross-language tests)."""
+        """Fresh keys, seed and randomness unless given (given only by the known-answer vectors)."""
         self.device_id, self.context = device_id, context
         self._keys = key_pairs or keys.KeyPairs.generate()
         self._seed = os.urandom(prg.SEED_BYTES) if seed is None else seed
+        self._randbelow, self._nonce = randbelow, nonce
         self._neighbours: dict[str, Advertisement] = {}
         self._threshold = 0
         self._held: dict[str, HeldShares] = {}
+        self.unopened: list[str] = []  # neighbours whose sealed shares did not open
         self._answered: tuple[frozenset[str], frozenset[str]] | None = None
 
     def advertise(self) -> Advertisement:
@@ -80,45 +110,58 @@ class DeviceSession:
         return Advertisement(channel, mask)
 
     def share_keys(self, neighbours: Mapping[str, Advertisement], threshold: int) -> dict[str, bytes]:
-        """Shares of the self-mask seed and the mask key, one per neighbour, each encrypted for it."""
+        """Shares of the self-mask seed and the mask key, one per neighbour, each sealed for it.
+        Refused: a list that names this device, too short for the threshold or with 2t <= k (a
+        server lying about who dropped could then collect both secrets), or with a key that is
+        invalid or repeated (only a server that does not check keys could send one)."""
         if self.device_id in neighbours:
             raise RequestRefusedError("the server listed this device as its own neighbour")
         if len(neighbours) < threshold or threshold < 1:
             raise RequestRefusedError(f"{len(neighbours)} neighbours cannot hold shares {threshold} of n")
-        own = self.advertise()
-        public = [k for a in neighbours.values() for k in (a.channel, a.mask)] + [own.channel, own.mask]
-        if len(set(public)) != len(public):
-            raise RequestRefusedError("two devices advertised the same public key")
+        if 2 * threshold <= len(neighbours):  # else a lying server could collect t shares of both secrets
+            raise RequestRefusedError(f"a threshold of {threshold} among {len(neighbours)} neighbours is not more "
+                                      "than half: the server could collect both secrets")  # fmt: skip
+        try:
+            check_keys([*neighbours.values(), self.advertise()])
+        except keys.ChannelError as e:
+            raise RequestRefusedError(f"the key list: {e}") from e
         self._neighbours, self._threshold = dict(neighbours), threshold
         order = sorted(neighbours)
-        seed_shares = shamir.split(self._seed, threshold, len(order))
-        key_shares = shamir.split(keys.private_bytes(self._keys.mask), threshold, len(order))
+        seed_shares = shamir.split(self._seed, threshold, len(order), self._randbelow)
+        key_shares = shamir.split(keys.private_bytes(self._keys.mask), threshold, len(order), self._randbelow)
         out = {}
         for name, seed_share, key_share in zip(order, seed_shares, key_shares, strict=True):
             key = keys.agree(self._keys.channel, neighbours[name].channel, keys.CHANNEL, self.context)
-            message = _pack(self.device_id, name, HeldShares(seed_share, key_share))
-            out[name] = keys.encrypt(key, message, _associated(self.context, self.device_id, name))
+            sealed = pack(HeldShares(seed_share, key_share))
+            out[name] = keys.encrypt(key, sealed, associated_data(self.context, self.device_id, name), self._nonce)
         return out
 
     def receive_shares(self, ciphertexts: Mapping[str, bytes]) -> None:
-        """Keep the shares the neighbours sent (those who did not send are out of the round)."""
-        for sender, ciphertext in ciphertexts.items():
+        """Keep the shares the neighbours sealed for this device; one that does not open, is not
+        136 bytes, holds a share out of the field or two shares of different indices is left out
+        and listed in ``unopened``. Refused: shares from a device that is not a neighbour, or fewer
+        usable than the threshold."""
+        for sender in sorted(ciphertexts):
             if sender not in self._neighbours:
                 raise RequestRefusedError(f"shares from {sender!r}, who is not a neighbour")
-            key = keys.agree(self._keys.channel, self._neighbours[sender].channel, keys.CHANNEL, self.context)
-            plain = keys.decrypt(key, ciphertext, _associated(self.context, sender, self.device_id))
-            claimed_sender, receiver, held = _unpack(plain)
-            if (claimed_sender, receiver) != (sender, self.device_id):
-                raise RequestRefusedError(f"a share message from {sender!r} names {claimed_sender!r} to {receiver!r}")
+            try:
+                key = keys.agree(self._keys.channel, self._neighbours[sender].channel, keys.CHANNEL, self.context)
+                plain = keys.decrypt(key, ciphertexts[sender], associated_data(self.context, sender, self.device_id))
+                held = unpack(plain)
+                if held.seed.index != held.mask_key.index:
+                    raise shamir.ShamirError("the two shares have different indices")
+            except (keys.ChannelError, shamir.ShamirError):
+                self.unopened.append(sender)
+                continue
             self._held[sender] = held
         if len(self._held) < self._threshold:
             raise RequestRefusedError(
-                f"only {len(self._held)} neighbours sent shares; the round needs {self._threshold}"
+                f"only {len(self._held)} neighbours sent shares that open; the round needs {self._threshold}"
             )
 
     def masked_input(self, words: np.ndarray) -> np.ndarray:
-        """The words (uint32) plus the self mask and the pairwise masks with the neighbours who
-        sent shares, mod 2^32."""
+        """The words (uint32) plus the self mask and the pairwise masks with the neighbours whose
+        shares it holds, mod 2^32."""
         masked = np.asarray(words, dtype=np.uint32) + prg.expand(self._seed, len(words))
         for other in sorted(self._held):
             seed = keys.agree(self._keys.mask, self._neighbours[other].mask, keys.MASK, self.context)
@@ -128,7 +171,10 @@ class DeviceSession:
 
     def unmask(self, dropped: Sequence[str], survivors: Sequence[str]) -> dict[str, bytes]:
         """The mask-key shares of the dropped neighbours and the seed shares of the surviving ones.
-        Refused: a device named as both, one it holds no share of, or a second, different request."""
+        Refused: a device named twice or as both, one it holds no share of, or a second, different
+        request."""
+        if len(set(dropped)) != len(dropped) or len(set(survivors)) != len(survivors):
+            raise RequestRefusedError("the unmasking request names a device twice")
         request = frozenset(dropped), frozenset(survivors)
         if both := request[0] & request[1]:
             raise RequestRefusedError(f"asked for both secrets of {sorted(both)}")

@@ -21,9 +21,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fedper.common.errors import ConfigError
+from fedper.common.errors import ConfigError, FedperError
 
 MODULUS = 2**32
+
+
+class SumOutOfBoundsError(FedperError, ValueError):
+    """A decoded sum that no set of honest devices could have sent: the round is not published."""
 
 
 @dataclass(frozen=True)
@@ -79,6 +83,33 @@ class FixedPoint:
         if weight == 0:
             return np.zeros_like(summed), 0
         return summed * self.weight_cap / weight, weight
+
+    def check_weight(self, weight: int, devices: int) -> None:
+        """A total weight that ``devices`` honest devices can send: in [devices, devices x
+        weight_cap] (each honest weight is at least 1 and at most the cap). Under DP-FedAvg the cap
+        is 1, so this depends on no honest device's data: it may decide a noised round's fate."""
+        if not devices <= weight <= devices * self.weight_cap:
+            raise SumOutOfBoundsError(
+                f"the total weight {weight} is outside [{devices}, {devices * self.weight_cap}] for {devices} devices"
+            )
+
+    def check_sum(self, summed: np.ndarray, weight: int, flags: list[int], devices: int) -> None:
+        """What ``devices`` honest devices' words sum to, at most: the weight as ``check_weight``,
+        each flag count at most ``devices``, and ``summed`` (the sum of w_i delta_i in units of the
+        cap) within C x weight / cap plus every device's rounding, since each honest delta is
+        within C. So the published mean step is within C from the first round on, whatever one
+        device sent. Not under DP-FedAvg: these depend on the honest devices' data, and whether a
+        noised round is published must not (the mechanism bounds them instead)."""
+        self.check_weight(weight, devices)
+        if any(count > devices for count in flags):
+            raise SumOutOfBoundsError(f"a flag counted {max(flags)} times among {devices} devices")
+        length = float(np.sqrt(np.sum(np.square(summed))))
+        bound = self.clip * weight / self.weight_cap + devices * self.error_norm(len(summed))
+        if not length <= bound:
+            raise SumOutOfBoundsError(
+                f"the weighted sum of deltas has L2 norm {length:.6g}, above the {bound:.6g} that {devices} devices "
+                f"within the clip {self.clip:g} can reach (total weight {weight})"
+            )
 
     def error_norm(self, words: int) -> float:
         """The largest L2 distance rounding puts between one device's encoded delta and its

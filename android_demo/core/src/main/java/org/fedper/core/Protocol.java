@@ -1,6 +1,6 @@
 package org.fedper.core;
 
-/** The device protocol v1 (revision 1.6): generated from
+/** The device protocol v1 (revision 1.7): generated from
  * docs/protocol.schema.json by android_demo/core/generate_protocol.py; do not edit. */
 public final class Protocol {
   private Protocol() {}
@@ -51,7 +51,8 @@ public final class Protocol {
     public static final String JSON = "application/json";
     public static final String OCTET_STREAM = "application/octet-stream";
     public static final String RETRY_AFTER = "Retry-After";
-    public static final String SECAGG = "secagg";
+    public static final String SECAGG = "secagg-1.7";
+    public static final String SECAGG_UNOPENED = "Fedper-SecAgg-Unopened";
   }
 
   public static final class Env {
@@ -83,10 +84,12 @@ public final class Protocol {
     public static final String NUM_SAMPLES_OUT_OF_RANGE = "num_samples_out_of_range";
     public static final String PAYLOAD_TOO_LARGE = "payload_too_large";
     public static final String PERSONAL_TENSOR_IN_UPLOAD = "personal_tensor_in_upload";
+    public static final String PRIVACY_BUDGET_SPENT = "privacy_budget_spent";
     public static final String RATE_LIMITED = "rate_limited";
     public static final String ROUND_NOT_OPEN = "round_not_open";
     public static final String RUN_FINISHED = "run_finished";
     public static final String SECAGG_STAGE_CLOSED = "secagg_stage_closed";
+    public static final String SECAGG_STAGE_NOT_OPEN = "secagg_stage_not_open";
     public static final String SECAGG_UNSUPPORTED = "secagg_unsupported";
     public static final String SECURE_ROUND = "secure_round";
     public static final String SERVER_BUSY = "server_busy";
@@ -191,6 +194,7 @@ public final class Protocol {
       public static final String METRICS = "metrics";
       public static final String MIN_CLIENTS = "min_clients";
       public static final String MODEL_VERSION = "model_version";
+      public static final String REASON = "reason";
       public static final String RECEIVED = "received";
       public static final String RESULT_VERSION = "result_version";
       public static final String ROUND = "round";

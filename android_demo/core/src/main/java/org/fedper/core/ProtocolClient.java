@@ -104,7 +104,10 @@ public final class ProtocolClient {
     return task(false);
   }
 
-  /** secagg: this device can take part in secure rounds (revision 1.6), said in a header. */
+  /**
+   * secagg: this device can take part in secure rounds, said in a header (Protocol.Header.SECAGG,
+   * the revision 1.7 token: a server refuses a device that names only an earlier revision's layout).
+   */
   public TaskOrWait task(boolean secagg) throws ProtocolException, InterruptedException {
     Map<String, String> extra = new LinkedHashMap<>();
     if (secagg) {
@@ -182,21 +185,40 @@ public final class ProtocolClient {
     throw refused;
   }
 
-  /** This device's part of a secure round's stage; a repeat the server already has is done too. */
+  /** This device's part of a secure round's stage (see the overload with headers). */
   public void secaggSend(String path, long round, byte[] body, boolean json)
       throws ProtocolException, InterruptedException {
-    Map<String, String> headers = auth(null);
+    secaggSend(path, round, body, json, null);
+  }
+
+  /**
+   * This device's part of a secure round's stage, with extra headers (the masked input's
+   * Fedper-SecAgg-Unopened); a repeat the server already has is done too. Revision 1.7: a stage
+   * that has not begun yet (409 secagg_stage_not_open, a device ahead of the slowest of its
+   * cohort) is sent again after its Retry-After, within the budget.
+   */
+  public void secaggSend(String path, long round, byte[] body, boolean json, Map<String, String> extra)
+      throws ProtocolException, InterruptedException {
+    Map<String, String> headers = auth(extra);
     headers.put(Protocol.Header.CONTENT_TYPE, json ? Protocol.Header.JSON : Protocol.Header.OCTET_STREAM);
-    HttpTransport.Response r = send("POST", path.replace("{round_number}", Long.toString(round)), headers, body);
-    if (r.status == 202) {
+    String at = path.replace("{round_number}", Long.toString(round));
+    while (true) {
+      HttpTransport.Response r = send("POST", at, headers, body);
+      if (r.status == 202) {
+        return;
+      }
+      if (r.status == 410) {
+        throw new ProtocolException.RunFinished();
+      }
+      ProtocolException refused = refused(r);
+      if (Protocol.ErrorCode.SECAGG_STAGE_NOT_OPEN.equals(refused.code)) {
+        budget.sleep(retryAfter(r), "waiting for the secure round's stage to begin (POST " + at + ")");
+        continue;
+      }
+      if (!Protocol.ErrorCode.DUPLICATE_UPDATE.equals(refused.code)) {
+        throw refused;
+      }
       return;
-    }
-    if (r.status == 410) {
-      throw new ProtocolException.RunFinished();
-    }
-    ProtocolException refused = refused(r);
-    if (!Protocol.ErrorCode.DUPLICATE_UPDATE.equals(refused.code)) {
-      throw refused;
     }
   }
 

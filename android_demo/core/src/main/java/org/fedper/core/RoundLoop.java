@@ -117,7 +117,7 @@ public final class RoundLoop {
     while (maxRounds <= 0 || reports.size() < maxRounds) {
       ProtocolClient.TaskOrWait next;
       try {
-        next = client.task(SecAggCrypto.supported()); // revision 1.6: X25519 from API level 33
+        next = client.task(SecAggCrypto.supported()); // secure rounds need X25519: API level 33 on
       } catch (ProtocolException.RunFinished done) {
         finished = true;
         break;
@@ -139,8 +139,9 @@ public final class RoundLoop {
         finished = true;
         break;
       } catch (SecAggDevice.RefusedException | java.security.GeneralSecurityException ex) {
-        // Revision 1.6: this secure round cannot be taken part in safely (a malicious list, a
-        // share that does not open): out of this round, not out of the run.
+        // Revision 1.7: this secure round cannot be taken part in safely (a key list with an
+        // invalid or repeated key, a message from a non-neighbour, fewer than t neighbours' shares
+        // that open, a malicious unmasking request): out of this round, not out of the run.
         skipRound = next.task.round;
         continue;
       } catch (ProtocolException.NotInCohort ex) { // not a failure: wait and ask again
@@ -150,8 +151,10 @@ public final class RoundLoop {
       } catch (ProtocolException.Unauthorized ex) {
         reenrolled = reenrollOnce(reenrolled, ex);
       } catch (ProtocolException ex) {
-        if (Protocol.ErrorCode.ROUND_NOT_OPEN.equals(ex.code) || Protocol.ErrorCode.STALE_BASE_VERSION.equals(ex.code)) {
-          skipRound = next.task.round; // too late for this round; wait for the next one
+        if (Protocol.ErrorCode.ROUND_NOT_OPEN.equals(ex.code) || Protocol.ErrorCode.STALE_BASE_VERSION.equals(ex.code)
+            || Protocol.ErrorCode.SECAGG_STAGE_CLOSED.equals(ex.code)) {
+          // Too late for this round (or, in a secure one, left out of its sum): wait for the next one.
+          skipRound = next.task.round;
           continue;
         }
         throw ex;

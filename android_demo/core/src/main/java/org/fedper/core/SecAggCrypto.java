@@ -1,9 +1,11 @@
 package org.fedper.core;
 
+import java.math.BigInteger;
 import java.nio.ByteBuffer;
 import java.nio.ByteOrder;
 import java.nio.charset.StandardCharsets;
 import java.security.GeneralSecurityException;
+import java.security.InvalidKeyException;
 import java.security.KeyFactory;
 import java.security.KeyPair;
 import java.security.KeyPairGenerator;
@@ -26,16 +28,23 @@ import javax.crypto.spec.SecretKeySpec;
  * prg.py (docs/SECAGG.md): X25519 ("XDH", Java 11 and Android API level 33 onwards; raw 32-byte
  * keys travel, and are wrapped in their fixed X.509 and PKCS#8 encodings for the JCA), HKDF-SHA256
  * (RFC 5869, written on HmacSHA256: the JCA has no HKDF), AES-256-GCM, and the mask generator,
- * AES-256-CTR from a zero counter block.
+ * AES-256-CTR from a zero counter block. Public keys are checked as revision 1.7 defines a valid
+ * one ("To the byte", "Keys"), since the JCA accepts encodings the protocol refuses.
  */
 public final class SecAggCrypto {
   public static final int KEY_BYTES = 32;
   public static final int NONCE_BYTES = 12;
+  public static final int TAG_BYTES = 16;
   public static final String CHANNEL = "channel";
   public static final String MASK = "mask";
   // RFC 8410: SubjectPublicKeyInfo and PrivateKeyInfo of an X25519 key, before its 32 raw bytes.
   private static final byte[] X509_PREFIX = hex("302a300506032b656e032100");
   private static final byte[] PKCS8_PREFIX = hex("302e020100300506032b656e04220420");
+  /** X25519's prime, 2^255 - 19: a canonical public key, read little-endian, is below it. */
+  static final BigInteger FIELD = BigInteger.ONE.shiftLeft(255).subtract(BigInteger.valueOf(19));
+  // Any private key does: X25519 clamps it to a multiple of 8, which takes every low-order point to
+  // zero (Python's keys.py probes with the same one).
+  private static final byte[] PROBE = probe();
 
   private SecAggCrypto() {}
 
@@ -70,18 +79,47 @@ public final class SecAggCrypto {
     return exchange(privateRaw, basePoint);
   }
 
-  /** The 32-byte key two devices share for purpose in context (the round). */
-  public static byte[] agree(byte[] ownPrivate, byte[] theirPublic, String purpose, byte[] context)
-      throws GeneralSecurityException {
-    byte[] secret = exchange(ownPrivate, theirPublic);
-    byte[] prefix = ("fedper secagg " + purpose + " ").getBytes(StandardCharsets.US_ASCII);
-    byte[] info = new byte[prefix.length + context.length];
-    System.arraycopy(prefix, 0, info, 0, prefix.length);
-    System.arraycopy(context, 0, info, prefix.length, context.length);
-    return hkdf(secret, info);
+  /**
+   * A public key the protocol accepts, or InvalidKeyException: 32 bytes, canonical (read as a
+   * little-endian integer, below 2^255 - 19, so bit 255 is clear) and not of low order (X25519 of it
+   * with any private key would be all zeros). The JCA would take a non-canonical key as the point
+   * it reduces to, so two encodings of one key would pass the check for repeated keys, and a
+   * low-order key gives every device the same agreement.
+   */
+  public static void checkPublic(byte[] key) throws InvalidKeyException {
+    if (key.length != KEY_BYTES) {
+      throw new InvalidKeyException("an X25519 public key is " + KEY_BYTES + " bytes, got " + key.length);
+    }
+    byte[] bigEndian = new byte[KEY_BYTES];
+    for (int i = 0; i < KEY_BYTES; i++) {
+      bigEndian[i] = key[KEY_BYTES - 1 - i];
+    }
+    if (new BigInteger(1, bigEndian).compareTo(FIELD) >= 0) {
+      throw new InvalidKeyException("the public key is not in canonical form (u >= 2^255 - 19)");
+    }
+    try {
+      exchange(PROBE, key);
+    } catch (GeneralSecurityException e) { // a zero agreement, refused here or by the JCA
+      throw new InvalidKeyException("the public key is a point of low order", e);
+    }
   }
 
-  private static byte[] exchange(byte[] ownPrivate, byte[] theirPublic) throws GeneralSecurityException {
+  /** The 32-byte key two devices share for purpose in context (the round); theirPublic is checked. */
+  public static byte[] agree(byte[] ownPrivate, byte[] theirPublic, String purpose, byte[] context)
+      throws GeneralSecurityException {
+    checkPublic(theirPublic);
+    byte[] secret = exchange(ownPrivate, theirPublic);
+    return hkdf(secret, info(purpose, context));
+  }
+
+  /** HKDF's info: "fedper secagg " || purpose || " " || context, ASCII. */
+  static byte[] info(String purpose, byte[] context) {
+    byte[] prefix = ("fedper secagg " + purpose + " ").getBytes(StandardCharsets.US_ASCII);
+    return concat(prefix, context);
+  }
+
+  /** X25519(ownPrivate, theirPublic), raw; a zero result (a low-order key) is refused. */
+  static byte[] exchange(byte[] ownPrivate, byte[] theirPublic) throws GeneralSecurityException {
     if (ownPrivate.length != KEY_BYTES || theirPublic.length != KEY_BYTES) {
       throw new GeneralSecurityException("X25519 keys are " + KEY_BYTES + " bytes");
     }
@@ -113,23 +151,27 @@ public final class SecAggCrypto {
     return mac.doFinal();
   }
 
-  /** AES-256-GCM under a random nonce, sent in front; associated is bound, not hidden. */
-  public static byte[] encrypt(byte[] key, byte[] plaintext, byte[] associated, SecureRandom random)
+  /**
+   * AES-256-GCM: nonce || ciphertext || tag; associated is bound, not sent. The nonce must be
+   * fresh for the key (SecAggRandom draws it), which is why it is the caller's to give.
+   */
+  public static byte[] encrypt(byte[] key, byte[] nonce, byte[] plaintext, byte[] associated)
       throws GeneralSecurityException {
-    byte[] nonce = new byte[NONCE_BYTES];
-    random.nextBytes(nonce);
+    if (nonce.length != NONCE_BYTES) {
+      throw new GeneralSecurityException("a nonce is " + NONCE_BYTES + " bytes, got " + nonce.length);
+    }
     Cipher cipher = Cipher.getInstance("AES/GCM/NoPadding");
-    cipher.init(Cipher.ENCRYPT_MODE, new SecretKeySpec(key, "AES"), new GCMParameterSpec(128, nonce));
+    cipher.init(Cipher.ENCRYPT_MODE, new SecretKeySpec(key, "AES"), new GCMParameterSpec(8 * TAG_BYTES, nonce));
     cipher.updateAAD(associated);
     return concat(nonce, cipher.doFinal(plaintext));
   }
 
   public static byte[] decrypt(byte[] key, byte[] ciphertext, byte[] associated) throws GeneralSecurityException {
-    if (ciphertext.length < NONCE_BYTES + 16) {
-      throw new GeneralSecurityException("a ciphertext is at least " + (NONCE_BYTES + 16) + " bytes");
+    if (ciphertext.length < NONCE_BYTES + TAG_BYTES) {
+      throw new GeneralSecurityException("a ciphertext is at least " + (NONCE_BYTES + TAG_BYTES) + " bytes");
     }
     Cipher cipher = Cipher.getInstance("AES/GCM/NoPadding");
-    GCMParameterSpec spec = new GCMParameterSpec(128, ciphertext, 0, NONCE_BYTES);
+    GCMParameterSpec spec = new GCMParameterSpec(8 * TAG_BYTES, ciphertext, 0, NONCE_BYTES);
     cipher.init(Cipher.DECRYPT_MODE, new SecretKeySpec(key, "AES"), spec);
     cipher.updateAAD(associated);
     return cipher.doFinal(ciphertext, NONCE_BYTES, ciphertext.length - NONCE_BYTES);
@@ -148,7 +190,14 @@ public final class SecAggCrypto {
     return out;
   }
 
-  private static byte[] concat(byte[] a, byte[] b) {
+  private static byte[] probe() {
+    byte[] k = new byte[KEY_BYTES];
+    k[0] = 8;
+    k[KEY_BYTES - 1] = 64;
+    return k;
+  }
+
+  static byte[] concat(byte[] a, byte[] b) {
     byte[] out = Arrays.copyOf(a, a.length + b.length);
     System.arraycopy(b, 0, out, a.length, b.length);
     return out;

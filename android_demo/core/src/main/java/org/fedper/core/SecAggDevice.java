@@ -1,10 +1,12 @@
 package org.fedper.core;
 
+import java.io.ByteArrayOutputStream;
 import java.nio.charset.StandardCharsets;
 import java.security.GeneralSecurityException;
 import java.security.SecureRandom;
 import java.util.ArrayList;
 import java.util.Arrays;
+import java.util.Collections;
 import java.util.HashSet;
 import java.util.LinkedHashMap;
 import java.util.List;
@@ -14,18 +16,32 @@ import java.util.TreeMap;
 import java.util.TreeSet;
 
 /**
- * A device's side of one SecAgg+ round, as fedper/common/secagg/device_session.py
- * (docs/SECAGG.md): its keys and self-mask seed, the shares it seals for its neighbours, the
- * masked input, and the one unmasking answer it gives. Device ids are compared as Java strings
- * (the protocol's ids are ASCII, where that is Python's order too).
+ * A device's side of one SecAgg+ round (protocol revision 1.7), as
+ * fedper/common/secagg/device_session.py; docs/SECAGG.md, "To the byte", defines every byte: its
+ * keys and self-mask seed, the shares it seals for its neighbours, the masked input, and the one
+ * unmasking answer it gives. It trusts the server to route, not to be honest: it refuses a key
+ * list or a request that could trick it into giving a secret away. A neighbour's message that does
+ * not open does not end its round: it holds no share of that neighbour, adds no pairwise mask with
+ * it and lists it as unopened, so that the server leaves the pair out consistently. Device ids are
+ * compared as Java strings (the protocol's ids are ASCII, where that is byte order too).
  */
 public final class SecAggDevice {
+  /** The sealed message's plaintext: a share of the seed, then one of the mask key (same index). */
+  public static final int PLAINTEXT_BYTES = 2 * Shamir.SHARE_BYTES;
+  /** nonce || ciphertext || tag: 164 bytes. */
+  public static final int SEALED_BYTES = SecAggCrypto.NONCE_BYTES + PLAINTEXT_BYTES + SecAggCrypto.TAG_BYTES;
+  private static final byte[] SHARE_LABEL = "fedper secagg share".getBytes(StandardCharsets.US_ASCII);
+
   /** What the server asked would break the protocol; the device does not answer it. */
   public static final class RefusedException extends IllegalStateException {
     private static final long serialVersionUID = 1L;
 
     RefusedException(String message) {
       super(message);
+    }
+
+    RefusedException(String message, Throwable cause) {
+      super(message, cause);
     }
   }
 
@@ -40,6 +56,7 @@ public final class SecAggDevice {
     }
   }
 
+  /** What a neighbour sent this device: a share of its self-mask seed and of its mask key. */
   private static final class Held {
     final Shamir.Share seed;
     final Shamir.Share maskKey;
@@ -55,22 +72,26 @@ public final class SecAggDevice {
   private final byte[] channelKey;
   private final byte[] maskKey;
   private final byte[] seed;
-  private final SecureRandom random;
+  private final SecAggRandom random;
   private Map<String, Advertisement> neighbours = new TreeMap<>();
   private int threshold;
   private final Map<String, Held> held = new TreeMap<>();
+  private final Set<String> unopened = new TreeSet<>();
   private Set<String> answeredDropped;
   private Set<String> answeredSurvivors;
 
-  /** Fresh keys and seed. */
+  /** Fresh keys, seed, coefficients and nonces: a real round. */
   public SecAggDevice(String deviceId, byte[] context, SecureRandom random) throws GeneralSecurityException {
     this(deviceId, context, SecAggCrypto.generatePrivate(random), SecAggCrypto.generatePrivate(random),
-        seed(random), random);
+        seed(random), SecAggRandom.secure(random));
   }
 
-  /** Given keys and seed (the cross-language tests). */
+  /**
+   * Given keys, seed and randomness: the tests (the known-answer vectors fix all four). context
+   * is the task's secagg.session as ASCII bytes.
+   */
   public SecAggDevice(String deviceId, byte[] context, byte[] channelKey, byte[] maskKey, byte[] seed,
-      SecureRandom random) {
+      SecAggRandom random) {
     this.deviceId = deviceId;
     this.context = context.clone();
     this.channelKey = channelKey.clone();
@@ -89,7 +110,13 @@ public final class SecAggDevice {
     return new Advertisement(SecAggCrypto.publicFromPrivate(channelKey), SecAggCrypto.publicFromPrivate(maskKey));
   }
 
-  /** Shares of the self-mask seed and the mask key, one per neighbour, each sealed for it. */
+  /**
+   * Shares of the self-mask seed and the mask key, one per neighbour, each sealed for it (receiver
+   * id to 164 bytes). Refused: a list that names this device, is shorter than the threshold or
+   * at least twice as long (2t <= k), or
+   * holds an invalid key or two equal keys, this device's own included (only a server that skips
+   * its checks could send one).
+   */
   public Map<String, byte[]> shareKeys(Map<String, Advertisement> neighbourKeys, int threshold)
       throws GeneralSecurityException {
     if (neighbourKeys.containsKey(deviceId)) {
@@ -98,53 +125,88 @@ public final class SecAggDevice {
     if (threshold < 1 || neighbourKeys.size() < threshold) {
       throw new RefusedException(neighbourKeys.size() + " neighbours cannot hold shares " + threshold + " of n");
     }
-    Advertisement own = advertise();
-    Set<String> seen = new HashSet<>();
+    if (2 * threshold <= neighbourKeys.size()) {
+      // With 2t <= k, a server that tells some holders this device dropped and the others that it
+      // survived could collect t shares of both of its secrets (docs/SECAGG.md, "A round").
+      throw new RefusedException("a threshold of " + threshold + " among " + neighbourKeys.size()
+          + " neighbours is not more than half: the server could collect both secrets");
+    }
     List<byte[]> keys = new ArrayList<>();
     for (Advertisement a : neighbourKeys.values()) {
       keys.add(a.channel);
       keys.add(a.mask);
     }
+    Advertisement own = advertise();
     keys.add(own.channel);
     keys.add(own.mask);
-    for (byte[] k : keys) {
-      if (!seen.add(Arrays.toString(k))) {
-        throw new RefusedException("two devices advertised the same public key");
-      }
-    }
+    checkKeys(keys);
     this.neighbours = new TreeMap<>(neighbourKeys);
     this.threshold = threshold;
     List<String> order = new ArrayList<>(this.neighbours.keySet());
-    List<Shamir.Share> seedShares = Shamir.split(seed, threshold, order.size(), random);
-    List<Shamir.Share> keyShares = Shamir.split(maskKey, threshold, order.size(), random);
+    // The vectors' order of draws: the seed's coefficients, the mask key's, then one nonce per receiver.
+    List<Shamir.Share> seedShares = Shamir.split(seed, threshold, order.size(), random::coefficient);
+    List<Shamir.Share> keyShares = Shamir.split(maskKey, threshold, order.size(), random::coefficient);
     Map<String, byte[]> out = new LinkedHashMap<>();
     for (int i = 0; i < order.size(); i++) {
       String name = order.get(i);
       byte[] key = SecAggCrypto.agree(channelKey, this.neighbours.get(name).channel, SecAggCrypto.CHANNEL, context);
-      byte[] message = pack(deviceId, name, seedShares.get(i), keyShares.get(i));
-      out.put(name, SecAggCrypto.encrypt(key, message, associated(deviceId, name), random));
+      byte[] plaintext = pack(seedShares.get(i), keyShares.get(i));
+      out.put(name, SecAggCrypto.encrypt(key, random.nonce(), plaintext, associated(deviceId, name)));
     }
     return out;
   }
 
-  /** Keeps the shares the neighbours sent (those who did not send are out of the round). */
-  public void receiveShares(Map<String, byte[]> ciphertexts) throws GeneralSecurityException {
-    for (Map.Entry<String, byte[]> e : ciphertexts.entrySet()) {
+  /** Every key valid (SecAggCrypto.checkPublic) and no two equal, across both roles. */
+  private static void checkKeys(List<byte[]> keys) {
+    Set<String> seen = new HashSet<>();
+    for (byte[] k : keys) {
+      try {
+        SecAggCrypto.checkPublic(k);
+      } catch (GeneralSecurityException e) {
+        throw new RefusedException("the key list: " + e.getMessage(), e);
+      }
+      if (!seen.add(Arrays.toString(k))) {
+        throw new RefusedException("the key list: two keys of the round are the same");
+      }
+    }
+  }
+
+  /**
+   * Keeps the shares the neighbours sealed for this device (sender id to sealed message). One that
+   * does not open, is not 136 bytes, has a share of index 0 or a value outside the field, or two
+   * shares of different indices is unopened: no share of that sender is kept, so no pairwise mask
+   * is added with it (unopened() lists it). Refused: a message from a device that is not a
+   * neighbour (only a malicious server relays one), or fewer senders held than the threshold.
+   */
+  public void receiveShares(Map<String, byte[]> sealed) {
+    for (Map.Entry<String, byte[]> e : new TreeMap<>(sealed).entrySet()) {
       String sender = e.getKey();
       Advertisement a = neighbours.get(sender);
       if (a == null) {
         throw new RefusedException("shares from '" + sender + "', who is not a neighbour");
       }
-      byte[] key = SecAggCrypto.agree(channelKey, a.channel, SecAggCrypto.CHANNEL, context);
-      byte[] plain = SecAggCrypto.decrypt(key, e.getValue(), associated(sender, deviceId));
-      held.put(sender, unpack(plain, sender));
+      try {
+        byte[] key = SecAggCrypto.agree(channelKey, a.channel, SecAggCrypto.CHANNEL, context);
+        held.put(sender, unpack(SecAggCrypto.decrypt(key, e.getValue(), associated(sender, deviceId))));
+      } catch (GeneralSecurityException | IllegalArgumentException notOpened) {
+        unopened.add(sender);
+      }
     }
     if (held.size() < threshold) {
-      throw new RefusedException(held.size() + " neighbours sent shares; the round needs " + threshold);
+      throw new RefusedException("only " + held.size() + " neighbours sent shares that open; the round needs "
+          + threshold);
     }
   }
 
-  /** The words plus the self mask and the pairwise masks with the neighbours who sent shares. */
+  /** The neighbours whose messages did not open, in id order (the masked input's header lists them). */
+  public List<String> unopened() {
+    return Collections.unmodifiableList(new ArrayList<>(unopened));
+  }
+
+  /**
+   * The words plus, mod 2^32, the self mask and the pairwise masks with the neighbours whose shares
+   * it holds: added when its id is below the neighbour's, subtracted when above.
+   */
   public int[] maskedInput(int[] words) throws GeneralSecurityException {
     int[] masked = words.clone();
     add(masked, SecAggCrypto.expand(seed, words.length), 1);
@@ -162,6 +224,9 @@ public final class SecAggDevice {
   public Map<String, byte[]> unmask(List<String> dropped, List<String> survivors) {
     Set<String> d = new TreeSet<>(dropped);
     Set<String> s = new TreeSet<>(survivors);
+    if (d.size() != dropped.size() || s.size() != survivors.size()) {
+      throw new RefusedException("the unmasking request names a device twice");
+    }
     Set<String> both = new TreeSet<>(d);
     both.retainAll(s);
     if (!both.isEmpty()) {
@@ -195,35 +260,41 @@ public final class SecAggDevice {
   }
 
   private byte[] associated(String sender, String receiver) {
-    byte[] ids = ("|" + sender + "|" + receiver).getBytes(StandardCharsets.UTF_8);
-    byte[] out = Arrays.copyOf(context, context.length + ids.length);
-    System.arraycopy(ids, 0, out, context.length, ids.length);
-    return out;
+    return associatedData(context, sender, receiver);
   }
 
-  static byte[] pack(String sender, String receiver, Shamir.Share seedShare, Shamir.Share keyShare) {
-    byte[] ids = (sender + "\n" + receiver + "\n").getBytes(StandardCharsets.UTF_8);
-    byte[] out = new byte[2 + ids.length + 2 * Shamir.SHARE_BYTES];
-    out[0] = (byte) (ids.length >>> 8);
-    out[1] = (byte) ids.length;
-    System.arraycopy(ids, 0, out, 2, ids.length);
-    System.arraycopy(seedShare.toBytes(), 0, out, 2 + ids.length, Shamir.SHARE_BYTES);
-    System.arraycopy(keyShare.toBytes(), 0, out, 2 + ids.length + Shamir.SHARE_BYTES, Shamir.SHARE_BYTES);
-    return out;
+  /**
+   * A sealed message's associated data: "fedper secagg share", the round's session, who sealed
+   * it and for whom, 0x00 between; binding them is what makes a rerouted or replayed message fail
+   * to open.
+   */
+  static byte[] associatedData(byte[] context, String sender, String receiver) {
+    ByteArrayOutputStream out = new ByteArrayOutputStream();
+    byte[][] parts = {SHARE_LABEL, context, sender.getBytes(StandardCharsets.US_ASCII),
+        receiver.getBytes(StandardCharsets.US_ASCII)};
+    for (int i = 0; i < parts.length; i++) {
+      if (i > 0) {
+        out.write(0);
+      }
+      out.write(parts[i], 0, parts[i].length);
+    }
+    return out.toByteArray();
   }
 
-  private Held unpack(byte[] data, String sender) {
-    int size = ((data[0] & 0xFF) << 8) | (data[1] & 0xFF);
-    if (data.length != 2 + size + 2 * Shamir.SHARE_BYTES) {
-      throw new RefusedException("a share message is malformed");
+  static byte[] pack(Shamir.Share seedShare, Shamir.Share keyShare) {
+    return SecAggCrypto.concat(seedShare.toBytes(), keyShare.toBytes());
+  }
+
+  /** The two shares of a plaintext; IllegalArgumentException when it is not what pack gives. */
+  private static Held unpack(byte[] data) {
+    if (data.length != PLAINTEXT_BYTES) {
+      throw new IllegalArgumentException("a share message is " + PLAINTEXT_BYTES + " bytes, got " + data.length);
     }
-    String[] ids = new String(data, 2, size, StandardCharsets.UTF_8).split("\n", -1);
-    if (ids.length != 3 || !ids[0].equals(sender) || !ids[1].equals(deviceId)) {
-      throw new RefusedException("a share message from '" + sender + "' names other devices");
+    Held h = new Held(Shamir.Share.fromBytes(Arrays.copyOfRange(data, 0, Shamir.SHARE_BYTES)),
+        Shamir.Share.fromBytes(Arrays.copyOfRange(data, Shamir.SHARE_BYTES, data.length)));
+    if (h.seed.index != h.maskKey.index) {
+      throw new IllegalArgumentException("the two shares have different indices");
     }
-    int at = 2 + size;
-    return new Held(
-        Shamir.Share.fromBytes(Arrays.copyOfRange(data, at, at + Shamir.SHARE_BYTES)),
-        Shamir.Share.fromBytes(Arrays.copyOfRange(data, at + Shamir.SHARE_BYTES, data.length)));
+    return h;
   }
 }

@@ -13,9 +13,10 @@ import org.json.JSONException;
 import org.json.JSONObject;
 
 /**
- * The app's part in a secure round (PROTOCOL.md revision 1.6, docs/SECAGG.md), as the Python
- * device's device_runtime/secure_round.py: keys and shares before it trains, its masked update
- * after, its answer to the unmasking. The update never leaves the phone in the clear.
+ * The app's part in a secure round (protocol revision 1.7: PROTOCOL.md "Secure aggregation",
+ * docs/SECAGG.md), as the Python device's device_runtime/secure_round.py: keys and shares before
+ * it trains, its masked update after (naming the neighbours whose shares did not open), its answer
+ * to the unmasking. The update never leaves the phone in the clear.
  */
 final class SecureRound {
   private final ProtocolClient client;
@@ -49,8 +50,13 @@ final class SecureRound {
     return Base64.getEncoder().encodeToString(data);
   }
 
+  /** A relayed value's bytes; what is not base64 only a broken or malicious server sends. */
   private static byte[] bytes(String text) {
-    return Base64.getDecoder().decode(text);
+    try {
+      return Base64.getDecoder().decode(text);
+    } catch (IllegalArgumentException ex) {
+      throw new SecAggDevice.RefusedException("a relayed value is not base64: " + ex.getMessage(), ex);
+    }
   }
 
   private static byte[] json(JSONObject body) {
@@ -74,6 +80,10 @@ final class SecureRound {
           bytes(k.string(Protocol.Body.SecAggKeys.MASK_KEY))));
     }
     int threshold = (int) relayed.integer(Protocol.Body.SecAggNeighbours.THRESHOLD);
+    if (threshold != task.secagg.threshold || neighbours.size() > task.secagg.neighbours) {
+      throw new SecAggDevice.RefusedException("the server relayed " + neighbours.size() + " neighbours at threshold "
+          + threshold + "; the task said at most " + task.secagg.neighbours + " at " + task.secagg.threshold);
+    }
     Map<String, byte[]> sealed = session.shareKeys(neighbours, threshold);
     JSONObject shares = new JSONObject();
     for (Map.Entry<String, byte[]> e : sealed.entrySet()) {
@@ -115,7 +125,11 @@ final class SecureRound {
     int[] masked = session.maskedInput(words);
     ByteBuffer out = ByteBuffer.allocate(4 * masked.length).order(ByteOrder.LITTLE_ENDIAN);
     out.asIntBuffer().put(masked);
-    client.secaggSend(Protocol.Path.SECAGG_MASKED, task.round, out.array(), false);
+    Map<String, String> headers = new TreeMap<>();
+    if (!session.unopened().isEmpty()) { // what lets the server leave a pair out consistently
+      headers.put(Protocol.Header.SECAGG_UNOPENED, String.join(",", session.unopened()));
+    }
+    client.secaggSend(Protocol.Path.SECAGG_MASKED, task.round, out.array(), false, headers);
   }
 
   /** Answer the server's one unmasking request (the session refuses a malicious one). */

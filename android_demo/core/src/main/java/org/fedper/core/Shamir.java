@@ -1,17 +1,18 @@
 package org.fedper.core;
 
 import java.math.BigInteger;
-import java.security.SecureRandom;
 import java.util.ArrayList;
 import java.util.HashSet;
 import java.util.List;
 import java.util.Set;
+import java.util.function.Supplier;
 
 /**
  * Shamir's t-of-n sharing of a 32-byte secret over the field of the prime 2^521 - 1, as
  * fedper/common/secagg/shamir.py (docs/SECAGG.md): share i is the random degree t-1 polynomial
  * with the secret as constant term, evaluated at i; a share travels as 2 bytes of index and 66 of
- * value, big-endian.
+ * value, big-endian. The coefficients come from the caller (SecAggRandom: the platform's
+ * randomness, or the known-answer vectors' values), so a split can be reproduced byte for byte.
  */
 public final class Shamir {
   public static final BigInteger PRIME = BigInteger.ONE.shiftLeft(521).subtract(BigInteger.ONE);
@@ -55,7 +56,11 @@ public final class Shamir {
     }
   }
 
-  public static List<Share> split(byte[] secret, int threshold, int holders, SecureRandom random) {
+  /**
+   * holders shares of secret, any threshold of which give it back; coefficients supplies a_1 to
+   * a_(t-1), in that order, each in [0, PRIME).
+   */
+  public static List<Share> split(byte[] secret, int threshold, int holders, Supplier<BigInteger> coefficients) {
     if (secret.length != SECRET_BYTES) {
       throw new IllegalArgumentException("a secret is " + SECRET_BYTES + " bytes, got " + secret.length);
     }
@@ -63,21 +68,21 @@ public final class Shamir {
       throw new IllegalArgumentException(
           "need 1 <= threshold (" + threshold + ") <= holders (" + holders + ") < 65536");
     }
-    BigInteger[] coefficients = new BigInteger[threshold];
-    coefficients[0] = new BigInteger(1, secret);
+    BigInteger[] polynomial = new BigInteger[threshold];
+    polynomial[0] = new BigInteger(1, secret);
     for (int i = 1; i < threshold; i++) {
-      BigInteger c;
-      do {
-        c = new BigInteger(PRIME.bitLength(), random);
-      } while (c.compareTo(PRIME) >= 0);
-      coefficients[i] = c;
+      BigInteger c = coefficients.get();
+      if (c.signum() < 0 || c.compareTo(PRIME) >= 0) {
+        throw new IllegalArgumentException("a coefficient is outside the field");
+      }
+      polynomial[i] = c;
     }
     List<Share> shares = new ArrayList<>();
     for (int x = 1; x <= holders; x++) {
       BigInteger value = BigInteger.ZERO;
       BigInteger bx = BigInteger.valueOf(x);
       for (int i = threshold - 1; i >= 0; i--) { // Horner
-        value = value.multiply(bx).add(coefficients[i]).mod(PRIME);
+        value = value.multiply(bx).add(polynomial[i]).mod(PRIME);
       }
       shares.add(new Share(x, value));
     }

@@ -3,7 +3,10 @@ package org.fedper.core;
 import java.nio.file.Path;
 import java.nio.file.Paths;
 
-/** Where host-test.sh put the Python side: -Dfedper.python and -Dfedper.fixtures. */
+/**
+ * Where host-test.sh put the Python side (-Dfedper.python, -Dfedper.fixtures, -Dfedper.script)
+ * and the protocol's known-answer vectors (-Dfedper.vectors: docs/secagg_vectors.json).
+ */
 final class HostFixtures {
   private HostFixtures() {}
 
@@ -17,6 +20,10 @@ final class HostFixtures {
 
   static Path script() {
     return Paths.get(required("fedper.script"));
+  }
+
+  static Path vectors() {
+    return Paths.get(required("fedper.vectors"));
   }
 
   private static String required(String key) {

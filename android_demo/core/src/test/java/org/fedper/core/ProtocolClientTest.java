@@ -23,6 +23,7 @@ public class ProtocolClientTest {
   static final class Scripted implements HttpTransport {
     final Deque<Response> answers = new ArrayDeque<>();
     final List<String> calls = new ArrayList<>();
+    final List<Map<String, String>> headers = new ArrayList<>();
 
     Scripted then(int status, String body, String... headers) {
       Map<String, String> h = new LinkedHashMap<>();
@@ -41,6 +42,7 @@ public class ProtocolClientTest {
     @Override
     public Response send(String method, String url, Map<String, String> headers, byte[] body) throws IOException {
       calls.add(method + " " + url + " " + headers.getOrDefault("If-None-Match", ""));
+      this.headers.add(new LinkedHashMap<>(headers));
       Response r = answers.removeFirst();
       if (r.status == -1) {
         throw new IOException("connection refused");
@@ -109,5 +111,38 @@ public class ProtocolClientTest {
     // server still receives the first attempt gets 409 upload_in_progress: not a refusal.
     Scripted http = new Scripted().then(409, "{\"code\":\"upload_in_progress\",\"message\":\"wait\"}");
     assertThrows(ProtocolException.Transient.class, () -> client(http).upload(1, new byte[8]));
+  }
+
+  @Test
+  public void aSecureDeviceSaysItCanTakePartInRevision17() throws Exception {
+    Scripted http = new Scripted().then(204, "", "Retry-After", "1");
+    client(http).task(true);
+    assertEquals("secagg-1.7", http.headers.get(0).get(Protocol.Header.CAPABILITIES));
+    assertEquals(Protocol.Header.SECAGG, http.headers.get(0).get(Protocol.Header.CAPABILITIES));
+  }
+
+  @Test
+  public void aSecureStageNotBegunIsSentAgainAfterRetryAfterWithItsHeaders() throws Exception {
+    // Revision 1.7: a device ahead of its cohort posts before the stage begins: 409
+    // secagg_stage_not_open with Retry-After, and the same message again then.
+    Scripted http = new Scripted()
+        .then(409, "{\"code\":\"secagg_stage_not_open\",\"message\":\"not yet\"}", "Retry-After", "3")
+        .then(409, "{\"code\":\"secagg_stage_not_open\",\"message\":\"not yet\"}", "Retry-After", "2")
+        .then(202, "{\"round\":4,\"stage\":\"masked\"}")
+        .then(409, "{\"code\":\"secagg_stage_closed\",\"message\":\"over\"}");
+    ProtocolClient c = client(http);
+    Map<String, String> unopened = Map.of(Protocol.Header.SECAGG_UNOPENED, "d-2,d-7");
+    c.secaggSend(Protocol.Path.SECAGG_MASKED, 4, new byte[8], false, unopened);
+    assertEquals(List.of(3.0, 2.0), slept);
+    assertEquals(3, http.calls.size());
+    for (int k = 0; k < 3; k++) {
+      assertTrue(http.calls.get(k), http.calls.get(k).startsWith("POST http://server/v1/rounds/4/secagg/masked"));
+      assertEquals("d-2,d-7", http.headers.get(k).get(Protocol.Header.SECAGG_UNOPENED));
+      assertEquals(Protocol.Header.OCTET_STREAM, http.headers.get(k).get(Protocol.Header.CONTENT_TYPE));
+    }
+    ProtocolException closed = assertThrows(ProtocolException.class,
+        () -> c.secaggSend(Protocol.Path.SECAGG_UNMASK, 4, new byte[2], true));
+    assertEquals(Protocol.ErrorCode.SECAGG_STAGE_CLOSED, closed.code);
+    assertNull(http.headers.get(3).get(Protocol.Header.SECAGG_UNOPENED));
   }
 }

@@ -300,8 +300,9 @@ public class RoundLoopIntegrationTest {
   @Test
   public void threeAppsTakePartInASecureRoundAndItsBaseIsTheirWeightedMean() throws Exception {
     stopServer();
-    // Revision 1.6 (docs/SECAGG.md): the host JVM has X25519, so the round loop says it can, keeps
-    // its keys and shares before it trains, sends its delta masked and answers the unmasking.
+    // Revision 1.7 (docs/SECAGG.md): the host JVM has X25519, so the round loop says it can
+    // (secagg-1.7), keeps its keys and shares before it trains, sends its delta masked and answers
+    // the unmasking; the server puts the three together only if every byte is as it expects.
     server = new TestServer(tmp.getRoot().toPath(), "artifacts", 1, 3, "--round-timeout", "60", "--secagg",
         "--checkin-window", "2", "--cohort-size", "3", "--over-selection", "1", "--secagg-stage-timeout", "10",
         "--start-devices", "3");
@@ -342,7 +343,7 @@ public class RoundLoopIntegrationTest {
     ProtocolException refused = assertThrows(ProtocolException.class, () -> client.task(false));
     assertEquals(403, refused.status);
     assertEquals(Protocol.ErrorCode.SECAGG_UNSUPPORTED, refused.code);
-    assertTrue(refused.getMessage(), refused.getMessage().contains("revision 1.6"));
+    assertTrue(refused.getMessage(), refused.getMessage().contains(Protocol.Header.SECAGG)); // what it must say
   }
 
   @Test
