@@ -57,9 +57,19 @@ class ServerConfig:
         20, "failed authentications (wrong token or enrollment key) per client address per minute before 429"
     )
     attestation: str = option(
-        "", "module:function verifying a device's attestation token at enrollment (docs/SERVER.md; empty: none)",
+        "", "module:function(token, platform, nonce) verifying a device's attestation token at enrollment "
+        "(docs/SERVER.md; empty: none)",
         metavar="MODULE:FUNCTION",
     )  # fmt: skip
+    attestation_workers: int = option(8, "threads the attestation verifier runs on, apart from the requests'")
+    attestation_queue: int = option(64, "enrollments that may wait for an attestation thread; more get 503")
+    attestation_timeout: float = option(10.0, "seconds the verifier may take before the enrollment gets 503")
+    request_body_timeout: float = option(
+        10.0, "seconds a JSON request body (enrollment, secure-round messages) may take to arrive before 408"
+    )
+    max_requests_per_address: int = option(
+        64, "requests one client address (IPv6: per /64) may have in progress at once; more get 429 (0: no limit)"
+    )
     forwarded_allow_ips: str = option(
         "", "comma-separated proxy addresses whose X-Forwarded-For is trusted (default: none; '*': any)"
     )
@@ -122,6 +132,10 @@ class ServerConfig:
             raise ConfigError("--max-participation must be >= 0 (0: no limit) and --participation-rounds >= 1")
         if self.keep_versions < 0:
             raise ConfigError("--keep-versions must be >= 0 (0: keep all)")
+        if self.attestation_workers < 1 or self.attestation_queue < 0 or not self.attestation_timeout > 0:
+            raise ConfigError("--attestation-workers must be >= 1, --attestation-queue >= 0, --attestation-timeout > 0")
+        if not self.request_body_timeout > 0 or self.max_requests_per_address < 0:
+            raise ConfigError("--request-body-timeout must be > 0 and --max-requests-per-address >= 0")
         if self.enroll_total_per_minute < 0:
             raise ConfigError("--enroll-total-per-minute must be >= 0 (0: no limit)")
         if not self.min_upload_rate >= 0 or not self.upload_rate_grace >= 0 or not self.busy_upload_rate >= 0:

@@ -552,8 +552,9 @@ class RoundManager:
             try:
                 with self.db.transaction() as conn:
                     self.db.insert_version(conn, version, found[1], target.name, now, None)
+                    self.db.mark_rolled_back(conn, to, current.round if current.state == RoundState.OPEN else None)
                     if current.state == RoundState.OPEN:
-                        self.db.end_round(conn, current.round, RoundState.ABANDONED, now)
+                        self.db.end_round(conn, current.round, RoundState.ABANDONED, now, reason="rolled back")
                     self.db.set_meta(conn, "state", "running")
                     self.db.open_round(conn, current.round + 1, version, now, self._deadline(now))
             finally:
