@@ -63,7 +63,12 @@ class ServerConfig:
     )  # fmt: skip
     attestation_workers: int = option(8, "threads the attestation verifier runs on, apart from the requests'")
     attestation_queue: int = option(64, "enrollments that may wait for an attestation thread; more get 503")
-    attestation_timeout: float = option(10.0, "seconds the verifier may take before the enrollment gets 503")
+    attestation_timeout: float = option(
+        10.0, "seconds an enrollment may wait for an attestation thread, then seconds the verifier may take, before 503"
+    )
+    attestation_per_address: int = option(
+        2, "attestations one client address (IPv6: /64) may have waiting or being verified at once; more get 429"
+    )
     request_body_timeout: float = option(
         10.0, "seconds a JSON request body (enrollment, secure-round messages) may take to arrive before 408"
     )
@@ -132,8 +137,10 @@ class ServerConfig:
             raise ConfigError("--max-participation must be >= 0 (0: no limit) and --participation-rounds >= 1")
         if self.keep_versions < 0:
             raise ConfigError("--keep-versions must be >= 0 (0: keep all)")
-        if self.attestation_workers < 1 or self.attestation_queue < 0 or not self.attestation_timeout > 0:
-            raise ConfigError("--attestation-workers must be >= 1, --attestation-queue >= 0, --attestation-timeout > 0")
+        if (self.attestation_workers < 1 or self.attestation_queue < 0 or not self.attestation_timeout > 0
+                or self.attestation_per_address < 1):  # fmt: skip
+            raise ConfigError("--attestation-workers and --attestation-per-address must be >= 1, "
+                              "--attestation-queue >= 0, --attestation-timeout > 0")  # fmt: skip
         if not self.request_body_timeout > 0 or self.max_requests_per_address < 0:
             raise ConfigError("--request-body-timeout must be > 0 and --max-requests-per-address >= 0")
         if self.enroll_total_per_minute < 0:

@@ -43,7 +43,7 @@ from fedper.common.dp.mechanism import DPReport
 from fedper.common.manifest import Manifest, sha256_file
 from fedper.common.metrics import summarize
 from fedper.common.protocol import RoundInfo
-from fedper.common.robust_aggregate import NonFiniteAggregateError, robust_aggregate
+from fedper.common.robust_aggregate import CENTERED, NonFiniteAggregateError, robust_aggregate
 from fedper.common.secagg.fixed_point import SumOutOfBoundsError
 from fedper.common.secagg.server_session import RoundFailedError
 from fedper.server import publish_check
@@ -51,6 +51,7 @@ from fedper.server.clock import SteadyClock, iso_time
 from fedper.server.cohort import WAITING_KEY, Cohort
 from fedper.server.config import ServerConfig
 from fedper.server.disk_room import DiskRoom, out_of_space
+from fedper.server.metrics_registry import AggregationCounts
 from fedper.server.privacy import ServerPrivacy
 from fedper.server.refusals import (
     AlreadyReportedError,
@@ -130,8 +131,7 @@ class RoundManager:
         self._bases: dict[int, dict[str, np.ndarray]] = {}  # model versions, for the update bound
         self.snapshot = Snapshot(False, 0, RoundState.OPEN, 0, None, 0, 0)
         self.aggregation_seconds = 0.0
-        self.updates_clipped = 0  # by the norm bound, over the run (since this process started)
-        self.updates_capped = 0  # by the weight cap
+        self.aggregation_counts = AggregationCounts()  # since this process started
         self.rounds_refused = 0  # aggregates not published (server.publish_check)
         self.disk = disk or DiskRoom(data_dir, 0)
         self.draining: str | None = None  # why the server takes no uploads (server.disk_room)
@@ -287,6 +287,17 @@ class RoundManager:
             self._bases = {version: {k: v.astype(np.float64) for k, v in weights.load(found[0]).items()}}
         return self._bases[version]
 
+    def _last_step(self, version: int) -> dict[str, np.ndarray] | None:
+        """The published step that made ``version`` (its base minus its parent's), where centered
+        clipping starts; None (clip around the base) for version 0 or a pruned parent."""
+        parent = self.db.parent_version(version)
+        found = self.version_file(version)
+        parent_file = self.version_file(parent) if parent is not None else None
+        if found is None or parent_file is None:
+            return None
+        after, before = weights.load(found[0]), weights.load(parent_file[0])
+        return {k: after[k].astype(np.float64) - before[k].astype(np.float64) for k in after}
+
     def check_admission(self, device_id: str, number: int) -> Round:
         """What can be decided before an upload's body is read (revision 1.4): 410, then the
         409s ``duplicate_update``, ``round_not_open``, ``not_in_cohort``, then 503 while
@@ -412,7 +423,9 @@ class RoundManager:
                     noised.append(dp_report)
                 count = dp_report.updates
             else:
-                base, report = robust_aggregate(self._layout, round_base, stored, self.config.aggregation, 1)
+                centered = self.config.aggregation.aggregate == CENTERED
+                center = self._last_step(current.model_version) if centered else None
+                base, report = robust_aggregate(self._layout, round_base, stored, self.config.aggregation, 1, center)
                 count = report.updates
         except NonFiniteAggregateError as exc:
             self._refuse(number, current.model_version, str(exc))
@@ -459,8 +472,7 @@ class RoundManager:
         elif self.secure is not None:
             done = {"secure": True, "updates": count}
         else:
-            self.updates_clipped += report.clipped
-            self.updates_capped += report.capped
+            self.aggregation_counts.add(report)
             done = report.to_dict()
         log.info(json.dumps({
             "event": "round_closed", "round": number, "reason": reason, "updates": count,

@@ -147,6 +147,7 @@ def open_state(config: ServerConfig, clock: Clock | None = None, free: Callable[
             config.attestation_queue,
             config.attestation_timeout,
             config.retry_after,
+            config.attestation_per_address,
         )
         if verifier is not None
         else None,

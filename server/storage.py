@@ -597,6 +597,13 @@ class Database:
         rows = self.query("SELECT version, sha256, file FROM model_versions WHERE version = ?", (version,))
         return ModelVersion(int(rows[0]["version"]), str(rows[0]["sha256"]), str(rows[0]["file"])) if rows else None
 
+    def parent_version(self, version: int) -> int | None:
+        """The version that the round which produced ``version`` trained (None: the export's
+        version 0, an imported one, or its round gone)."""
+        rows = self.query("SELECT r.model_version AS v FROM model_versions m JOIN rounds r ON r.round = m.from_round "
+                          "WHERE m.version = ?", (version,))  # fmt: skip
+        return int(rows[0]["v"]) if rows else None
+
     def versions(self) -> dict[int, str]:
         """Every recorded model version and its file's name, oldest first."""
         return {int(r["version"]): str(r["file"]) for r in self.query("SELECT version, file FROM model_versions "

@@ -544,7 +544,8 @@ def test_a_hung_verifier_costs_enrollments_not_the_rounds(server_artifacts, tmp_
     attestation_double.CALLS.clear()
     state = open_in_process(server_artifacts, tmp_path / "data", attestation="tests.attestation_double:slow",
                             attestation_workers=2, attestation_queue=3, attestation_timeout=30,
-                            enroll_per_minute=10**6, max_requests_per_address=0)  # fmt: skip
+                            attestation_per_address=100, enroll_per_minute=10**6,
+                            max_requests_per_address=0)  # fmt: skip
 
     async def scenario() -> None:
         async with http_in_process(state) as c:
@@ -568,6 +569,48 @@ def test_a_hung_verifier_costs_enrollments_not_the_rounds(server_artifacts, tmp_
         asyncio.run(scenario())
     finally:
         attestation_double.RELEASE.set()
+        state.db.close()
+
+
+def test_a_flood_of_fake_tokens_cannot_keep_a_new_phone_from_the_verifier(server_artifacts, tmp_path):
+    """Issue 50's finding, at the verifier: a flood of fake tokens from some addresses filled its
+    queue. Each address now has at most --attestation-per-address verifications waiting or
+    running (more: 429), and an address with no enrollment in the window is served first."""
+    from tests import attestation_double
+
+    attestation_double.ANSWERED.clear()
+    state = open_in_process(server_artifacts, tmp_path / "data", attestation="tests.attestation_double:sluggish",
+                            attestation_workers=2, attestation_queue=40, max_requests_per_address=0)  # fmt: skip
+
+    async def flood(address: str) -> list[int]:
+        async with http_in_process(state, address) as c:
+            n = await _nonce(c)  # its first enrollment in the window, refused: the address is now known
+            first = await c.post("/v1/devices", json={"enrollment_key": ENROLL, "attestation": "fake", "nonce": n})
+            assert _code(first) == (403, "attestation_failed")
+            nonces = [await _nonce(c) for _ in range(5)]
+            answers = await asyncio.gather(*(c.post("/v1/devices", json={
+                "enrollment_key": ENROLL, "attestation": "fake", "nonce": n}) for n in nonces))  # fmt: skip
+            return [r.status_code for r in answers]
+
+    async def scenario() -> None:
+        attackers = [asyncio.create_task(flood(f"10.3.0.{i}")) for i in range(10)]
+        assert state.attestation is not None
+        while state.attestation._held.total() < 20:  # every attacker's two places taken
+            await asyncio.sleep(0.01)
+        async with http_in_process(state, "10.3.1.1") as phone:
+            n = await _nonce(phone)
+            token = f"genuine-android-{n}"
+            r = await phone.post("/v1/devices", json={"enrollment_key": ENROLL, "platform": "android",
+                                                      "attestation": token, "nonce": n})  # fmt: skip
+            assert r.status_code == 201, r.text
+        codes = [c for task in attackers for c in await task]
+        assert sorted(codes) == [403] * 20 + [429] * 30  # two places per address, the rest refused at once
+        # Served before every waiting fake but those already on the 2 threads (and a race's worth).
+        assert attestation_double.ANSWERED.index(token) <= 10 + 4
+
+    try:
+        asyncio.run(scenario())
+    finally:
         state.db.close()
 
 

@@ -113,3 +113,50 @@ def test_a_negative_batchnorm_variance_is_refused_on_upload(server_artifacts, tm
     assert "blocks.0.dw.bn.running_var" in refused.value.message and ">= 0" in refused.value.message
     body.write_bytes(update_body(v0, 100))  # the same update with the variance as it was passes
     assert validate(body, manifest, 100_000).num_samples == 100
+
+
+def _farthest(a: Tensors, b: Tensors) -> float:
+    return max(float(np.max(np.abs(a[n].astype(np.float64) - b[n]))) for n in b)
+
+
+def test_centered_clipping_on_the_server_starts_from_the_step_that_made_the_round_base(server_artifacts, tmp_path):
+    """The server clips round 2 around v1 - v0, as the simulation does (its last published step);
+    round 1 has no step before it and clips around v0. /metrics counts what was clipped."""
+    from fastapi.testclient import TestClient
+
+    from fedper.common.robust_aggregate import robust_aggregate
+    from fedper.server.app import create_app
+
+    aggregation = AggregationConfig(aggregate="centered-clip", clip_factor=1.0)
+    config = ServerConfig(artifacts=server_artifacts, data_dir=tmp_path, target_clients=4, min_clients=1,
+                          round_timeout=0, aggregation=aggregation)  # fmt: skip
+    v0 = _v0(server_artifacts)
+    state = open_state(config)
+    layout = [(n, tuple(v.shape)) for n, v in sorted(v0.items())]
+    try:
+        published = [v0]
+        for rnd in (1, 2):
+            base = published[-1]
+            updates = [(_honest(base, 10 * rnd + i), 100 + i) for i in range(3)]
+            far = _honest(base, 10 * rnd + 3)
+            updates.append(({n: (np.abs(v) if n.endswith(".running_var") else v) for n, v in
+                             ((n, base[n] + 50 * (far[n] - base[n])) for n in base)}, 100))  # fmt: skip
+            for i, (tensors, n) in enumerate(updates):
+                device = f"d-{rnd}-{i}"
+                state.db.add_device(device, f"hash-{device}", "test")
+                state.rounds.assign(rnd, device)
+                state.rounds.commit(state.rounds.stage(device, rnd, Upload(tensors, n, rnd - 1, {"accuracy": 0.5})))
+            published.append(weights.load(tmp_path / "models" / f"v{rnd}.safetensors"))
+            center = None if rnd == 1 else {n: published[1][n].astype(np.float64) - v0[n] for n in v0}
+            b64 = {n: v.astype(np.float64) for n, v in base.items()}
+            expected, _ = robust_aggregate(layout, b64, lambda u=updates: iter(u), aggregation, 1, center)
+            # The server folds its stored files in the order of their sha256: the last bit may differ.
+            assert _farthest(published[-1], expected) < 1e-8, rnd
+            if center is not None:
+                from_base, _ = robust_aggregate(layout, b64, lambda u=updates: iter(u), aggregation, 1, None)
+                assert _farthest(published[-1], from_base) > 1e-5  # not where clipping around the base goes
+        with TestClient(create_app(config, state=state)) as client:
+            text = client.get("/metrics").text
+        assert "fedper_coordinates_clipped_total 0.0" in text and "fedper_updates_clipped_total" in text
+    finally:
+        state.db.close()

@@ -38,6 +38,7 @@ from fedper.common.errors import ConfigError
 Aggregate = Literal["mean", "median", "trimmed-mean", "centered-clip"]
 ClipBy = Literal["group", "tensor"]
 AGGREGATES: tuple[Aggregate, ...] = get_args(Aggregate)
+CENTERED: Aggregate = "centered-clip"  # the one that needs the last published step
 BATCHNORM_VARIANCE = ".running_var"  # torch's name for a BatchNorm layer's running variance
 BATCHNORM_STATISTICS = (".running_mean", BATCHNORM_VARIANCE)
 PARAMETERS, STATISTICS = "parameters", "batchnorm_statistics"  # the groups clipped apart
@@ -52,7 +53,8 @@ class AggregationConfig:
     aggregate: Aggregate = option(
         "mean",
         "how a round's updates are combined: mean (sample-weighted FedAvg), median or trimmed-mean "
-        "(coordinate-wise, every device weighted equally)",
+        "(coordinate-wise, every device weighted equally), centered-clip (clipped around the last published step "
+        "at --clip-factor times the median distance from it)",
     )
     clip_factor: float = option(
         3.0, "an update's distance from the round's base is scaled down to at most this many times the "
@@ -85,7 +87,7 @@ class AggregationConfig:
             raise ConfigError(f"--clip-by must be group or tensor, got {self.clip_by!r}")
         if not (self.coordinate_clip == 0 or 1 <= self.coordinate_clip < math.inf):
             raise ConfigError(f"--coordinate-clip must be 0 (off) or a finite number >= 1, got {self.coordinate_clip}")
-        if self.aggregate == "centered-clip" and not self.clip_factor:
+        if self.aggregate == CENTERED and not self.clip_factor:
             raise ConfigError("--aggregate centered-clip clips around the last step by --clip-factor: give one > 0")
 
 
@@ -201,7 +203,7 @@ def robust_aggregate(
     bound = {g: config.clip_factor * median[g] for g in groups} if config.clip_factor else None
     limit = max(1, math.floor(config.weight_cap * lower_median(counts))) if config.weight_cap else None
     weights = [min(n, limit) if limit is not None else n for n in counts]
-    centered = config.aggregate == "centered-clip"
+    centered = config.aggregate == CENTERED
     scales = [{g: bound[g] / n[g] if bound is not None and not centered and n[g] > bound[g] else 1.0 for g in groups}
               for n in norms]  # fmt: skip
     coordinates_clipped = 0

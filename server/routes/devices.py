@@ -99,7 +99,7 @@ async def enroll(request: Request, state: State) -> Enrolled:
     if not allowed:
         raise rate_limited("too many enrollments from all addresses together; try again later", wait)
     if state.attestation is not None:
-        await state.attestation.verify(attestation, platform, nonce)
+        await state.attestation.verify(attestation, platform, nonce, address, first)
     device_id, token = f"d-{secrets.token_hex(8)}", new_token()
     await to_thread.run_sync(state.db.add_device, device_id, token_hash(token), platform)
     log.info(json.dumps({"event": "device_enrolled", "device": device_id, "platform": platform}))
