@@ -18,6 +18,7 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
+from fedper.common.protocol import Task
 from fedper.device_runtime.client import NoTask
 from fedper.server.clock import SteadyClock
 from fedper.server.errors import ProtocolError
@@ -26,6 +27,7 @@ from fedper.server.rate_limit import address_key
 from fedper.server.upload_validation import check_metadata
 from tests.server_support import (
     ENROLL,
+    InProcessServer,
     admin,
     base_like,
     enroll_async,
@@ -513,6 +515,37 @@ def test_attestation_is_checked_by_the_operators_verifier_against_the_servers_no
         asyncio.run(scenario())
     finally:
         state.db.close()
+
+
+def test_the_python_device_enrolls_through_a_challenge(server_artifacts, tmp_path):
+    """The contract the device uses (revision 1.8): with ``attest``, the client takes a nonce,
+    has it bound into the token, and enrolls with both; without, the server refuses it."""
+    from fedper.device_runtime.client import ProtocolClient, RefusedError
+
+    with InProcessServer(server_artifacts, tmp_path / "data", attestation="tests.attestation_double:verify") as srv:
+
+        def client() -> ProtocolClient:  # the device's own client, its requests sent to the app in process
+            made = ProtocolClient(str(srv.http.base_url))
+            made._http.close()
+            made._http = srv.http
+            return made
+
+        nonces: list[str] = []
+
+        def attest(nonce: str) -> str:
+            nonces.append(nonce)
+            return f"genuine-python-{nonce}"
+
+        device = client()
+        device_id, token = device.enroll(ENROLL, attest=attest)
+        assert device_id.startswith("d-") and token and len(nonces) == 1
+        assert isinstance(device.task(), (NoTask, Task))
+        with pytest.raises(RefusedError) as refused:
+            client().enroll(ENROLL)
+        assert (refused.value.status, refused.value.code) == (403, "attestation_failed")
+        with pytest.raises(RefusedError) as refused:  # a token that binds another nonce
+            client().enroll(ENROLL, attest=lambda nonce: f"genuine-python-{nonces[0]}")
+        assert refused.value.code == "attestation_failed"
 
 
 def test_a_verifier_that_forgets_the_no_token_case_cannot_let_one_through(server_artifacts, tmp_path):
