@@ -10,6 +10,7 @@ import secrets
 from anyio import to_thread
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
+from starlette.types import Scope
 
 from fedper.common.manifest import MANIFEST_FILE
 from fedper.common.protocol import (
@@ -63,6 +64,21 @@ def _enrollment(body: bytes) -> tuple[object, str | None, str | None, str | None
     if nonce is not None and not (isinstance(nonce, str) and re.fullmatch(NONCE_PATTERN[1:-1], nonce)):
         raise bad_request(ErrorCode.BAD_REQUEST, "nonce must be the 32 hex digits POST /v1/devices/challenge gave")
     return data.get("enrollment_key"), platform, attestation, nonce
+
+
+def enrollment_spent(scope: Scope, method: str, path: str, key: str) -> tuple[str, int] | None:
+    """A challenge or an enrollment from an address whose minute is spent: answered 429 before
+    it is read (:mod:`server.address_limit`), as the routes below would answer it after."""
+    if method != "POST" or path not in (Route.DEVICES, Route.CHALLENGE):
+        return None
+    state = getattr(scope["app"].state, "fedper", None)
+    if state is None:
+        return None
+    if path == Route.CHALLENGE:
+        wait = state.challenges.blocked(key) if state.attestation is not None else 0
+        return ("too many challenges from this address", wait) if wait else None
+    wait = state.limiter.blocked(key)
+    return ("too many enrollments from this address", wait) if wait else None
 
 
 @router.post(Route.CHALLENGE, status_code=201, response_model=Challenge, responses=ERRORS)
