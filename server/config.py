@@ -75,6 +75,11 @@ class ServerConfig:
     max_requests_per_address: int = option(
         64, "requests one client address (IPv6: per /64) may have in progress at once; more get 429 (0: no limit)"
     )
+    aggregation_memory: int = option(
+        4096, "MB closing a round may hold: the coordinate clip (the default), median, trimmed mean and centered "
+        "clip hold every update of the round in float64; the server refuses to start if --cohort-size x "
+        "--over-selection updates of this base would not fit",
+    )  # fmt: skip
     forwarded_allow_ips: str = option(
         "", "comma-separated proxy addresses whose X-Forwarded-For is trusted (default: none; '*': any)"
     )
@@ -141,6 +146,8 @@ class ServerConfig:
                 or self.attestation_per_address < 1):  # fmt: skip
             raise ConfigError("--attestation-workers and --attestation-per-address must be >= 1, "
                               "--attestation-queue >= 0, --attestation-timeout > 0")  # fmt: skip
+        if self.aggregation_memory < 1:
+            raise ConfigError(f"--aggregation-memory must be at least 1 (MB), got {self.aggregation_memory}")
         if not self.request_body_timeout > 0 or self.max_requests_per_address < 0:
             raise ConfigError("--request-body-timeout must be > 0 and --max-requests-per-address >= 0")
         if self.enroll_total_per_minute < 0:

@@ -40,10 +40,11 @@ import numpy as np
 from fedper.common import weights
 from fedper.common.atomic_write import atomic_write_bytes
 from fedper.common.dp.mechanism import DPReport
+from fedper.common.errors import ConfigError
 from fedper.common.manifest import Manifest, sha256_file
 from fedper.common.metrics import summarize
 from fedper.common.protocol import RoundInfo
-from fedper.common.robust_aggregate import CENTERED, NonFiniteAggregateError, robust_aggregate
+from fedper.common.robust_aggregate import CENTERED, NonFiniteAggregateError, held_bytes, robust_aggregate
 from fedper.common.secagg.fixed_point import SumOutOfBoundsError
 from fedper.common.secagg.server_session import RoundFailedError
 from fedper.server import publish_check
@@ -127,6 +128,8 @@ class RoundManager:
             dp_clip = self.privacy.clip if self.privacy is not None else None
             self.secure = SecureRounds(config.secure, db, words, self.store.updates_dir, dp_clip)
             self.cohort.on_draw = self.secure.begin
+        elif self.privacy is None:
+            self._check_memory()
         self._lock = threading.RLock()
         self._bases: dict[int, dict[str, np.ndarray]] = {}  # model versions, for the update bound
         self.snapshot = Snapshot(False, 0, RoundState.OPEN, 0, None, 0, 0)
@@ -200,6 +203,19 @@ class RoundManager:
                 self.store.remove(path)
         for path in list(self.models_dir.parent.glob(".*.tmp")):  # the secrets' atomic writes
             self.store.remove(path)
+
+    def _check_memory(self) -> None:
+        """Refuse at start an aggregation that would not fit at close, rather than fail then."""
+        floats = sum(math.prod(shape) for _, shape in self._layout)
+        need = held_bytes(self.config.aggregation, floats, self.config.slots)
+        if need > self.config.aggregation_memory * 2**20:
+            raise ConfigError(
+                f"--aggregate {self.config.aggregation.aggregate} with --coordinate-clip "
+                f"{self.config.aggregation.coordinate_clip:g} holds every update of a round at its close: "
+                f"{self.config.slots} updates of this base ({floats:,} floats) need about {need / 2**20:,.0f} MB, "
+                f"more than --aggregation-memory {self.config.aggregation_memory} MB. Raise it, lower "
+                f"--cohort-size, or use --coordinate-clip 0 with --aggregate mean (one update in memory at a time)"
+            )
 
     def _stored(self, number: int) -> Iterator[tuple[StoredUpdate, dict[str, np.ndarray]]]:
         """Round ``number``'s stored updates, read with the loader one at a time, in ascending

@@ -21,7 +21,8 @@ from fedper.common.robust_aggregate import (
 )
 
 LAYOUT = [("w", (3, 4)), ("bn.running_var", (4,))]
-OFF = AggregationConfig(clip_factor=0, weight_cap=0)
+OFF = AggregationConfig(clip_factor=0, weight_cap=0, coordinate_clip=0)
+BOUNDS = AggregationConfig(coordinate_clip=0)  # revision 1.3's defaults: the norm bound and the weight cap
 
 
 def _base() -> dict[str, np.ndarray]:
@@ -49,10 +50,13 @@ def test_honest_updates_give_plain_fedavgs_bytes():
     for tensors, n in updates:
         fedavg.add(tensors, n)
     expected = fedavg.result()
-    for config in (AggregationConfig(), OFF):
+    for config in (BOUNDS, OFF):
         result, report = _run(updates, config)
         assert all(result[n].tobytes() == expected[n].tobytes() for n in expected)
     assert report.clipped == 0 and report.capped == 0
+    # The default's coordinate clip holds honest outliers too: what that costs is in SERVER.md.
+    result, report = _run(updates, AggregationConfig())
+    assert report.coordinates_clipped > 0 and any(result[n].tobytes() != expected[n].tobytes() for n in expected)
 
 
 def test_a_huge_update_with_a_huge_count_is_clipped_and_capped():
@@ -141,10 +145,14 @@ def test_median_and_trimmed_mean_are_coordinatewise():
     def run(config):  # type: ignore[no-untyped-def]
         return robust_aggregate(LAYOUT, base, lambda: iter(updates), config)[0]["w"]
 
-    assert np.all(run(AggregationConfig(aggregate="median", clip_factor=0)) == 1.0)
+    assert np.all(run(AggregationConfig(aggregate="median", clip_factor=0, coordinate_clip=0)) == 1.0)
     # 5 updates, 20% trimmed: one cut from each end -> mean of 0, 1, 2.
-    assert np.all(run(AggregationConfig(aggregate="trimmed-mean", trim_fraction=0.2, clip_factor=0)) == 1.0)
-    assert np.allclose(run(AggregationConfig(aggregate="trimmed-mean", trim_fraction=0.0, clip_factor=0)), -37 / 5)
+    assert np.all(
+        run(AggregationConfig(aggregate="trimmed-mean", trim_fraction=0.2, clip_factor=0, coordinate_clip=0)) == 1.0
+    )
+    assert np.allclose(
+        run(AggregationConfig(aggregate="trimmed-mean", trim_fraction=0.0, clip_factor=0, coordinate_clip=0)), -37 / 5
+    )
 
 
 def test_lower_median_and_bad_input():
@@ -206,9 +214,11 @@ def test_clipping_by_tensor_bounds_each_tensor_alone():
                 100) for _ in range(5)]  # fmt: skip
     hostile = {"w": updates[0][0]["w"], "b": np.full(4, 1.0, np.float32)}  # b 100x its honest size
     updates.append((hostile, 100))
-    by_group, report = robust_aggregate(layout, base, lambda: iter(updates), AggregationConfig())
+    by_group, report = robust_aggregate(layout, base, lambda: iter(updates), BOUNDS)
     assert report.clipped == 0  # the group norm hides it
-    by_tensor, report = robust_aggregate(layout, base, lambda: iter(updates), AggregationConfig(clip_by="tensor"))
+    by_tensor, report = robust_aggregate(
+        layout, base, lambda: iter(updates), AggregationConfig(clip_by="tensor", coordinate_clip=0)
+    )
     assert report.clipped == 1 and report.norm_bound is not None and set(report.norm_bound) == {"w", "b"}
     assert np.linalg.norm(by_tensor["b"]) < np.linalg.norm(by_group["b"]) / 5
 
@@ -225,7 +235,7 @@ def test_coordinate_clipping_holds_one_coordinate_to_its_honest_spread():
     one = {n: np.zeros(s, np.float32) for n, s in layout}
     one["w"][0, 0] = budget
     updates.append((one, 100))
-    mean, report = robust_aggregate(layout, base, lambda: iter(updates), AggregationConfig())
+    mean, report = robust_aggregate(layout, base, lambda: iter(updates), BOUNDS)
     assert report.clipped == 0  # inside the norm bound
     held, report = robust_aggregate(layout, base, lambda: iter(updates), AggregationConfig(coordinate_clip=3.0))
     honest = [t["w"][0, 0] for t, _ in updates[:9]]
@@ -244,7 +254,7 @@ def test_centered_clipping_starts_from_the_last_step_and_bounds_each_device():
     rng = np.random.default_rng(6)
     honest = [({"w": (last["w"] + rng.normal(0, 0.01, 50)).astype(np.float32)}, 100) for _ in range(9)]
     far = ({"w": np.full(50, -1000.0, np.float32)}, 100)
-    config = AggregationConfig(aggregate="centered-clip", clip_factor=1.0)
+    config = AggregationConfig(aggregate="centered-clip", clip_factor=1.0, coordinate_clip=0)
     clean, _ = robust_aggregate(layout, base, lambda: iter(honest), config, center=last)
     attacked, report = robust_aggregate(layout, base, lambda: iter([*honest, far]), config, center=last)
     radius = 1.0 * sorted(float(np.linalg.norm(t["w"] - last["w"])) for t, _ in [*honest, far])[4]

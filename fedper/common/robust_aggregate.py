@@ -70,8 +70,9 @@ class AggregationConfig:
         "group", "what --clip-factor bounds: each group's norm (parameters, BatchNorm statistics) or each tensor's"
     )
     coordinate_clip: float = option(
-        0.0, "each coordinate of an update is held to the round's median of that coordinate plus or minus this "
-        "many median absolute deviations (0: off)",
+        3.0, "each coordinate of an update is held to the round's median of that coordinate plus or minus this "
+        "many median absolute deviations (0: off; the default since revision 1.8, chosen by make poisoning: "
+        "docs/SERVER.md)",
     )  # fmt: skip
 
     def __post_init__(self) -> None:
@@ -168,6 +169,14 @@ def group_norms(tensors: Tensors, base: Tensors, clip_by: ClipBy = "group") -> d
 def delta_norm(tensors: Tensors, base: Tensors) -> float:
     """L2 norm of ``tensors - base`` over every tensor of ``base`` (both groups)."""
     return math.sqrt(math.fsum(n * n for n in group_norms(tensors, base).values()))
+
+
+def held_bytes(config: AggregationConfig, floats: int, updates: int) -> int:
+    """Memory a round's aggregation holds beyond one update (an upper bound): none for the mean
+    without the coordinate clip (folded one update at a time), each update in float64 otherwise."""
+    if config.aggregate == "mean" and not config.coordinate_clip:
+        return 0
+    return updates * floats * 8
 
 
 def robust_aggregate(
