@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import sys
 import time
 from collections.abc import Sequence
@@ -33,6 +34,7 @@ import numpy as np
 from tqdm import tqdm
 
 from fedper._recipes.doc_block import write_block
+from fedper._recipes.results_suite import DIGITS, SYNTH, Experiment, mean_std, paired_difference, run_all, summary_of
 from fedper._recipes.simulation import Arrays, SimulationConfig, run
 from fedper.common import weights
 from fedper.common.atomic_write import atomic_write_text
@@ -46,6 +48,7 @@ from fedper.common.robust_aggregate import (
 )
 from fedper.common.train_config import TrainConfig
 from fedper.data import DataConfig
+from fedper.run_results import load_results
 
 CLIENTS, ROUNDS, SEEDS, HOSTILE_COUNTS = 10, 10, (0, 1, 2), (1, 2, 3)
 BUDGET = 2.99  # times the attacker's own honest distance, per group: inside the default 3x bound
@@ -58,15 +61,33 @@ ATTACKS: dict[str, str] = {
     "alternating": "the sign flip in odd rounds, the honest step amplified to the budget in even ones",
 }
 AGGREGATIONS: dict[str, AggregationConfig] = {
-    "plain FedAvg": AggregationConfig(clip_factor=0, weight_cap=0),
-    "mean, clip 3x (before)": AggregationConfig(),
-    "mean, clip 3x per tensor": AggregationConfig(clip_by="tensor"),
+    "mean, clip 3x (before)": AggregationConfig(coordinate_clip=0),
+    "mean, clip 3x per tensor": AggregationConfig(clip_by="tensor", coordinate_clip=0),
     "mean, clip 3x, coordinate 3 MAD": AggregationConfig(coordinate_clip=3.0),
-    "mean, clip 1x, coordinate 3 MAD": AggregationConfig(clip_factor=1.0, coordinate_clip=3.0),
-    "centered-clip 1x": AggregationConfig(aggregate="centered-clip", clip_factor=1.0),
-    "median": AggregationConfig(aggregate="median"),
-    "trimmed-mean 0.1": AggregationConfig(aggregate="trimmed-mean"),
+    "centered-clip 1x": AggregationConfig(aggregate="centered-clip", clip_factor=1.0, coordinate_clip=0),
+    "median": AggregationConfig(aggregate="median", coordinate_clip=0),
+    "trimmed-mean 0.1": AggregationConfig(aggregate="trimmed-mean", coordinate_clip=0),
 }
+
+
+DEFAULT = AggregationConfig()
+# The honest runs' cost of the default: the settings of docs/RESULTS.md, FedPer, without and with it.
+HONEST = (
+    ("synth", "aesthetic-synth", (*SYNTH, "--algorithms", "fedper")),
+    ("digits", "digits, 4 classes per client",
+     (*DIGITS, "--classes-per-client", "4", "--algorithms", "fedper", "--kp", "2")),
+)  # fmt: skip
+# Spelled out (not left to the defaults) so that a reused run is one of the aggregation named.
+DEFAULT_OPTIONS = ("--aggregate", DEFAULT.aggregate, "--clip-factor", f"{DEFAULT.clip_factor:g}",
+                   "--weight-cap", f"{DEFAULT.weight_cap:g}", "--clip-by", DEFAULT.clip_by,
+                   "--coordinate-clip", f"{DEFAULT.coordinate_clip:g}")  # fmt: skip
+BEFORE_OPTIONS = ("--aggregate", "mean", "--clip-factor", "3", "--weight-cap", "3", "--clip-by", "group",
+                  "--coordinate-clip", "0")  # fmt: skip
+HONEST_EXPERIMENTS = tuple(
+    Experiment(f"honest-{name}-{which}", dataset, (*options, *extra))
+    for name, dataset, options in HONEST
+    for which, extra in (("before", BEFORE_OPTIONS), ("default", DEFAULT_OPTIONS))
+)
 
 
 @dataclass(frozen=True)
@@ -187,9 +208,13 @@ class Adversary:
         return {"progress": progress, "drift": drift}
 
 
+def _slug(label: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", label.lower()).strip("-")
+
+
 def one_run(scenario: Scenario, aggregation: str, seed: int, out: Path) -> dict[str, object]:
     """One run's measurements (reused from ``out`` if there)."""
-    key = f"{SCENARIOS.index(scenario)}-{list(AGGREGATIONS).index(aggregation)}-seed{seed}"
+    key = f"{_slug(scenario.label)}--{_slug(aggregation)}--seed{seed}"
     path = out / f"{key}.json"
     if path.exists():
         result: dict[str, object] = json.loads(path.read_text())
@@ -222,9 +247,26 @@ def _mean(values: object) -> float:
     return float(np.mean(values))
 
 
+def _column(aggregation: str) -> str:
+    return f"**{aggregation} (default)**" if AGGREGATIONS[aggregation] == DEFAULT else aggregation
+
+
+def honest_cost_table(runs: dict[str, list[Path]]) -> str:
+    """The default against the aggregation before it on honest runs, paired per client."""
+    lines = ["| dataset | FedPer final mean acc, before (`--coordinate-clip 0`) | with the default | "
+             "paired difference per client, default - before (mean ± SE) |", "|---|---|---|---|"]  # fmt: skip
+    for i in range(0, len(HONEST_EXPERIMENTS), 2):
+        before, default = ([load_results(d) for d in runs[e.name]] for e in HONEST_EXPERIMENTS[i : i + 2])
+        means = [mean_std([summary_of(r, "fedper").final_mean_accuracy for r in rs]) for rs in (before, default)]
+        lines.append(f"| {HONEST_EXPERIMENTS[i].table} | {means[0]} | {means[1]} | "
+                     f"{paired_difference(default, 'fedper', 'fedper', against=before)} |")  # fmt: skip
+    return "\n".join(lines)
+
+
 def table(results: Results) -> str:
     """The three tables of docs/SERVER.md: progress, drift, honest accuracy."""
-    header = ["| attack, hostile devices | " + " | ".join(AGGREGATIONS) + " |", "|---|" + "---|" * len(AGGREGATIONS)]
+    columns = [_column(a) for a in AGGREGATIONS]
+    header = ["| attack, hostile devices | " + " | ".join(columns) + " |", "|---|" + "---|" * len(AGGREGATIONS)]
     seeds = ", ".join(map(str, SEEDS))
     parts = []
     for title, key in (
@@ -249,6 +291,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=Path("runs/poisoning"), help="where the runs go (reused)")
     p.add_argument("--jobs", type=int, default=2, help="runs at a time (each one torch thread)")
     p.add_argument("--write", type=Path, default=None, help="replace the poisoning block of this markdown file")
+    p.add_argument("--fedper", default=str(Path(sys.executable).with_name("fedper")), help="the fedper command")
     args = p.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
@@ -258,7 +301,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         futures = [pool.submit(one_run, s, g, seed, args.out) for s, g, seed in keys]
         for (s, g, _), future in tqdm(zip(keys, futures, strict=True), total=len(keys), desc="poisoning runs"):
             results.setdefault((s.label, g), []).append(future.result())
-    text = table(results)
+    honest = run_all(args.fedper, args.out / "honest", SEEDS, args.jobs, HONEST_EXPERIMENTS)
+    text = table(results) + (
+        f"\n**What the default costs an honest run** (no hostile device; the settings of "
+        f"[RESULTS.md](RESULTS.md), FedPer only, seeds {', '.join(map(str, SEEDS))}; the paired difference "
+        f"pools every client of every seed):\n\n{honest_cost_table(honest)}\n"
+    )
     print(text)
     if args.write is not None:
         write_block(args.write, BEGIN, END, text)
