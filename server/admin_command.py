@@ -58,7 +58,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         help="enroll N devices at once and write their tokens",
         description="Enroll N devices in batches of 10,000 (POST /v1/admin/devices) and write device_id,token "
         "lines to --out, created readable by its owner only: for an operator provisioning a fleet "
-        "(docs/SERVER.md, Check-in at scale).",
+        "(docs/SERVER.md, Provisioning a fleet).",
     )  # fmt: skip
 
 
