@@ -76,8 +76,8 @@ class ServerConfig:
         64, "requests one client address (IPv6: per /64) may have in progress at once; more get 429 (0: no limit)"
     )
     aggregation_memory: int = option(
-        4096, "MB closing a round may hold: the coordinate clip (the default), median, trimmed mean and centered "
-        "clip hold every update of the round in float64; the server refuses to start if --cohort-size x "
+        4096, "MB closing a round may hold: the median, trimmed mean and centered clip hold every update of the "
+        "round in float64 (the mean folds one at a time); the server refuses to start if --cohort-size x "
         "--over-selection updates of this base would not fit",
     )  # fmt: skip
     forwarded_allow_ips: str = option(

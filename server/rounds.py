@@ -210,11 +210,10 @@ class RoundManager:
         need = held_bytes(self.config.aggregation, floats, self.config.slots)
         if need > self.config.aggregation_memory * 2**20:
             raise ConfigError(
-                f"--aggregate {self.config.aggregation.aggregate} with --coordinate-clip "
-                f"{self.config.aggregation.coordinate_clip:g} holds every update of a round at its close: "
+                f"--aggregate {self.config.aggregation.aggregate} holds every update of a round at its close: "
                 f"{self.config.slots} updates of this base ({floats:,} floats) need about {need / 2**20:,.0f} MB, "
                 f"more than --aggregation-memory {self.config.aggregation_memory} MB. Raise it, lower "
-                f"--cohort-size, or use --coordinate-clip 0 with --aggregate mean (one update in memory at a time)"
+                f"--cohort-size, or use --aggregate mean (one update in memory at a time)"
             )
 
     def _stored(self, number: int) -> Iterator[tuple[StoredUpdate, dict[str, np.ndarray]]]:
@@ -441,7 +440,8 @@ class RoundManager:
             else:
                 centered = self.config.aggregation.aggregate == CENTERED
                 center = self._last_step(current.model_version) if centered else None
-                base, report = robust_aggregate(self._layout, round_base, stored, self.config.aggregation, 1, center)
+                base, report = robust_aggregate(self._layout, round_base, stored, self.config.aggregation, 1, center,
+                                                spill=self.store.tmp_dir)  # fmt: skip
                 count = report.updates
         except NonFiniteAggregateError as exc:
             self._refuse(number, current.model_version, str(exc))

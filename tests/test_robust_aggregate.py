@@ -272,3 +272,38 @@ def test_new_settings_are_refused_when_bad():
         AggregationConfig(coordinate_clip=0.5)
     with pytest.raises(ConfigError, match="centered-clip"):
         AggregationConfig(aggregate="centered-clip", clip_factor=0)
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), k=st.integers(1, 12), chunk=st.sampled_from([8, 40, 1 << 10, 1 << 24]))
+def test_the_servers_spilled_coordinate_clip_gives_the_in_memory_bytes(seed, k, chunk, tmp_path_factory):
+    """The server folds one update at a time and spills the coordinate clip's updates to a file,
+    worked through in chunks of coordinates (chunks here as small as 1 coordinate per update, so
+    they cut across tensors); the simulation holds them in memory. Same updates, same bytes, with
+    some updates norm-clipped (float64 rows) and some far off in single coordinates."""
+    from fedper.common import coordinate_clip
+
+    rng = np.random.default_rng(seed)
+    layout = [("a.weight", (3, 5, 2)), ("a.bn.running_mean", (5,)), ("a.bn.running_var", (5,)), ("b", (7,))]
+    base = {n: rng.standard_normal(s).astype(np.float32) for n, s in layout}
+    base["a.bn.running_var"] = np.abs(base["a.bn.running_var"]) + 0.5
+    updates = []
+    for i in range(k):
+        tensors = {n: (v + rng.normal(0, 0.1, v.shape) * (20 if i % 4 == 3 else 1)).astype(np.float32)
+                   for n, v in base.items()}  # fmt: skip
+        tensors["a.bn.running_var"] = np.abs(tensors["a.bn.running_var"])
+        if i % 3 == 2:
+            tensors["b"][int(rng.integers(7))] += np.float32(50)
+        updates.append((tensors, int(rng.integers(1, 300))))
+    config = AggregationConfig()
+    spill = tmp_path_factory.mktemp("spill")
+    held, report = robust_aggregate(layout, base, lambda: iter(updates), config, group=1)
+    old = coordinate_clip.CHUNK_BYTES
+    coordinate_clip.CHUNK_BYTES = 8 * k * chunk
+    try:
+        spilled, spilled_report = robust_aggregate(layout, base, lambda: iter(updates), config, group=1, spill=spill)
+    finally:
+        coordinate_clip.CHUNK_BYTES = old
+    assert all(spilled[n].tobytes() == held[n].tobytes() and spilled[n].shape == held[n].shape for n, _ in layout)
+    assert spilled_report == report
+    assert list(spill.iterdir()) == []  # the file was never named, and is gone

@@ -27,12 +27,14 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Literal, get_args
 
 import numpy as np
 
 from fedper.common.aggregate import AggregationError, FedAvg
 from fedper.common.config_cli import option
+from fedper.common.coordinate_clip import SpilledRound, clipped_in_memory
 from fedper.common.errors import ConfigError
 
 Aggregate = Literal["mean", "median", "trimmed-mean", "centered-clip"]
@@ -172,9 +174,10 @@ def delta_norm(tensors: Tensors, base: Tensors) -> float:
 
 
 def held_bytes(config: AggregationConfig, floats: int, updates: int) -> int:
-    """Memory a round's aggregation holds beyond one update (an upper bound): none for the mean
-    without the coordinate clip (folded one update at a time), each update in float64 otherwise."""
-    if config.aggregate == "mean" and not config.coordinate_clip:
+    """Memory the server's aggregation holds beyond one update (an upper bound): none for the mean
+    (folded one update at a time; its coordinate clip spilled to a file), each update in float64
+    otherwise."""
+    if config.aggregate == "mean":
         return 0
     return updates * floats * 8
 
@@ -186,6 +189,7 @@ def robust_aggregate(
     config: AggregationConfig,
     group: int = 8,
     center: Tensors | None = None,
+    spill: Path | None = None,
 ) -> tuple[dict[str, np.ndarray], AggregationReport]:
     """The next base (float32) from the round's ``base`` and its updates, and what was done.
 
@@ -193,8 +197,9 @@ def robust_aggregate(
     (the server reads its stored files again rather than keep them in memory; the order fixes
     the float64 sum's rounding). ``group`` is FedAvg's (1: one update in memory at a time).
     ``center``: the last published step (a delta), around which ``centered-clip`` clips (None:
-    no step yet, it clips around the base). Coordinate clipping, the median, the trimmed mean and
-    centered clipping hold the round's updates in memory.
+    no step yet, it clips around the base). The median, the trimmed mean and centered clipping
+    hold the round's updates in memory; so does the coordinate clip, unless ``spill`` names a
+    directory for a temporary file of them (the server's, with ``group=1``: the same bytes).
     """
     fedavg = FedAvg(layout, group=group)  # also checks every update's layout
     norms: list[dict[str, float]] = []
@@ -222,10 +227,16 @@ def robust_aggregate(
             fedavg.add(_scaled(tensors, base, scales[i], config.clip_by), weights[i])
         result = fedavg.result()
         share = max(weights) / sum(weights)
+    elif config.aggregate == "mean" and spill is not None:
+        with SpilledRound(layout, base, spill) as spilled:
+            for i, (tensors, _) in enumerate(_same(updates(), len(norms))):
+                spilled.append(_scaled(tensors, base, scales[i], config.clip_by))
+            result, coordinates_clipped = spilled.clipped_mean(weights, config.coordinate_clip)
+        share = max(weights) / sum(weights)
     else:
         held = [_scaled(t, base, scales[i], config.clip_by) for i, (t, _) in enumerate(_same(updates(), len(norms)))]
         if config.coordinate_clip:
-            held, coordinates_clipped = _coordinate_clipped(held, base, config.coordinate_clip)
+            held, coordinates_clipped = clipped_in_memory(held, base, config.coordinate_clip)
         if config.aggregate == "mean":
             for tensors, weight in zip(held, weights, strict=True):
                 fedavg.add(tensors, weight)
@@ -248,27 +259,6 @@ def robust_aggregate(
         coordinates_clipped=coordinates_clipped,
     )  # fmt: skip
     return result, report
-
-
-def _coordinate_clipped(held: Sequence[Tensors], base: Tensors, factor: float) -> tuple[list[Tensors], int]:
-    """Each update's delta held, coordinate by coordinate, to the round's median delta plus or
-    minus ``factor`` median absolute deviations of that coordinate; an update's tensor that needs
-    no clipping is passed on as it came (an honest round's bytes stay FedAvg's where nothing binds)."""
-    out: list[dict[str, np.ndarray]] = [dict(u) for u in held]
-    clipped = 0
-    for name, b in base.items():
-        b64 = np.asarray(b, dtype=np.float64)
-        stacked = np.stack([np.asarray(u[name], dtype=np.float64) - b64 for u in held])
-        middle = np.median(stacked, axis=0)
-        spread = factor * np.median(np.abs(stacked - middle), axis=0)
-        low, high = middle - spread, middle + spread
-        for i in range(len(held)):
-            outside = (stacked[i] < low) | (stacked[i] > high)
-            if outside.any():
-                clipped += int(np.count_nonzero(outside))
-                out[i][name] = b64 + np.clip(stacked[i], low, high)
-    result: list[Tensors] = list(out)
-    return result, clipped
 
 
 def _centered_clip(
