@@ -8,6 +8,7 @@ from fedper._recipes.simulation import SimulationConfig, run
 from fedper.common.robust_aggregate import BATCHNORM_VARIANCE, group_norms
 from fedper.common.train_config import TrainConfig
 from fedper.data import DataConfig
+from tests.run_files import write_run
 
 DATA = DataConfig(dataset="digits", num_clients=3, classes_per_client=4, seed=1)
 
@@ -107,3 +108,16 @@ def test_the_table_has_a_row_per_scenario_and_a_column_per_aggregation():
     assert text.count("0.75 ± 0.00") == len(poisoning.SCENARIOS) * len(poisoning.AGGREGATIONS)
     assert text.count("0.60 ± 0.00") == len(poisoning.SCENARIOS) * len(poisoning.AGGREGATIONS)
     assert all(f"| {s.label} |" in text for s in poisoning.SCENARIOS)
+    assert text.count("(default)**") == 3  # the default's column is named in each table's header
+
+
+def test_the_honest_cost_table_pairs_the_default_with_before_per_client(tmp_path):
+    runs = {}
+    for e in poisoning.HONEST_EXPERIMENTS:
+        shift = 0.1 if e.name.endswith("default") else 0.0
+        runs[e.name] = [write_run(tmp_path / f"{e.name}-{seed}", {"fedper": [0.4 + shift, 0.5 + shift + seed / 100]})
+                        for seed in range(3)]  # fmt: skip
+    text = poisoning.honest_cost_table(runs)
+    assert text.count("| 0.455 ± 0.004 | 0.555 ± 0.004 | +0.100 ± 0.000 (6 won / 0 lost of 6) |") == 2
+    assert "| aesthetic-synth |" in text and "| digits, 4 classes per client |" in text
+    assert "--coordinate-clip 0" in " ".join(poisoning.HONEST_EXPERIMENTS[0].options)
