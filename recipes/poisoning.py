@@ -263,6 +263,34 @@ def honest_cost_table(runs: dict[str, list[Path]]) -> str:
     return "\n".join(lines)
 
 
+BEFORE = "mean, clip 3x (before)"
+
+
+def _paired(results: Results, aggregation: str, key: str) -> str:
+    """``aggregation`` minus the defaults before, paired by attack row and seed: mean ± SE, won/lost."""
+    diffs = [_mean(a[key]) - _mean(b[key])
+             for s in SCENARIOS if s.attack is not None
+             for a, b in zip(results[s.label, aggregation], results[s.label, BEFORE], strict=True)]  # fmt: skip
+    se = float(np.std(diffs, ddof=1)) / math.sqrt(len(diffs))
+    won, lost = sum(d > 0 for d in diffs), sum(d < 0 for d in diffs)
+    return f"{np.mean(diffs):+.2f} ± {se:.2f} ({won} won / {lost} lost of {len(diffs)})"
+
+
+def summary_table(results: Results) -> str:
+    """Each option over every attack row: its mean, and its paired difference with the defaults before."""
+    lines = ["**Over the 15 attack rows** (mean of the rows; the difference with the defaults before, paired by "
+             "attack row and seed: mean ± standard error, how many pairs the option won and lost):", "",
+             "| option | progress | accuracy | progress minus before | accuracy minus before |",
+             "|---|---|---|---|---|"]  # fmt: skip
+    attacked = [s for s in SCENARIOS if s.attack is not None]
+    for a in AGGREGATIONS:
+        progress = np.mean([_mean(r["progress"]) for s in attacked for r in results[s.label, a]])
+        accuracy = np.mean([_mean(r["honest_accuracy"]) for s in attacked for r in results[s.label, a]])
+        paired = ["-", "-"] if a == BEFORE else [_paired(results, a, k) for k in ("progress", "honest_accuracy")]
+        lines.append(f"| {_column(a)} | {progress:.2f} | {accuracy:.3f} | {paired[0]} | {paired[1]} |")
+    return "\n".join(lines)
+
+
 def table(results: Results) -> str:
     """The three tables of docs/SERVER.md: progress, drift, honest accuracy."""
     columns = [_column(a) for a in AGGREGATIONS]
@@ -281,6 +309,7 @@ def table(results: Results) -> str:
             cells = [_cell([_mean(r[key]) for r in results[scenario.label, a]]) for a in AGGREGATIONS]
             lines.append(f"| {scenario.label} | " + " | ".join(cells) + " |")
         parts.append("\n".join(lines))
+    parts.append(summary_table(results))
     intro = (f"FedPer on digits, {CLIENTS} clients (the last k hostile), kp=2, {ROUNDS} rounds of 2 local epochs; "
              f"{len(SCENARIOS) * len(AGGREGATIONS) * len(SEEDS)} runs.")  # fmt: skip
     return intro + "\n\n" + "\n\n".join(parts) + "\n"
