@@ -108,7 +108,9 @@ def test_the_table_has_a_row_per_scenario_and_a_column_per_aggregation():
     assert text.count("0.75 ± 0.00") == len(poisoning.SCENARIOS) * len(poisoning.AGGREGATIONS)
     assert text.count("0.60 ± 0.00") == len(poisoning.SCENARIOS) * len(poisoning.AGGREGATIONS)
     assert all(f"| {s.label} |" in text for s in poisoning.SCENARIOS)
-    assert text.count("(default)**") == 3  # the default's column is named in each table's header
+    assert text.count("(default)**") == 4  # in each table's header, and its row of the summary
+    # The summary pairs each option with the defaults before: identical runs differ by 0 in every pair.
+    assert text.count("+0.00 ± 0.00 (0 won / 0 lost of 45)") == 2 * (len(poisoning.AGGREGATIONS) - 1)
 
 
 def test_the_honest_cost_table_pairs_the_default_with_before_per_client(tmp_path):
