@@ -13,8 +13,22 @@ import httpx
 from pydantic import ValidationError
 
 from fedper.common.errors import FedperError
-from fedper.common.protocol import Accepted, Enrolled, EnrollmentRequest, Error, ErrorCode, Header, Route, Status, Task
+from fedper.common.protocol import (
+    Accepted,
+    Challenge,
+    ChallengeRequest,
+    Enrolled,
+    EnrollmentRequest,
+    Error,
+    ErrorCode,
+    Header,
+    Route,
+    Status,
+    Task,
+)
 from fedper.device_runtime.retry import Backoff, TransientError, with_retries
+
+Attest = Callable[[str], str]  # the server's nonce -> the platform's integrity token that binds it
 
 
 class RunFinishedError(FedperError):
@@ -98,9 +112,27 @@ class ProtocolClient:
 
     # --- endpoints ----------------------------------------------------------------------
 
-    def enroll(self, enrollment_key: str, platform: str = "python") -> tuple[str, str]:
-        request = EnrollmentRequest(enrollment_key=enrollment_key, platform=platform)
-        r = self._request("POST", Route.DEVICES, json=request.model_dump())
+    def enroll(self, enrollment_key: str, platform: str = "python", attest: Attest | None = None) -> tuple[str, str]:
+        """Enroll; ``attest`` (revision 1.8), for a server that verifies attestation, turns the
+        server's nonce into the platform's token binding it: every attempt takes a new nonce."""
+
+        def attempt() -> httpx.Response:
+            request = EnrollmentRequest(enrollment_key=enrollment_key, platform=platform)
+            if attest is not None:
+                asked = ChallengeRequest(enrollment_key=enrollment_key).model_dump()
+                r = self._http.post(Route.CHALLENGE, json=asked)
+                if r.status_code >= 500:
+                    raise TransientError(f"{r.status_code} from {Route.CHALLENGE}")
+                if r.status_code != 201:
+                    return r
+                nonce = Challenge.model_validate_json(r.content).nonce
+                request = request.model_copy(update={"attestation": attest(nonce), "nonce": nonce})
+            r = self._http.post(Route.DEVICES, json=request.model_dump(exclude_none=True))
+            if r.status_code >= 500:
+                raise TransientError(f"{r.status_code} from {Route.DEVICES}")
+            return r
+
+        r = with_retries(attempt, self._backoff, self._rng, self._sleep)
         if r.status_code == 429:
             raise TransientError("enrollment rate-limited")
         if r.status_code != 201:

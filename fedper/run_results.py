@@ -27,6 +27,7 @@ Round = Annotated[int, Field(ge=1)]
 Finite = Annotated[float, Field(allow_inf_nan=False)]
 NonNegative = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 Accuracy = Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)]
+Spread = Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)]  # a std or standard error of accuracies
 # A client's or a user's number, or a number of photos, as a JSON object key.
 Key = Annotated[str, Field(pattern=r"^(0|[1-9][0-9]{0,5})$")]
 Name = Annotated[str, Field(min_length=1, max_length=40)]
@@ -97,8 +98,8 @@ class CurvePoint(_Part):
 
     users: Count
     mean: Accuracy | None = None
-    std: NonNegative | None = None
-    se: NonNegative | None = None
+    std: Spread | None = None
+    se: Spread | None = None
     per_user: dict[Key, Accuracy] = {}
 
 

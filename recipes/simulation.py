@@ -238,6 +238,7 @@ def _run_algorithm(
     n_train = clients_per_round(sim, len(clients))
     private = _Private(sim.privacy, n_train, len(clients)) if sim.privacy.dp and shared else None
     last = 0
+    last_step: Arrays | None = None  # the last published step: where centered clipping starts
     for rnd in range(1, sim.rounds + 1):
         if private is not None and not private.budget.allows(rnd):
             private.stopped_before = rnd
@@ -277,7 +278,9 @@ def _run_algorithm(
             global_shared = to_torch(noised)
             recorder.aggregation[algorithm].append({"round": rnd, **private.record(dp_report, rnd)})
         elif shared and updates:  # none (every one refused): the base stays, as an abandoned round's
-            aggregate, report = robust_aggregate(layout, received, partial(iter, updates), sim.aggregation)
+            aggregate, report = robust_aggregate(layout, received, partial(iter, updates), sim.aggregation,
+                                                 center=last_step)  # fmt: skip
+            last_step = {n: aggregate[n].astype(np.float64) - received[n] for n in aggregate}
             global_shared = to_torch(aggregate)
             recorder.aggregation[algorithm].append({"round": rnd, **report.to_dict()})
         if progress is not None:

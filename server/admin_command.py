@@ -1,8 +1,9 @@
 """``fedper admin``: the operator's calls to a running server (admin token), from a shell.
 
 ``fedper admin rollback --to N`` reopens the run from model version N (PROTOCOL.md, revision
-1.4); ``fedper admin stop`` finishes it. The token comes from FEDPER_ADMIN_TOKEN or from
-``--data-dir``'s admin_token file (where the server keeps a generated one).
+1.4); ``fedper admin stop`` finishes it; ``fedper admin provision --count N --out FILE`` enrolls N
+devices at once and writes their ids and tokens (revision 1.8). The token comes from
+FEDPER_ADMIN_TOKEN or from ``--data-dir``'s admin_token file (where the server keeps a generated one).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from pathlib import Path
 
 from fedper.common.config_cli import add_command, from_arguments, option
 from fedper.common.errors import FedperError
-from fedper.common.protocol import Env, Header, RolledBack, Route, Stopped
+from fedper.common.protocol import MAX_PROVISION, Env, Header, Provisioned, RolledBack, Route, Stopped
 
 
 @dataclass(frozen=True)
@@ -26,6 +27,13 @@ class AdminConfig:
         metavar="DIR",
     )  # fmt: skip
     timeout: float = option(60.0, "seconds to wait for the server's answer")
+
+
+@dataclass(frozen=True)
+class ProvisionConfig:
+    count: int = option(0, "devices to enroll (required)", metavar="N")
+    out: Path = option(Path("devices.csv"), "where their ids and tokens go (CSV, readable by its owner only)")
+    platform: str = option("", "the platform recorded for them (empty: none)")
 
 
 @dataclass(frozen=True)
@@ -45,6 +53,13 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     )  # fmt: skip
     add_command(calls, "stop", stop, [AdminConfig], help="finish the run now",
                 description="Finish the run: the open round is recorded as stopped, not aggregated.")  # fmt: skip
+    add_command(
+        calls, "provision", provision, [AdminConfig, ProvisionConfig],
+        help="enroll N devices at once and write their tokens",
+        description="Enroll N devices in batches of 10,000 (POST /v1/admin/devices) and write device_id,token "
+        "lines to --out, created readable by its owner only: for an operator provisioning a fleet "
+        "(docs/SERVER.md, Provisioning a fleet).",
+    )  # fmt: skip
 
 
 def _token(config: AdminConfig) -> str:
@@ -58,18 +73,19 @@ def _token(config: AdminConfig) -> str:
         raise FedperError(f"no admin token: set {Env.ADMIN_TOKEN} or point --data-dir at the server's ({exc})") from exc
 
 
-def _post(config: AdminConfig, path: str) -> dict[str, object]:
+def _post(config: AdminConfig, path: str, body: dict[str, object] | None = None, ok: int = 200) -> dict[str, object]:
     import httpx
 
     url = config.server.rstrip("/") + path
     try:
-        r = httpx.post(url, headers={Header.AUTHORIZATION: f"Bearer {_token(config)}"}, timeout=config.timeout)
+        r = httpx.post(url, headers={Header.AUTHORIZATION: f"Bearer {_token(config)}"}, json=body,
+                       timeout=config.timeout)  # fmt: skip
     except httpx.HTTPError as exc:
         raise FedperError(f"cannot reach {url}: {exc}") from exc
-    if r.status_code != 200:
+    if r.status_code != ok:
         raise FedperError(f"{url} answered {r.status_code}: {r.text[:300]}")
-    body: dict[str, object] = r.json()
-    return body
+    answer: dict[str, object] = r.json()
+    return answer
 
 
 def rollback(args: argparse.Namespace) -> int:
@@ -85,4 +101,25 @@ def rollback(args: argparse.Namespace) -> int:
 def stop(args: argparse.Namespace) -> int:
     Stopped.model_validate(_post(from_arguments(AdminConfig, args), Route.ADMIN_STOP))
     print("the run is finished", file=sys.stderr)
+    return 0
+
+
+def provision(args: argparse.Namespace) -> int:
+    config, wanted = from_arguments(AdminConfig, args), from_arguments(ProvisionConfig, args)
+    if wanted.count < 1:
+        raise FedperError("--count N is required: the devices to enroll (>= 1)")
+    if wanted.out.exists():
+        raise FedperError(f"{wanted.out} exists: provisioning does not overwrite tokens; name another --out")
+    lines = ["device_id,token"]
+    left = wanted.count
+    while left:
+        batch = min(left, MAX_PROVISION)
+        body: dict[str, object] = {"count": batch, **({"platform": wanted.platform} if wanted.platform else {})}
+        done = Provisioned.model_validate(_post(config, Route.ADMIN_DEVICES, body, ok=201))
+        lines += [f"{d.device_id},{d.token}" for d in done.devices]
+        left -= batch
+    fd = os.open(wanted.out, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print(f"enrolled {wanted.count} devices; their tokens are in {wanted.out}", file=sys.stderr)
     return 0

@@ -17,6 +17,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from fedper import __version__
 from fedper.common.protocol import ErrorCode, Header
+from fedper.server.address_limit import PerAddressLimit
 from fedper.server.config import ServerConfig
 from fedper.server.errors import (
     ClientDisconnectedError,
@@ -28,6 +29,7 @@ from fedper.server.errors import (
 )
 from fedper.server.refusals import RefusalError
 from fedper.server.routes import admin, devices, downloads, health, rounds, secagg
+from fedper.server.routes.devices import enrollment_spent
 from fedper.server.state import ServerState, open_state
 from fedper.server.storage import DatabaseBusyError
 
@@ -63,6 +65,8 @@ def create_app(config: ServerConfig, state: ServerState | None = None) -> FastAP
         lifespan=lifespan,
     )
     app.add_middleware(InternalErrorMiddleware)
+    app.add_middleware(PerAddressLimit, limit=config.max_requests_per_address, retry_after=config.retry_after,
+                       refused_early=enrollment_spent)  # fmt: skip
     app.add_exception_handler(ProtocolError, protocol_error_handler)
     app.add_exception_handler(RefusalError, refusal_handler)
     app.add_exception_handler(ClientDisconnectedError, client_disconnected_handler)

@@ -1,13 +1,15 @@
 """Typed request dependencies: who is calling (a device, the operator), from the bearer token.
 
 Failed authentications are counted per client address (an IPv6 address as its /64), apart
-for each kind of credential. An address over the limit of wrong bearer tokens gets 429
-before its token is compared with the admin token, so guessing it gains nothing; a valid
-device token still works from it (device tokens are 256 random bits: telling a valid one
-from a throttled guess gives nothing away), so honest phones behind the same address keep
-training. Wrong enrollment keys are counted on their own, and the right key always enrolls
-(it ships inside every app: nothing to guess), so neither kind of failure from one phone
-behind a carrier NAT stops the others from enrolling.
+for each kind of credential. An address over the limit of wrong bearer tokens gets 429 for
+every wrong token; a valid token still works from it, device or admin, since other tokens'
+failures must not lock out the operator or honest phones behind the same address (a carrier
+NAT, a proxy not in ``--forwarded-allow-ips``). That gives a guesser nothing: device tokens
+are 256 random bits and the admin token at least 32 characters the server checks at start, so
+telling a valid one from a throttled guess needs the secret itself. Wrong enrollment keys are
+counted on their own, and the right key always enrolls (it ships inside every app: nothing to
+guess), so neither kind of failure from one phone behind a carrier NAT stops the others from
+enrolling.
 """
 
 from __future__ import annotations
@@ -73,9 +75,9 @@ def caller(request: Request, state: State) -> Caller:
     row = state.db.device_by_token_hash(token_hash(token))
     if row is not None and not row.revoked and same_secret(row.token_hash, token_hash(token)):
         return Caller("device", row.id)
-    check_not_throttled(request, state.auth_failures)
     if same_secret(token, state.secrets.admin_token):
         return Caller("operator")
+    check_not_throttled(request, state.auth_failures)
     if row is not None and row.revoked:
         raise failed(request, state.auth_failures, "this device has been revoked")
     raise failed(request, state.auth_failures, "unknown token")

@@ -57,8 +57,28 @@ class ServerConfig:
         20, "failed authentications (wrong token or enrollment key) per client address per minute before 429"
     )
     attestation: str = option(
-        "", "module:function verifying a device's attestation token at enrollment (docs/SERVER.md; empty: none)",
+        "", "module:function(token, platform, nonce) verifying a device's attestation token at enrollment "
+        "(docs/SERVER.md; empty: none)",
         metavar="MODULE:FUNCTION",
+    )  # fmt: skip
+    attestation_workers: int = option(8, "threads the attestation verifier runs on, apart from the requests'")
+    attestation_queue: int = option(64, "enrollments that may wait for an attestation thread; more get 503")
+    attestation_timeout: float = option(
+        10.0, "seconds an enrollment may wait for an attestation thread, then seconds the verifier may take, before 503"
+    )
+    attestation_per_address: int = option(
+        2, "attestations one client address (IPv6: /64) may have waiting or being verified at once; more get 429"
+    )
+    request_body_timeout: float = option(
+        10.0, "seconds a JSON request body (enrollment, secure-round messages) may take to arrive before 408"
+    )
+    max_requests_per_address: int = option(
+        64, "requests one client address (IPv6: per /64) may have in progress at once; more get 429 (0: no limit)"
+    )
+    aggregation_memory: int = option(
+        4096, "MB closing a round may hold: the median, trimmed mean and centered clip hold every update of the "
+        "round in float64 (the mean folds one at a time); the server refuses to start if --cohort-size x "
+        "--over-selection updates of this base would not fit",
     )  # fmt: skip
     forwarded_allow_ips: str = option(
         "", "comma-separated proxy addresses whose X-Forwarded-For is trusted (default: none; '*': any)"
@@ -122,6 +142,14 @@ class ServerConfig:
             raise ConfigError("--max-participation must be >= 0 (0: no limit) and --participation-rounds >= 1")
         if self.keep_versions < 0:
             raise ConfigError("--keep-versions must be >= 0 (0: keep all)")
+        if (self.attestation_workers < 1 or self.attestation_queue < 0 or not self.attestation_timeout > 0
+                or self.attestation_per_address < 1):  # fmt: skip
+            raise ConfigError("--attestation-workers and --attestation-per-address must be >= 1, "
+                              "--attestation-queue >= 0, --attestation-timeout > 0")  # fmt: skip
+        if self.aggregation_memory < 1:
+            raise ConfigError(f"--aggregation-memory must be at least 1 (MB), got {self.aggregation_memory}")
+        if not self.request_body_timeout > 0 or self.max_requests_per_address < 0:
+            raise ConfigError("--request-body-timeout must be > 0 and --max-requests-per-address >= 0")
         if self.enroll_total_per_minute < 0:
             raise ConfigError("--enroll-total-per-minute must be >= 0 (0: no limit)")
         if not self.min_upload_rate >= 0 or not self.upload_rate_grace >= 0 or not self.busy_upload_rate >= 0:

@@ -5,12 +5,14 @@ from __future__ import annotations
 import threading
 from collections import Counter
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from fedper.common.protocol import PrivacySpent
+from fedper.common.robust_aggregate import AggregationReport
 
 METRICS_PATH = "/metrics"  # an operator endpoint, outside the device protocol
 
@@ -23,6 +25,20 @@ class _Families(Collector):
 
     def collect(self) -> Iterator[Metric]:
         return iter(self.families)
+
+
+@dataclass
+class AggregationCounts:
+    """What robust aggregation did since this process started (the round log has each round's)."""
+
+    clipped: int = 0  # updates scaled down (the norm bound) or clipped around the last step (centered-clip)
+    capped: int = 0  # updates whose num_samples weight was capped
+    coordinates_clipped: int = 0  # coordinate values held to the round's median +- c MAD
+
+    def add(self, report: AggregationReport) -> None:
+        self.clipped += report.clipped
+        self.capped += report.capped
+        self.coordinates_clipped += report.coordinates_clipped
 
 
 class MetricsRegistry:
@@ -56,9 +72,10 @@ class MetricsRegistry:
 
     def render(
         self, rounds_closed: int, current_round: int, aggregation_seconds: float, in_flight: int,
-        clipped: int = 0, capped: int = 0, not_published: int = 0, draining: bool = False,
+        aggregation: AggregationCounts | None = None, not_published: int = 0, draining: bool = False,
         privacy: PrivacySpent | None = None,
     ) -> bytes:  # fmt: skip
+        counts = aggregation if aggregation is not None else AggregationCounts()
         with self._lock:
             rejected = CounterMetricFamily("fedper_updates_rejected", "updates refused, by error code", labels=["code"])
             for code, n in sorted(self.rejected.items()):
@@ -84,11 +101,16 @@ class MetricsRegistry:
                 GaugeMetricFamily("fedper_uploads_in_flight", "upload bodies being received now", value=in_flight),
                 CounterMetricFamily(
                     "fedper_updates_clipped",
-                    "updates scaled down to the round's norm bound (robust aggregation)",
-                    value=clipped,
+                    "updates scaled to the round's norm bound or clipped around the last step (robust aggregation)",
+                    value=counts.clipped,
                 ),
                 CounterMetricFamily(
-                    "fedper_updates_weight_capped", "updates whose num_samples weight was capped", value=capped
+                    "fedper_updates_weight_capped", "updates whose num_samples weight was capped", value=counts.capped
+                ),
+                CounterMetricFamily(
+                    "fedper_coordinates_clipped",
+                    "coordinate values held to the round's median plus or minus --coordinate-clip MADs",
+                    value=counts.coordinates_clipped,
                 ),
                 CounterMetricFamily(
                     "fedper_rounds_not_published",

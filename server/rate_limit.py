@@ -75,6 +75,12 @@ class RateLimiter:
             events = self._recent(key, now)
             return self._wait(events, now) if len(events) >= self.limit else 0
 
+    def count(self, key: str, now: float | None = None) -> int:
+        """Events of ``key`` in the window (counts nothing)."""
+        now = time.monotonic() if now is None else now
+        with self._lock:
+            return len(self._recent(key, now)) if key in self._events else 0
+
     def record(self, key: str, now: float | None = None) -> None:
         """Count one event, whatever the limit."""
         now = time.monotonic() if now is None else now

@@ -84,11 +84,11 @@ async def _receive(
         raise ClientDisconnectedError() from exc
 
 
-async def read_small(request: Request, limit: int, timeout: float) -> bytes:
-    """A small body (JSON) in memory."""
+async def read_small(request: Request, limit: int, pace: BodyPace | float) -> bytes:
+    """A body in memory (JSON, a secure round's message), within ``pace`` (or that many seconds)."""
     _check_length(request, limit)
     chunks: list[bytes] = []
-    await _receive(request, limit, BodyPace(timeout), chunks.append)
+    await _receive(request, limit, pace if isinstance(pace, BodyPace) else BodyPace(pace), chunks.append)
     return b"".join(chunks)
 
 

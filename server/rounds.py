@@ -40,10 +40,11 @@ import numpy as np
 from fedper.common import weights
 from fedper.common.atomic_write import atomic_write_bytes
 from fedper.common.dp.mechanism import DPReport
+from fedper.common.errors import ConfigError
 from fedper.common.manifest import Manifest, sha256_file
 from fedper.common.metrics import summarize
 from fedper.common.protocol import RoundInfo
-from fedper.common.robust_aggregate import NonFiniteAggregateError, robust_aggregate
+from fedper.common.robust_aggregate import CENTERED, NonFiniteAggregateError, held_bytes, robust_aggregate
 from fedper.common.secagg.fixed_point import SumOutOfBoundsError
 from fedper.common.secagg.server_session import RoundFailedError
 from fedper.server import publish_check
@@ -51,6 +52,7 @@ from fedper.server.clock import SteadyClock, iso_time
 from fedper.server.cohort import WAITING_KEY, Cohort
 from fedper.server.config import ServerConfig
 from fedper.server.disk_room import DiskRoom, out_of_space
+from fedper.server.metrics_registry import AggregationCounts
 from fedper.server.privacy import ServerPrivacy
 from fedper.server.refusals import (
     AlreadyReportedError,
@@ -126,12 +128,13 @@ class RoundManager:
             dp_clip = self.privacy.clip if self.privacy is not None else None
             self.secure = SecureRounds(config.secure, db, words, self.store.updates_dir, dp_clip)
             self.cohort.on_draw = self.secure.begin
+        elif self.privacy is None:
+            self._check_memory()
         self._lock = threading.RLock()
         self._bases: dict[int, dict[str, np.ndarray]] = {}  # model versions, for the update bound
         self.snapshot = Snapshot(False, 0, RoundState.OPEN, 0, None, 0, 0)
         self.aggregation_seconds = 0.0
-        self.updates_clipped = 0  # by the norm bound, over the run (since this process started)
-        self.updates_capped = 0  # by the weight cap
+        self.aggregation_counts = AggregationCounts()  # since this process started
         self.rounds_refused = 0  # aggregates not published (server.publish_check)
         self.disk = disk or DiskRoom(data_dir, 0)
         self.draining: str | None = None  # why the server takes no uploads (server.disk_room)
@@ -200,6 +203,18 @@ class RoundManager:
                 self.store.remove(path)
         for path in list(self.models_dir.parent.glob(".*.tmp")):  # the secrets' atomic writes
             self.store.remove(path)
+
+    def _check_memory(self) -> None:
+        """Refuse at start an aggregation that would not fit at close, rather than fail then."""
+        floats = sum(math.prod(shape) for _, shape in self._layout)
+        need = held_bytes(self.config.aggregation, floats, self.config.slots)
+        if need > self.config.aggregation_memory * 2**20:
+            raise ConfigError(
+                f"--aggregate {self.config.aggregation.aggregate} holds every update of a round at its close: "
+                f"{self.config.slots} updates of this base ({floats:,} floats) need about {need / 2**20:,.0f} MB, "
+                f"more than --aggregation-memory {self.config.aggregation_memory} MB. Raise it, lower "
+                f"--cohort-size, or use --aggregate mean (one update in memory at a time)"
+            )
 
     def _stored(self, number: int) -> Iterator[tuple[StoredUpdate, dict[str, np.ndarray]]]:
         """Round ``number``'s stored updates, read with the loader one at a time, in ascending
@@ -286,6 +301,17 @@ class RoundManager:
             assert found is not None
             self._bases = {version: {k: v.astype(np.float64) for k, v in weights.load(found[0]).items()}}
         return self._bases[version]
+
+    def _last_step(self, version: int) -> dict[str, np.ndarray] | None:
+        """The published step that made ``version`` (its base minus its parent's), where centered
+        clipping starts; None (clip around the base) for version 0 or a pruned parent."""
+        parent = self.db.parent_version(version)
+        found = self.version_file(version)
+        parent_file = self.version_file(parent) if parent is not None else None
+        if found is None or parent_file is None:
+            return None
+        after, before = weights.load(found[0]), weights.load(parent_file[0])
+        return {k: after[k].astype(np.float64) - before[k].astype(np.float64) for k in after}
 
     def check_admission(self, device_id: str, number: int) -> Round:
         """What can be decided before an upload's body is read (revision 1.4): 410, then the
@@ -412,7 +438,10 @@ class RoundManager:
                     noised.append(dp_report)
                 count = dp_report.updates
             else:
-                base, report = robust_aggregate(self._layout, round_base, stored, self.config.aggregation, 1)
+                centered = self.config.aggregation.aggregate == CENTERED
+                center = self._last_step(current.model_version) if centered else None
+                base, report = robust_aggregate(self._layout, round_base, stored, self.config.aggregation, 1, center,
+                                                spill=self.store.tmp_dir)  # fmt: skip
                 count = report.updates
         except NonFiniteAggregateError as exc:
             self._refuse(number, current.model_version, str(exc))
@@ -459,8 +488,7 @@ class RoundManager:
         elif self.secure is not None:
             done = {"secure": True, "updates": count}
         else:
-            self.updates_clipped += report.clipped
-            self.updates_capped += report.capped
+            self.aggregation_counts.add(report)
             done = report.to_dict()
         log.info(json.dumps({
             "event": "round_closed", "round": number, "reason": reason, "updates": count,
@@ -552,8 +580,9 @@ class RoundManager:
             try:
                 with self.db.transaction() as conn:
                     self.db.insert_version(conn, version, found[1], target.name, now, None)
+                    self.db.mark_rolled_back(conn, to, current.round if current.state == RoundState.OPEN else None)
                     if current.state == RoundState.OPEN:
-                        self.db.end_round(conn, current.round, RoundState.ABANDONED, now)
+                        self.db.end_round(conn, current.round, RoundState.ABANDONED, now, reason="rolled back")
                     self.db.set_meta(conn, "state", "running")
                     self.db.open_round(conn, current.round + 1, version, now, self._deadline(now))
             finally:

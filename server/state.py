@@ -11,7 +11,7 @@ from pathlib import Path
 
 from fedper.common.errors import FedperError
 from fedper.common.manifest import MANIFEST_FILE, Manifest, ManifestError, read_manifest
-from fedper.server.attestation import Verifier, load_verifier
+from fedper.server.attestation import AttestationService, load_verifier
 from fedper.server.clock import SteadyClock
 from fedper.server.config import ServerConfig
 from fedper.server.credentials import Secrets, load_or_create
@@ -35,12 +35,16 @@ class ServerState:
     rounds: RoundManager
     limiter: RateLimiter  # enrollments per address
     enrollments: RateLimiter  # enrollments from all addresses together (with the one enrollment key)
+    # an address's first enrollment of the minute, when the global limit is spent: a quarter more,
+    # so that a flood from some addresses cannot lock a new phone out
+    first_enrollments: RateLimiter
+    challenges: RateLimiter  # attestation nonces per address
     auth_failures: RateLimiter  # wrong bearer tokens per address
     key_failures: RateLimiter  # wrong enrollment keys per address
     metrics: MetricsRegistry
     max_upload_bytes: int
     places: UploadPlaces  # for upload bodies in flight
-    verify_attestation: Verifier | None = None
+    attestation: AttestationService | None = None
 
     def artifact_path(self, name: str) -> Path | None:
         """Only files the manifest names (and the manifest itself); never a path."""
@@ -126,6 +130,10 @@ def open_state(config: ServerConfig, clock: Clock | None = None, free: Callable[
         rounds=rounds,
         limiter=RateLimiter(config.enroll_per_minute),
         enrollments=RateLimiter(config.enroll_total_per_minute or UNLIMITED),
+        first_enrollments=RateLimiter(
+            max(1, config.enroll_total_per_minute // 4) if config.enroll_total_per_minute else UNLIMITED
+        ),
+        challenges=RateLimiter(config.enroll_per_minute),
         auth_failures=RateLimiter(config.auth_failures_per_minute),
         key_failures=RateLimiter(config.auth_failures_per_minute),
         metrics=MetricsRegistry(),
@@ -133,5 +141,14 @@ def open_state(config: ServerConfig, clock: Clock | None = None, free: Callable[
         places=UploadPlaces(
             config.max_inflight_uploads, config.busy_upload_rate, config.upload_rate_grace, config.retry_after
         ),
-        verify_attestation=verifier,
+        attestation=AttestationService(
+            verifier,
+            config.attestation_workers,
+            config.attestation_queue,
+            config.attestation_timeout,
+            config.retry_after,
+            config.attestation_per_address,
+        )
+        if verifier is not None
+        else None,
     )

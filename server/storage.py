@@ -55,7 +55,8 @@ CREATE TABLE IF NOT EXISTS rounds (
     closed_at REAL,
     result_version INTEGER,
     metrics TEXT,
-    reason TEXT
+    reason TEXT,
+    rolled_back INTEGER NOT NULL DEFAULT 0
 );
 CREATE TABLE IF NOT EXISTS updates (
     round INTEGER NOT NULL,
@@ -152,6 +153,7 @@ class Round:
     result_version: int | None
     metrics: dict[str, Any] | None
     reason: str | None = None  # why it was abandoned, when the server knows
+    rolled_back: bool = False  # a rollback undid it: its updates use up no participation
 
 
 @dataclass(frozen=True)
@@ -283,6 +285,8 @@ class Database:
         columns = {r["name"] for r in self._conn.execute("PRAGMA table_info(rounds)")}
         if columns and "reason" not in columns:  # before revision 1.7: no recorded reason for an abandoned round
             self._conn.execute("ALTER TABLE rounds ADD COLUMN reason TEXT")
+        if columns and "rolled_back" not in columns:  # before revision 1.8: no mark of a round a rollback undid
+            self._conn.execute("ALTER TABLE rounds ADD COLUMN rolled_back INTEGER NOT NULL DEFAULT 0")
         rows = list(self._conn.execute("SELECT sql FROM sqlite_master WHERE type = 'table' AND name = 'rounds'"))
         if not rows or "'stopped'" in rows[0]["sql"]:
             return
@@ -354,6 +358,15 @@ class Database:
             )
         with self._lock:
             self._devices += 1
+
+    def add_devices(self, devices: list[tuple[str, str]], platform: str | None) -> None:
+        """Many (id, token hash) at once, in one transaction (the operator's bulk enrollment)."""
+        now = time.time()
+        with self.transaction() as conn:
+            conn.executemany("INSERT INTO devices (id, token_hash, platform, created_at) VALUES (?, ?, ?, ?)",
+                             [(d, h, platform, now) for d, h in devices])  # fmt: skip
+        with self._lock:
+            self._devices += len(devices)
 
     def device_by_token_hash(self, token_hash: str) -> Device | None:
         rows = self.query("SELECT id, token_hash, revoked FROM devices WHERE token_hash = ?", (token_hash,))
@@ -448,22 +461,50 @@ class Database:
     def put_checkin(self, conn: sqlite3.Connection, number: int, device_id: str, now: float) -> None:
         conn.execute("INSERT OR IGNORE INTO checkins (round, device_id, at) VALUES (?, ?, ?)", (number, device_id, now))
 
-    def take_checkins(self, conn: sqlite3.Connection, number: int) -> list[str]:
-        """The devices that checked in for round ``number`` (in the order they came), removed."""
-        rows = list(conn.execute("SELECT device_id FROM checkins WHERE round = ? ORDER BY at, device_id", (number,)))
-        conn.execute("DELETE FROM checkins WHERE round = ?", (number,))
+    def checkins(self, number: int) -> list[str]:
+        """The devices that checked in for round ``number``, in the order they came (a read: no
+        lock held while a large cohort is drawn)."""
+        rows = self.query("SELECT device_id FROM checkins WHERE round = ? ORDER BY at, device_id", (number,))
         return [str(r["device_id"]) for r in rows]
+
+    def put_slots(self, conn: sqlite3.Connection, slots: list[Slot]) -> None:
+        conn.executemany(
+            "INSERT OR REPLACE INTO slots (round, device_id, assigned_at, expires_at) VALUES (?, ?, ?, ?)",
+            [(s.round, s.device_id, s.assigned_at, s.expires_at) for s in slots],
+        )
+
+    def participation_counts(self, first_round: int) -> dict[str, int]:
+        """Every device's accepted updates in rounds ``first_round`` and later but those a rollback
+        undid (as :meth:`participations`, for all devices in one query)."""
+        rows = self.query(
+            "SELECT u.device_id AS d, COUNT(*) AS n FROM updates u JOIN rounds r ON r.round = u.round "
+            "WHERE u.round >= ? AND r.rolled_back = 0 GROUP BY u.device_id",
+            (first_round,),
+        )
+        return {str(r["d"]): int(r["n"]) for r in rows}
 
     def reporters(self, number: int) -> set[str]:
         """Devices with an accepted update in round ``number``."""
         return {str(r["device_id"]) for r in self.query("SELECT device_id FROM updates WHERE round = ?", (number,))}
 
     def participations(self, device_id: str, first_round: int) -> int:
-        """Accepted updates of ``device_id`` in rounds ``first_round`` and later."""
+        """Accepted updates of ``device_id`` in rounds ``first_round`` and later, but those of rounds a
+        rollback undid: their work was thrown away, so it uses up no device's participation."""
         rows = self.query(
-            "SELECT COUNT(*) AS n FROM updates WHERE device_id = ? AND round >= ?", (device_id, first_round)
+            "SELECT COUNT(*) AS n FROM updates u JOIN rounds r ON r.round = u.round "
+            "WHERE u.device_id = ? AND u.round >= ? AND r.rolled_back = 0",
+            (device_id, first_round),
         )
         return int(rows[0]["n"])
+
+    def mark_rolled_back(self, conn: sqlite3.Connection, after_version: int, open_round: int | None) -> None:
+        """The rounds a rollback to ``after_version`` undoes: those that closed into a later version,
+        and the open one."""
+        conn.execute(
+            "UPDATE rounds SET rolled_back = 1 WHERE state = 'closed' AND result_version > ?", (after_version,)
+        )
+        if open_round is not None:
+            conn.execute("UPDATE rounds SET rolled_back = 1 WHERE round = ?", (open_round,))
 
     def last_closed_round_seconds(self) -> float | None:
         """How long the most recently closed round was open (for pace steering)."""
@@ -530,6 +571,7 @@ class Database:
         reason: str | None = None,
     ) -> None:
         """Record how round ``number`` ended; its update files are no longer needed."""
+        conn.execute("DELETE FROM checkins WHERE round <= ?", (number,))  # drawn long ago, or never to be
         conn.execute(
             "UPDATE rounds SET state = ?, closed_at = ?, result_version = ?, metrics = ?, reason = ? WHERE round = ?",
             (state.value, now, result_version, json.dumps(metrics) if metrics is not None else None, reason, number),
@@ -554,6 +596,13 @@ class Database:
             return None
         rows = self.query("SELECT version, sha256, file FROM model_versions WHERE version = ?", (version,))
         return ModelVersion(int(rows[0]["version"]), str(rows[0]["sha256"]), str(rows[0]["file"])) if rows else None
+
+    def parent_version(self, version: int) -> int | None:
+        """The version that the round which produced ``version`` trained (None: the export's
+        version 0, an imported one, or its round gone)."""
+        rows = self.query("SELECT r.model_version AS v FROM model_versions m JOIN rounds r ON r.round = m.from_round "
+                          "WHERE m.version = ?", (version,))  # fmt: skip
+        return int(rows[0]["v"]) if rows else None
 
     def versions(self) -> dict[int, str]:
         """Every recorded model version and its file's name, oldest first."""
@@ -593,4 +642,5 @@ def _round(row: sqlite3.Row) -> Round:
         result_version=row["result_version"],
         metrics=json.loads(row["metrics"]) if row["metrics"] else None,
         reason=row["reason"],
+        rolled_back=bool(row["rolled_back"]),
     )

@@ -150,6 +150,8 @@ def test_the_servers_settings_come_from_a_flag_then_a_fedper_variable_then_the_d
     # Only the server reads them: a simulation's --rounds is its own.
     assert from_arguments(SimulationConfig, cli.parse_arguments(["simulate"])).rounds == SimulationConfig().rounds
     monkeypatch.setenv("FEDPER_AGGREGATE", "max")
-    with pytest.raises(ConfigError, match="FEDPER_AGGREGATE: Input should be 'mean', 'median' or 'trimmed-mean'"):
+    with pytest.raises(
+        ConfigError, match="FEDPER_AGGREGATE: Input should be 'mean', 'median', 'trimmed-mean' or 'centered-clip'"
+    ):
         cli.parse_arguments(["serve"])
     assert cli.main(["serve"]) == 2  # one line, no traceback

@@ -21,7 +21,8 @@ from fedper.common.robust_aggregate import (
 )
 
 LAYOUT = [("w", (3, 4)), ("bn.running_var", (4,))]
-OFF = AggregationConfig(clip_factor=0, weight_cap=0)
+OFF = AggregationConfig(clip_factor=0, weight_cap=0, coordinate_clip=0)
+BOUNDS = AggregationConfig(coordinate_clip=0)  # revision 1.3's defaults: the norm bound and the weight cap
 
 
 def _base() -> dict[str, np.ndarray]:
@@ -49,10 +50,13 @@ def test_honest_updates_give_plain_fedavgs_bytes():
     for tensors, n in updates:
         fedavg.add(tensors, n)
     expected = fedavg.result()
-    for config in (AggregationConfig(), OFF):
+    for config in (BOUNDS, OFF):
         result, report = _run(updates, config)
         assert all(result[n].tobytes() == expected[n].tobytes() for n in expected)
     assert report.clipped == 0 and report.capped == 0
+    # The default's coordinate clip holds honest outliers too: what that costs is in SERVER.md.
+    result, report = _run(updates, AggregationConfig())
+    assert report.coordinates_clipped > 0 and any(result[n].tobytes() != expected[n].tobytes() for n in expected)
 
 
 def test_a_huge_update_with_a_huge_count_is_clipped_and_capped():
@@ -90,7 +94,7 @@ def test_weights_and_batchnorm_statistics_are_clipped_apart():
     seed=st.integers(0, 2**32 - 1),
     honest=st.integers(1, 8),
     hostile=st.data(),
-    aggregate=st.sampled_from(["mean", "median", "trimmed-mean"]),
+    aggregate=st.sampled_from(["mean", "median", "trimmed-mean", "centered-clip"]),
 )
 def test_fewer_than_half_hostile_cannot_move_the_base_beyond_the_honest_bound(seed, honest, hostile, aggregate):
     rng = np.random.default_rng(seed)
@@ -115,6 +119,11 @@ def test_fewer_than_half_hostile_cannot_move_the_base_beyond_the_honest_bound(se
         # A (weighted) mean of updates each within the bound is within it, group by group.
         for group, norm in group_norms(result, _base()).items():
             assert norm <= report.norm_bound[group] * (1 + 1e-5) + 1e-6
+    if aggregate == "centered-clip":
+        # Each of 3 iterations moves the step by a weighted mean of vectors no longer than the
+        # radius, 3x the lower median distance from the start (here the base): an honest one.
+        radius = 3 * max(delta_norm(t, _base()) for t, _ in updates[:honest])
+        assert delta_norm(result, _base()) <= 3 * radius * (1 + 1e-5) + 1e-6
     if aggregate == "median" or (aggregate == "trimmed-mean" and cut >= m):
         # Each coordinate stays within the honest (clipped) updates' range at that coordinate.
         for name, b in _base().items():
@@ -136,10 +145,14 @@ def test_median_and_trimmed_mean_are_coordinatewise():
     def run(config):  # type: ignore[no-untyped-def]
         return robust_aggregate(LAYOUT, base, lambda: iter(updates), config)[0]["w"]
 
-    assert np.all(run(AggregationConfig(aggregate="median", clip_factor=0)) == 1.0)
+    assert np.all(run(AggregationConfig(aggregate="median", clip_factor=0, coordinate_clip=0)) == 1.0)
     # 5 updates, 20% trimmed: one cut from each end -> mean of 0, 1, 2.
-    assert np.all(run(AggregationConfig(aggregate="trimmed-mean", trim_fraction=0.2, clip_factor=0)) == 1.0)
-    assert np.allclose(run(AggregationConfig(aggregate="trimmed-mean", trim_fraction=0.0, clip_factor=0)), -37 / 5)
+    assert np.all(
+        run(AggregationConfig(aggregate="trimmed-mean", trim_fraction=0.2, clip_factor=0, coordinate_clip=0)) == 1.0
+    )
+    assert np.allclose(
+        run(AggregationConfig(aggregate="trimmed-mean", trim_fraction=0.0, clip_factor=0, coordinate_clip=0)), -37 / 5
+    )
 
 
 def test_lower_median_and_bad_input():
@@ -189,3 +202,108 @@ def test_what_the_server_would_refuse():
     assert refusal(_base()) is None
     assert "NaN or Inf" in str(refusal({**_base(), "w": np.full((3, 4), np.inf, np.float32)}))
     assert "below zero" in str(refusal({**_base(), "bn.running_var": np.full(4, -1.0, np.float32)}))
+
+
+def test_clipping_by_tensor_bounds_each_tensor_alone():
+    """One tensor moved far inside the group bound (the group's norm is set by another tensor)
+    is clipped to 3x that tensor's own median distance."""
+    layout = [("w", (3, 4)), ("b", (4,))]
+    base = {"w": np.zeros((3, 4), np.float32), "b": np.zeros(4, np.float32)}
+    rng = np.random.default_rng(4)
+    updates = [({"w": rng.normal(0, 1.0, (3, 4)).astype(np.float32), "b": rng.normal(0, 0.01, 4).astype(np.float32)},
+                100) for _ in range(5)]  # fmt: skip
+    hostile = {"w": updates[0][0]["w"], "b": np.full(4, 1.0, np.float32)}  # b 100x its honest size
+    updates.append((hostile, 100))
+    by_group, report = robust_aggregate(layout, base, lambda: iter(updates), BOUNDS)
+    assert report.clipped == 0  # the group norm hides it
+    by_tensor, report = robust_aggregate(
+        layout, base, lambda: iter(updates), AggregationConfig(clip_by="tensor", coordinate_clip=0)
+    )
+    assert report.clipped == 1 and report.norm_bound is not None and set(report.norm_bound) == {"w", "b"}
+    assert np.linalg.norm(by_tensor["b"]) < np.linalg.norm(by_group["b"]) / 5
+
+
+def test_coordinate_clipping_holds_one_coordinate_to_its_honest_spread():
+    """The whole norm budget on one of 1,000 weights moves it ~30x farther than honest devices
+    move it by the mean; held to the round's median +- 3 MAD of that coordinate, it moves it
+    about as far as an honest device would."""
+    layout = [("w", (40, 25)), ("bn.running_var", (4,))]
+    base = {n: np.zeros(s, np.float32) for n, s in layout}
+    rng = np.random.default_rng(5)
+    updates = [({n: rng.normal(0, 0.01, s).astype(np.float32) for n, s in layout}, 100) for _ in range(9)]
+    budget = 2.99 * float(np.median([group_norms(t, base)["parameters"] for t, _ in updates]))
+    one = {n: np.zeros(s, np.float32) for n, s in layout}
+    one["w"][0, 0] = budget
+    updates.append((one, 100))
+    mean, report = robust_aggregate(layout, base, lambda: iter(updates), BOUNDS)
+    assert report.clipped == 0  # inside the norm bound
+    held, report = robust_aggregate(layout, base, lambda: iter(updates), AggregationConfig(coordinate_clip=3.0))
+    honest = [t["w"][0, 0] for t, _ in updates[:9]]
+    spread, honest_mean = float(np.std(honest)), float(np.mean(honest))
+    assert abs(mean["w"][0, 0] - honest_mean) > 5 * spread
+    assert abs(held["w"][0, 0] - honest_mean) < spread
+    assert report.coordinates_clipped >= 1
+
+
+def test_centered_clipping_starts_from_the_last_step_and_bounds_each_device():
+    """Karimireddy et al.: honest updates around the last step barely move it; a device far away
+    moves the result by at most its weight share of the radius per iteration (3 iterations)."""
+    layout = [("w", (50,))]
+    base = {"w": np.zeros(50, np.float32)}
+    last = {"w": np.full(50, 0.1)}
+    rng = np.random.default_rng(6)
+    honest = [({"w": (last["w"] + rng.normal(0, 0.01, 50)).astype(np.float32)}, 100) for _ in range(9)]
+    far = ({"w": np.full(50, -1000.0, np.float32)}, 100)
+    config = AggregationConfig(aggregate="centered-clip", clip_factor=1.0, coordinate_clip=0)
+    clean, _ = robust_aggregate(layout, base, lambda: iter(honest), config, center=last)
+    attacked, report = robust_aggregate(layout, base, lambda: iter([*honest, far]), config, center=last)
+    radius = 1.0 * sorted(float(np.linalg.norm(t["w"] - last["w"])) for t, _ in [*honest, far])[4]
+    assert np.linalg.norm(attacked["w"] - clean["w"]) <= 3 * radius / 10 + 0.02
+    assert report.clipped >= 1
+    assert np.allclose(clean["w"], np.mean([t["w"] for t, _ in honest], axis=0), atol=1e-3)
+    without_center, _ = robust_aggregate(layout, base, lambda: iter(honest), config)
+    assert np.allclose(without_center["w"], clean["w"], atol=2e-3)  # from the base it gets there too, slower
+
+
+def test_new_settings_are_refused_when_bad():
+    with pytest.raises(ConfigError, match="--clip-by"):
+        AggregationConfig(clip_by="layer")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="--coordinate-clip"):
+        AggregationConfig(coordinate_clip=0.5)
+    with pytest.raises(ConfigError, match="centered-clip"):
+        AggregationConfig(aggregate="centered-clip", clip_factor=0)
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), k=st.integers(1, 12), chunk=st.sampled_from([8, 40, 1 << 10, 1 << 24]))
+def test_the_servers_spilled_coordinate_clip_gives_the_in_memory_bytes(seed, k, chunk, tmp_path_factory):
+    """The server folds one update at a time and spills the coordinate clip's updates to a file,
+    worked through in chunks of coordinates (chunks here as small as 1 coordinate per update, so
+    they cut across tensors); the simulation holds them in memory. Same updates, same bytes, with
+    some updates norm-clipped (float64 rows) and some far off in single coordinates."""
+    from fedper.common import coordinate_clip
+
+    rng = np.random.default_rng(seed)
+    layout = [("a.weight", (3, 5, 2)), ("a.bn.running_mean", (5,)), ("a.bn.running_var", (5,)), ("b", (7,))]
+    base = {n: rng.standard_normal(s).astype(np.float32) for n, s in layout}
+    base["a.bn.running_var"] = np.abs(base["a.bn.running_var"]) + 0.5
+    updates = []
+    for i in range(k):
+        tensors = {n: (v + rng.normal(0, 0.1, v.shape) * (20 if i % 4 == 3 else 1)).astype(np.float32)
+                   for n, v in base.items()}  # fmt: skip
+        tensors["a.bn.running_var"] = np.abs(tensors["a.bn.running_var"])
+        if i % 3 == 2:
+            tensors["b"][int(rng.integers(7))] += np.float32(50)
+        updates.append((tensors, int(rng.integers(1, 300))))
+    config = AggregationConfig()
+    spill = tmp_path_factory.mktemp("spill")
+    held, report = robust_aggregate(layout, base, lambda: iter(updates), config, group=1)
+    old = coordinate_clip.CHUNK_BYTES
+    coordinate_clip.CHUNK_BYTES = 8 * k * chunk
+    try:
+        spilled, spilled_report = robust_aggregate(layout, base, lambda: iter(updates), config, group=1, spill=spill)
+    finally:
+        coordinate_clip.CHUNK_BYTES = old
+    assert all(spilled[n].tobytes() == held[n].tobytes() and spilled[n].shape == held[n].shape for n, _ in layout)
+    assert spilled_report == report
+    assert list(spill.iterdir()) == []  # the file was never named, and is gone

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from fedper.common import weights
+from fedper.common.errors import ConfigError
 from tests.server_support import (
     ENROLL,
     FakeClock,
@@ -27,11 +28,15 @@ from tests.server_support import (
     update_body,
 )
 
+# The mean as revision 1.3 defines it (clip, weight cap), which these tests check to the bit; the
+# default's coordinate clip has its own tests (test_robust_aggregate.py, test_server_poisoning.py).
+MEAN = {"coordinate_clip": 0}
+
 
 @pytest.fixture
 def server(server_artifacts: Path, tmp_path: Path):
     with InProcessServer(server_artifacts, tmp_path / "data", target_clients=3, min_clients=2, rounds=3,
-                         round_timeout=0, enroll_per_minute=1000) as s:  # fmt: skip
+                         round_timeout=0, enroll_per_minute=1000, **MEAN) as s:  # fmt: skip
         yield s
 
 
@@ -230,7 +235,7 @@ def test_enrollment_is_rate_limited(server_artifacts, tmp_path):
 def test_kill_9_between_uploads_loses_nothing(server_artifacts, server_manifest, tmp_path):
     artifacts = server_artifacts
     data = tmp_path / "data"
-    s = serve(artifacts, data, target_clients=3, min_clients=3, round_timeout=0).start()
+    s = serve(artifacts, data, target_clients=3, min_clients=3, round_timeout=0, **MEAN).start()
     http = s.http
     devices = [enroll(http) for _ in range(3)]
     for _, h in devices:
@@ -244,7 +249,7 @@ def test_kill_9_between_uploads_loses_nothing(server_artifacts, server_manifest,
         )
         assert r.status_code == 202
     s.kill()
-    s2 = serve(artifacts, data, target_clients=3, min_clients=3, round_timeout=0)
+    s2 = serve(artifacts, data, target_clients=3, min_clients=3, round_timeout=0, **MEAN)
     s2.port, s2.url = s.port, s.url
     with s2:
         http = s2.http
@@ -314,6 +319,25 @@ def test_deadlines_close_or_abandon(server_artifacts, server_manifest, tmp_path)
         assert round_info(http, 3)["model_version"] == 1
 
 
+def test_a_round_that_would_not_fit_at_close_is_refused_at_start(server_artifacts, tmp_path):
+    """The median holds every update of a round at its close: a cohort whose updates would not
+    fit in --aggregation-memory is refused when the server starts, not at a close. The mean
+    (with the default coordinate clip, spilled to a file) folds one at a time: any cohort."""
+    from fedper.server.state import open_state
+    from tests.server_support import serve_config
+
+    options = {"target_clients": 2000, "min_clients": 1, "round_timeout": 0, "aggregation_memory": 64}
+    with pytest.raises(ConfigError) as refused:
+        open_state(serve_config(server_artifacts, tmp_path / "a", **options, aggregate="median"))
+    message = str(refused.value)
+    assert "2600 updates" in message and "--aggregation-memory 64 MB" in message and "--aggregate mean" in message
+    state = open_state(serve_config(server_artifacts, tmp_path / "b", **options))  # the default: streamed
+    state.db.close()
+    state = open_state(serve_config(server_artifacts, tmp_path / "c", **{**options, "aggregation_memory": 4096},
+                                    aggregate="median"))  # fmt: skip
+    state.db.close()
+
+
 def test_refuses_another_export_and_keeps_secrets(server_artifacts, tmp_path, monkeypatch):
     from fedper.server.config import ServerConfig
     from fedper.server.serve_command import announce
@@ -367,6 +391,7 @@ def test_fifty_concurrent_width1_devices(tmp_path):
     artifacts = write_server_only_export(tmp_path / "artifacts", alpha=1.0)
     manifest = read_manifest(artifacts)
     n = 50
+    # The default: the mean behind the coordinate clip, whose updates are spilled to a file at close.
     with serve(artifacts, tmp_path / "data", target_clients=n, min_clients=n, round_timeout=0,
                enroll_per_minute=1000) as s:  # fmt: skip
         http = s.http
@@ -400,9 +425,10 @@ def test_fifty_concurrent_width1_devices(tmp_path):
         for name, _ in manifest.layout("base")[:20]:
             np.testing.assert_allclose(v1[name], base[name].astype(np.float64) + shift, rtol=1e-6, atol=1e-6)
         # 40 more uploads of 8.7 MB each (350 MB) after the first 10: the server keeps at most
-        # the (up to 16, 10 of them already counted) uploads in flight, and at close a group of
-        # 8 stored updates loaded for FedAvg, so its peak moves by about 6 + 8 updates' worth plus
-        # allocator slack, well under the 40 it would if memory grew with the number of uploads.
+        # the (up to 16, 10 of them already counted) uploads in flight, and at close one stored
+        # update loaded at a time (spilled to a file for the coordinate clip, then worked through
+        # in 16 MB chunks of coordinates), so its peak moves by about 6 updates' worth plus chunks
+        # and allocator slack, well under the 40 it would if memory grew with the number of uploads.
         update_mb = len(body0) / 2**20
         print(f"server peak RSS: start {rss_start:.0f} MB, after 10 {rss_10:.0f} MB, after 50 {rss_50:.0f} MB")
         assert rss_50 - rss_10 < 24 * update_mb, (rss_start, rss_10, rss_50)

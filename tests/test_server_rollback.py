@@ -131,3 +131,28 @@ def test_fedper_admin_rollback_against_a_running_server(server_artifacts, tmp_pa
         assert "--to N is required" in capsys.readouterr().err
         assert cli.main(["admin", "stop", "--server", s.url]) == 0
         assert httpx.get(f"{s.url}/v1/status").json()["state"] == "finished"
+
+
+def test_a_rollback_does_not_lock_out_the_devices_whose_updates_it_threw_away(server_artifacts, tmp_path):
+    """Issue 50's finding: with --max-participation 1, the devices whose updates a rollback discarded
+    got 204 for the next W rounds; with a target of 3, 2 of 3 devices were locked out and the round
+    could not fill. Their updates no longer count: the work they did was thrown away."""
+    state = open_in_process(server_artifacts, tmp_path / "data", target_clients=3, min_clients=3,
+                            max_participation=1, participation_rounds=10, aggregation=PLAIN)  # fmt: skip
+    try:
+        devices = [f"d-{i}" for i in range(3)]
+        for device in devices:
+            state.db.add_device(device, f"hash-{device}", "test")
+        base = {k: v.astype(np.float32) for k, v in state.rounds.round_base(1).items()}
+        for device in devices:
+            assert state.rounds.assign(1, device) is not None
+            state.rounds.commit(state.rounds.stage(device, 1, Upload(base, 10, 0, {})))
+        assert state.rounds.snapshot.model_version == 1 and state.rounds.snapshot.round == 2
+        assert state.rounds.assign(2, devices[0]) is None  # one participation each: used up
+        state.rounds.rollback(0)
+        assert state.db.round(1).rolled_back  # type: ignore[union-attr]
+        number = state.rounds.snapshot.round
+        for device in devices:
+            assert state.rounds.assign(number, device) is not None, device  # the thrown-away round does not count
+    finally:
+        state.db.close()

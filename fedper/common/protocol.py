@@ -24,7 +24,7 @@ from fedper.common.train_config import TrainConfig
 AnyTrainConfig = TypeVar("AnyTrainConfig", bound=TrainConfig)
 
 VERSION = 1
-REVISION = "1.7"
+REVISION = "1.8"
 PREFIX = "/v1"
 
 
@@ -33,6 +33,8 @@ class Route:
 
     HEALTH = f"{PREFIX}/health"
     DEVICES = f"{PREFIX}/devices"
+    # Since revision 1.8: a single-use nonce for the platform's attestation (docs/SERVER.md).
+    CHALLENGE = f"{PREFIX}/devices/challenge"
     TASK = f"{PREFIX}/task"
     MODEL_BASE = f"{PREFIX}/models/{{version}}/base"
     ARTIFACT = f"{PREFIX}/artifacts/{{name}}"
@@ -43,6 +45,7 @@ class Route:
     ADMIN_STOP = f"{PREFIX}/admin/stop"
     ADMIN_LATEST_BASE = f"{PREFIX}/admin/models/latest/base"
     ADMIN_ROLLBACK = f"{PREFIX}/admin/rollback/{{version}}"  # since revision 1.4
+    ADMIN_DEVICES = f"{PREFIX}/admin/devices"  # since revision 1.8: enroll devices in bulk
     # Since revision 1.6, a secure round's stages (docs/SECAGG.md): POST sends this device's
     # part, GET fetches what the server relays to it (204 until the stage before it ends).
     SECAGG_KEYS = f"{PREFIX}/rounds/{{round_number}}/secagg/keys"
@@ -147,12 +150,31 @@ MAX_ATTESTATION_LENGTH = 16 * 1024
 MAX_PLATFORM_LENGTH = 128
 
 
+NONCE_PATTERN = r"^[0-9a-f]{32}$"
+
+
 class EnrollmentRequest(_Body):
     enrollment_key: str
     platform: str | None = Field(default=None, max_length=MAX_PLATFORM_LENGTH)
     # Since revision 1.4: the platform's integrity token (e.g. Play Integrity), for a server
     # configured to verify one (docs/SERVER.md, "Device attestation").
     attestation: str | None = Field(default=None, max_length=MAX_ATTESTATION_LENGTH)
+    # Since revision 1.8: the nonce POST /v1/devices/challenge gave, which the attestation token
+    # binds (the platform's request carries it); required with an attestation, used once.
+    nonce: str | None = Field(default=None, pattern=NONCE_PATTERN)
+
+
+class ChallengeRequest(_Body):
+    """Since revision 1.8: asking for an attestation nonce takes the enrollment key, as enrolling does."""
+
+    enrollment_key: str
+
+
+class Challenge(_Body):
+    """Since revision 1.8: a nonce for one enrollment's attestation, valid ``expires_in`` seconds."""
+
+    nonce: str = Field(pattern=NONCE_PATTERN)
+    expires_in: int
 
 
 class Enrolled(_Body):
@@ -316,6 +338,21 @@ class Status(_Body):
     privacy: PrivacySpent | None = None  # since revision 1.5: under DP-FedAvg
 
 
+MAX_PROVISION = 10_000  # devices one POST /v1/admin/devices enrolls
+
+
+class ProvisionRequest(_Body):
+    """Since revision 1.8: the operator enrolls ``count`` devices at once (no enrollment key, no
+    attestation, no rate limit: it holds the admin token)."""
+
+    count: int = Field(ge=1, le=MAX_PROVISION)
+    platform: str | None = Field(default=None, max_length=MAX_PLATFORM_LENGTH)
+
+
+class Provisioned(_Body):
+    devices: list[Enrolled]
+
+
 class Revoked(_Body):
     device_id: str
     revoked: bool
@@ -358,9 +395,10 @@ def octets(text: str) -> bytes:
 
 
 MODELS: tuple[type[BaseModel], ...] = (
-    Health, EnrollmentRequest, Enrolled, TaskConfig, DPTask, SecAggTask, Task, SecAggKeys, SecAggNeighbours,
-    SecAggSealed, SecAggUnmaskRequest, SecAggUnmaskAnswer, SecAggAccepted, Accepted, MetricSummary, RoundInfo,
-    PrivacySpent, Status, Revoked, Stopped, RolledBack, Error,
+    Health, EnrollmentRequest, ChallengeRequest, Challenge, Enrolled, TaskConfig, DPTask, SecAggTask, Task,
+    SecAggKeys, SecAggNeighbours, SecAggSealed, SecAggUnmaskRequest, SecAggUnmaskAnswer, SecAggAccepted, Accepted,
+    MetricSummary, RoundInfo, PrivacySpent, Status, ProvisionRequest, Provisioned, Revoked, Stopped, RolledBack,
+    Error,
 )  # fmt: skip
 SCHEMA_FILE = Path(__file__).resolve().parents[2] / "docs" / "protocol.schema.json"
 

@@ -4,16 +4,54 @@ from __future__ import annotations
 
 import json
 import logging
+import secrets
 
+from anyio import to_thread
 from fastapi import APIRouter, Request, Response
+from pydantic import ValidationError
 
-from fedper.common.protocol import Revoked, RolledBack, Route, Stopped
+from fedper.common.protocol import (
+    Enrolled,
+    ErrorCode,
+    Provisioned,
+    ProvisionRequest,
+    Revoked,
+    RolledBack,
+    Route,
+    Stopped,
+)
+from fedper.server import strict_json
 from fedper.server.auth import Operator, State
-from fedper.server.errors import not_found
+from fedper.server.credentials import new_token, token_hash
+from fedper.server.errors import bad_request, not_found
+from fedper.server.request_body import read_small
 from fedper.server.routes.responses import ERRORS, OCTETS, file_response
+from fedper.server.state import ServerState
 
 log = logging.getLogger("fedper.server")
 router = APIRouter()
+
+
+@router.post(Route.ADMIN_DEVICES, status_code=201, response_model=Provisioned, responses=ERRORS)
+async def provision(request: Request, _op: Operator, state: State) -> Provisioned:
+    """Revision 1.8: enroll ``count`` devices in one transaction, for an operator provisioning a
+    fleet (their tokens go to the devices by the operator's own channel)."""
+    raw = await read_small(request, 4096, state.config.request_body_timeout)
+    try:
+        body = ProvisionRequest.model_validate(strict_json.loads(raw))
+    except strict_json.JsonError as exc:
+        raise bad_request(ErrorCode.MALFORMED_JSON, f"the body is not valid JSON: {exc}") from exc
+    except ValidationError as exc:
+        raise bad_request(ErrorCode.BAD_REQUEST, f"not a provisioning request: {exc.errors()[:1]}") from exc
+    return await to_thread.run_sync(_provision, body, state)
+
+
+def _provision(body: ProvisionRequest, state: ServerState) -> Provisioned:
+    devices = [(f"d-{secrets.token_hex(8)}", new_token()) for _ in range(body.count)]
+    state.db.add_devices([(d, token_hash(t)) for d, t in devices], body.platform)
+    log.info(json.dumps({"event": "devices_provisioned", "count": body.count, "platform": body.platform}))
+    state.rounds.enrolled()
+    return Provisioned(devices=[Enrolled(device_id=d, token=t) for d, t in devices])
 
 
 @router.post(Route.ADMIN_REVOKE, response_model=Revoked, responses=ERRORS)

@@ -4,16 +4,20 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import secrets
 
 from anyio import to_thread
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
+from starlette.types import Scope
 
 from fedper.common.manifest import MANIFEST_FILE
 from fedper.common.protocol import (
     MAX_ATTESTATION_LENGTH,
     MAX_PLATFORM_LENGTH,
+    NONCE_PATTERN,
+    Challenge,
     Enrolled,
     ErrorCode,
     Header,
@@ -22,14 +26,14 @@ from fedper.common.protocol import (
     TaskConfig,
 )
 from fedper.server import strict_json
+from fedper.server.attestation import NONCE_SECONDS
 from fedper.server.auth import DeviceId, State, failed, limit_key
 from fedper.server.clock import iso_time
 from fedper.server.credentials import new_token, same_secret, token_hash
-from fedper.server.errors import ProtocolError, bad_request, rate_limited, run_finished
+from fedper.server.errors import bad_request, not_found, rate_limited, run_finished
 from fedper.server.refusals import SecAggUnsupportedError
 from fedper.server.request_body import read_small
 from fedper.server.routes.responses import ERRORS
-from fedper.server.state import ServerState
 
 JSON_LIMIT = 64 * 1024
 ENROLLMENT_KEY = "enrollment key"  # the one key all enrollments count under
@@ -38,8 +42,8 @@ log = logging.getLogger("fedper.server")
 router = APIRouter()
 
 
-def _enrollment(body: bytes) -> tuple[object, str | None, str | None]:
-    """(enrollment_key, platform, attestation) from an enrollment body, or a 400."""
+def _enrollment(body: bytes) -> tuple[object, str | None, str | None, str | None]:
+    """(enrollment_key, platform, attestation, nonce) from an enrollment body, or a 400."""
     try:
         data = strict_json.loads(body)
     except strict_json.JsonError as exc:
@@ -56,39 +60,62 @@ def _enrollment(body: bytes) -> tuple[object, str | None, str | None]:
         raise bad_request(
             ErrorCode.BAD_REQUEST, f"attestation must be a string of at most {MAX_ATTESTATION_LENGTH} characters"
         )
-    return data.get("enrollment_key"), platform, attestation
+    nonce = data.get("nonce")
+    if nonce is not None and not (isinstance(nonce, str) and re.fullmatch(NONCE_PATTERN[1:-1], nonce)):
+        raise bad_request(ErrorCode.BAD_REQUEST, "nonce must be the 32 hex digits POST /v1/devices/challenge gave")
+    return data.get("enrollment_key"), platform, attestation, nonce
 
 
-def _attest(state: ServerState, attestation: str | None, platform: str | None) -> None:
-    """403 ``attestation_failed`` unless the operator's verifier accepts the token."""
-    if state.verify_attestation is None:
-        return
-    try:
-        refused = state.verify_attestation(attestation, platform)
-    except Exception as exc:  # the verifier's service failed: not the device's fault
-        log.warning(json.dumps({"event": "attestation_unavailable", "error": str(exc)[:300]}))
-        message = "the attestation could not be verified now; retry later"
-        retry = {Header.RETRY_AFTER: str(state.config.retry_after)}
-        raise ProtocolError(503, ErrorCode.SERVER_BUSY, message, retry) from exc
-    if refused is not None:
-        raise ProtocolError(403, ErrorCode.ATTESTATION_FAILED, f"attestation refused: {refused}"[:300])
+def enrollment_spent(scope: Scope, method: str, path: str, key: str) -> tuple[str, int] | None:
+    """A challenge or an enrollment from an address whose minute is spent: answered 429 before
+    it is read (:mod:`server.address_limit`), as the routes below would answer it after."""
+    if method != "POST" or path not in (Route.DEVICES, Route.CHALLENGE):
+        return None
+    state = getattr(scope["app"].state, "fedper", None)
+    if state is None:
+        return None
+    if path == Route.CHALLENGE:
+        wait = state.challenges.blocked(key) if state.attestation is not None else 0
+        return ("too many challenges from this address", wait) if wait else None
+    wait = state.limiter.blocked(key)
+    return ("too many enrollments from this address", wait) if wait else None
+
+
+@router.post(Route.CHALLENGE, status_code=201, response_model=Challenge, responses=ERRORS)
+async def challenge(request: Request, state: State) -> Challenge:
+    """Revision 1.8: a single-use nonce for the platform's attestation request (docs/SERVER.md)."""
+    body = await read_small(request, JSON_LIMIT, state.config.request_body_timeout)
+    key, _, _, _ = _enrollment(body)
+    if not isinstance(key, str) or not same_secret(key, state.secrets.enrollment_key):
+        raise failed(request, state.key_failures, "wrong enrollment key")
+    if state.attestation is None:
+        raise not_found("attestation on this server (it enrolls without a token)")
+    allowed, wait = state.challenges.allow(limit_key(request))
+    if not allowed:
+        raise rate_limited("too many challenges from this address", wait)
+    return Challenge(nonce=state.attestation.nonces.issue(), expires_in=NONCE_SECONDS)
 
 
 @router.post(Route.DEVICES, status_code=201, response_model=Enrolled, responses=ERRORS)
 async def enroll(request: Request, state: State) -> Enrolled:
     if state.rounds.draining is not None:
         raise state.rounds.busy()
-    body = await read_small(request, JSON_LIMIT, state.config.upload_timeout)
-    key, platform, attestation = _enrollment(body)
+    body = await read_small(request, JSON_LIMIT, state.config.request_body_timeout)
+    key, platform, attestation, nonce = _enrollment(body)
     if not isinstance(key, str) or not same_secret(key, state.secrets.enrollment_key):
         raise failed(request, state.key_failures, "wrong enrollment key")
-    allowed, wait = state.limiter.allow(limit_key(request))
+    address = limit_key(request)
+    first = not state.limiter.count(address)  # the address's first enrollment in the window
+    allowed, wait = state.limiter.allow(address)
     if not allowed:
         raise rate_limited("too many enrollments from this address", wait)
     allowed, wait = state.enrollments.allow(ENROLLMENT_KEY)
+    if not allowed and first:  # a flood from some addresses must not lock out a new one
+        allowed, wait = state.first_enrollments.allow(ENROLLMENT_KEY)
     if not allowed:
         raise rate_limited("too many enrollments from all addresses together; try again later", wait)
-    await to_thread.run_sync(_attest, state, attestation, platform)
+    if state.attestation is not None:
+        await state.attestation.verify(attestation, platform, nonce, address, first)
     device_id, token = f"d-{secrets.token_hex(8)}", new_token()
     await to_thread.run_sync(state.db.add_device, device_id, token_hash(token), platform)
     log.info(json.dumps({"event": "device_enrolled", "device": device_id, "platform": platform}))

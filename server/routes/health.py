@@ -44,7 +44,7 @@ def metrics(state: State) -> Response:
     snap = state.rounds.snapshot
     rounds = state.rounds
     text = state.metrics.render(snap.rounds_closed, snap.round, rounds.aggregation_seconds, len(state.places),
-                                rounds.updates_clipped, rounds.updates_capped, rounds.rounds_refused,
+                                rounds.aggregation_counts, rounds.rounds_refused,
                                 rounds.draining is not None,
                                 None if rounds.privacy is None else rounds.privacy.spent())  # fmt: skip
     return Response(text, media_type=CONTENT_TYPE_LATEST)

@@ -24,7 +24,7 @@ from fedper.common.protocol import (
 from fedper.server import strict_json
 from fedper.server.auth import DeviceId, State
 from fedper.server.errors import bad_request, not_found, run_finished, unprocessable
-from fedper.server.request_body import read_small
+from fedper.server.request_body import BodyPace, read_small
 from fedper.server.routes.responses import ERRORS, OCTETS
 from fedper.server.state import ServerState
 
@@ -62,11 +62,14 @@ async def _post(state: ServerState, request: Request, device_id: str, number: in
     _checked(state, number)
     secure = state.rounds.secure
     assert secure is not None
-    if stage == "masked":
+    c = state.config
+    if stage == "masked":  # an update's size and pace: the upload's deadline and minimum rate
         limit = 4 * (secure.words + 2)  # the floats, a flag word under DP, the weight
-        body = raw = await read_small(request, limit, state.config.upload_timeout)
+        body = raw = await read_small(
+            request, limit, BodyPace(c.upload_timeout, c.min_upload_rate, c.upload_rate_grace)
+        )
     else:
-        raw = await read_small(request, JSON_LIMIT + PER_DEVICE * state.config.slots, state.config.upload_timeout)
+        raw = await read_small(request, JSON_LIMIT + PER_DEVICE * c.slots, BodyPace(c.request_body_timeout))
         body = _canonical(stage, raw)
     unopened = request.headers.get(Header.SECAGG_UNOPENED, "") if stage == "masked" else ""
     if len(unopened) > PER_DEVICE * 8:

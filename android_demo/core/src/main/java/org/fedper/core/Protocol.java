@@ -1,6 +1,6 @@
 package org.fedper.core;
 
-/** The device protocol v1 (revision 1.7): generated from
+/** The device protocol v1 (revision 1.8): generated from
  * docs/protocol.schema.json by android_demo/core/generate_protocol.py; do not edit. */
 public final class Protocol {
   private Protocol() {}
@@ -8,11 +8,13 @@ public final class Protocol {
   public static final class Path {
     private Path() {}
 
+    public static final String ADMIN_DEVICES = "/v1/admin/devices";
     public static final String ADMIN_LATEST_BASE = "/v1/admin/models/latest/base";
     public static final String ADMIN_REVOKE = "/v1/admin/devices/{device_id}/revoke";
     public static final String ADMIN_ROLLBACK = "/v1/admin/rollback/{version}";
     public static final String ADMIN_STOP = "/v1/admin/stop";
     public static final String ARTIFACT = "/v1/artifacts/{name}";
+    public static final String CHALLENGE = "/v1/devices/challenge";
     public static final String DEVICES = "/v1/devices";
     public static final String HEALTH = "/v1/health";
     public static final String MODEL_BASE = "/v1/models/{version}/base";
@@ -114,6 +116,19 @@ public final class Protocol {
       public static final String ROUND = "round";
     }
 
+    public static final class Challenge {
+      private Challenge() {}
+
+      public static final String EXPIRES_IN = "expires_in";
+      public static final String NONCE = "nonce";
+    }
+
+    public static final class ChallengeRequest {
+      private ChallengeRequest() {}
+
+      public static final String ENROLLMENT_KEY = "enrollment_key";
+    }
+
     public static final class DPTask {
       private DPTask() {}
 
@@ -132,6 +147,7 @@ public final class Protocol {
 
       public static final String ATTESTATION = "attestation";
       public static final String ENROLLMENT_KEY = "enrollment_key";
+      public static final String NONCE = "nonce";
       public static final String PLATFORM = "platform";
     }
 
@@ -169,6 +185,19 @@ public final class Protocol {
       public static final String ROUNDS = "rounds";
       public static final String SAMPLING_PROBABILITY = "sampling_probability";
       public static final String TARGET_EPSILON = "target_epsilon";
+    }
+
+    public static final class ProvisionRequest {
+      private ProvisionRequest() {}
+
+      public static final String COUNT = "count";
+      public static final String PLATFORM = "platform";
+    }
+
+    public static final class Provisioned {
+      private Provisioned() {}
+
+      public static final String DEVICES = "devices";
     }
 
     public static final class Revoked {

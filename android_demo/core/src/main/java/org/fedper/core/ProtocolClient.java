@@ -75,29 +75,92 @@ public final class ProtocolClient {
     }
   }
 
+  /**
+   * The platform's integrity token binding the server's nonce (protocol revision 1.8): Play
+   * Integrity's with the nonce in its request, App Attest's with it in the client data.
+   */
+  public interface Attestor {
+    String token(String nonce) throws Exception;
+  }
+
   /** {deviceId, token}; the token is also kept for later calls. */
   public String[] enroll(String enrollmentKey, String platform) throws ProtocolException, InterruptedException {
-    JSONObject req = new JSONObject();
-    try {
-      req.put(Protocol.Body.EnrollmentRequest.ENROLLMENT_KEY, enrollmentKey);
-      req.put(Protocol.Body.EnrollmentRequest.PLATFORM, platform);
-    } catch (JSONException ex) {
-      throw new IllegalArgumentException("enrollment key or platform is null", ex);
-    }
+    return enroll(enrollmentKey, platform, null);
+  }
+
+  /**
+   * {deviceId, token}, enrolling with an attestation when attestor is not null: every attempt
+   * takes a new nonce (POST /v1/devices/challenge), since the server uses one up per attempt.
+   */
+  public String[] enroll(String enrollmentKey, String platform, Attestor attestor)
+      throws ProtocolException, InterruptedException {
     Map<String, String> headers = new LinkedHashMap<>();
     headers.put(Protocol.Header.CONTENT_TYPE, Protocol.Header.JSON);
-    HttpTransport.Response r =
-        send("POST", Protocol.Path.DEVICES, headers, req.toString().getBytes(StandardCharsets.UTF_8));
+    HttpTransport.Response r = null;
+    String last = "";
+    for (int attempt = 0; r == null && attempt < backoff.attempts; attempt++) {
+      if (attempt > 0) {
+        budget.sleep(backoff.delaySeconds(attempt - 1, rng), "backing off after " + last);
+      }
+      JSONObject req = new JSONObject();
+      try {
+        req.put(Protocol.Body.EnrollmentRequest.ENROLLMENT_KEY, enrollmentKey);
+        req.put(Protocol.Body.EnrollmentRequest.PLATFORM, platform);
+        if (attestor != null) {
+          String nonce = challenge(enrollmentKey, headers);
+          String token;
+          try {
+            token = attestor.token(nonce);
+          } catch (InterruptedException ex) {
+            throw ex;
+          } catch (Exception ex) {
+            throw new ProtocolException.Transient("the platform gave no attestation token: " + ex);
+          }
+          req.put(Protocol.Body.EnrollmentRequest.ATTESTATION, token);
+          req.put(Protocol.Body.EnrollmentRequest.NONCE, nonce);
+        }
+      } catch (JSONException ex) {
+        throw new IllegalArgumentException("enrollment key or platform is null", ex);
+      }
+      byte[] body = req.toString().getBytes(StandardCharsets.UTF_8);
+      if (attestor == null) {
+        r = send("POST", Protocol.Path.DEVICES, headers, body);
+      } else {
+        HttpTransport.Response once = sendOnce("POST", Protocol.Path.DEVICES, headers, body);
+        if (once != null && once.status < 500) {
+          r = once;
+        }
+        last = once == null ? "no answer from " + Protocol.Path.DEVICES : once.status + " from " + Protocol.Path.DEVICES;
+      }
+    }
+    if (r == null) {
+      throw new ProtocolException.Transient("gave up after " + backoff.attempts + " attempts: " + last);
+    }
     if (r.status == 429) {
       throw new ProtocolException.Transient("enrollment rate-limited");
     }
     if (r.status != 201) {
       throw refused(r);
     }
-    String[] ids = answer(r, "POST " + Protocol.Path.DEVICES, body -> new String[] {
-        body.string(Protocol.Body.Enrolled.DEVICE_ID), body.string(Protocol.Body.Enrolled.TOKEN)});
+    String[] ids = answer(r, "POST " + Protocol.Path.DEVICES, answer -> new String[] {
+        answer.string(Protocol.Body.Enrolled.DEVICE_ID), answer.string(Protocol.Body.Enrolled.TOKEN)});
     token = ids[1];
     return ids;
+  }
+
+  private String challenge(String enrollmentKey, Map<String, String> headers)
+      throws ProtocolException, InterruptedException, JSONException {
+    JSONObject ask = new JSONObject();
+    ask.put(Protocol.Body.ChallengeRequest.ENROLLMENT_KEY, enrollmentKey);
+    HttpTransport.Response c =
+        send("POST", Protocol.Path.CHALLENGE, headers, ask.toString().getBytes(StandardCharsets.UTF_8));
+    if (c.status == 429) {
+      throw new ProtocolException.Transient("attestation challenge rate-limited");
+    }
+    if (c.status != 201) {
+      throw refused(c);
+    }
+    return answer(c, "POST " + Protocol.Path.CHALLENGE, answer -> answer.string(Protocol.Body.Challenge.NONCE));
   }
 
   public TaskOrWait task() throws ProtocolException, InterruptedException {
@@ -270,6 +333,17 @@ public final class ProtocolClient {
       }
     }
     throw new ProtocolException.Transient("gave up after " + backoff.attempts + " attempts: " + last);
+  }
+
+  /** One attempt, no retry (a request whose body cannot be sent twice); null when no answer came. */
+  private HttpTransport.Response sendOnce(String method, String path, Map<String, String> headers, byte[] body)
+      throws ProtocolException, InterruptedException {
+    int timeout = budget.timeoutMillis(requestTimeoutMillis, method + " " + path);
+    try {
+      return http.send(method, server + path, headers, body, timeout);
+    } catch (IOException ex) {
+      return null;
+    }
   }
 
   private static ProtocolException refused(HttpTransport.Response r) {

@@ -24,6 +24,7 @@ public class ProtocolClientTest {
     final Deque<Response> answers = new ArrayDeque<>();
     final List<String> calls = new ArrayList<>();
     final List<Map<String, String>> headers = new ArrayList<>();
+    final List<String> bodies = new ArrayList<>();
 
     Scripted then(int status, String body, String... headers) {
       Map<String, String> h = new LinkedHashMap<>();
@@ -43,6 +44,7 @@ public class ProtocolClientTest {
     public Response send(String method, String url, Map<String, String> headers, byte[] body) throws IOException {
       calls.add(method + " " + url + " " + headers.getOrDefault("If-None-Match", ""));
       this.headers.add(new LinkedHashMap<>(headers));
+      bodies.add(body == null ? "" : new String(body, StandardCharsets.UTF_8));
       Response r = answers.removeFirst();
       if (r.status == -1) {
         throw new IOException("connection refused");
@@ -69,6 +71,42 @@ public class ProtocolClientTest {
     for (int k = 0; k < 3; k++) {
       assertTrue(slept.get(k) >= 0 && slept.get(k) <= 0.5 * Math.pow(2, k));
     }
+  }
+
+  @Test
+  public void anAttestedEnrollmentTakesANewNonceForEveryAttempt() throws Exception {
+    String n1 = "0123456789abcdef0123456789abcdef";
+    String n2 = "fedcba9876543210fedcba9876543210";
+    Scripted http = new Scripted()
+        .then(201, "{\"nonce\":\"" + n1 + "\",\"expires_in\":300}")
+        .then(503, "{\"code\":\"server_busy\",\"message\":\"busy\"}", "Retry-After", "1")
+        .then(201, "{\"nonce\":\"" + n2 + "\",\"expires_in\":300}")
+        .then(201, "{\"device_id\":\"d-1\",\"token\":\"t\"}");
+    String[] ids = client(http).enroll("key", "android", nonce -> "integrity-token-for-" + nonce);
+    assertEquals("d-1", ids[0]);
+    assertEquals(4, http.calls.size());
+    assertTrue(http.calls.get(0).startsWith("POST http://server" + Protocol.Path.CHALLENGE));
+    assertTrue(http.calls.get(1).startsWith("POST http://server" + Protocol.Path.DEVICES + " "));
+    assertTrue(http.bodies.get(0).contains("\"enrollment_key\":\"key\""));
+    JsonFields first = JsonFields.parse(http.bodies.get(1), "first enrollment");
+    JsonFields second = JsonFields.parse(http.bodies.get(3), "second enrollment");
+    assertEquals(n1, first.string(Protocol.Body.EnrollmentRequest.NONCE));
+    assertEquals("integrity-token-for-" + n1, first.string(Protocol.Body.EnrollmentRequest.ATTESTATION));
+    assertEquals(n2, second.string(Protocol.Body.EnrollmentRequest.NONCE));
+    assertEquals("integrity-token-for-" + n2, second.string(Protocol.Body.EnrollmentRequest.ATTESTATION));
+    assertEquals(1, slept.size()); // backed off once, between the attempts
+  }
+
+  @Test
+  public void anAttestationRefusalIsNotRetried() {
+    Scripted http = new Scripted()
+        .then(201, "{\"nonce\":\"0123456789abcdef0123456789abcdef\",\"expires_in\":300}")
+        .then(403, "{\"code\":\"attestation_failed\",\"message\":\"attestation refused: emulator\"}");
+    ProtocolException ex = assertThrows(ProtocolException.class,
+        () -> client(http).enroll("key", "android", nonce -> "emulator"));
+    assertEquals(403, ex.status);
+    assertEquals(Protocol.ErrorCode.ATTESTATION_FAILED, ex.code);
+    assertEquals(2, http.calls.size());
   }
 
   @Test

@@ -1,0 +1,183 @@
+"""100,000 devices checking in to one round of a real ``fedper serve`` (issue 50's scale finding).
+
+The devices are written into the server's database before it starts (the same rows enrollment
+writes; the check-in is measured, not the enrollment), and the server runs with a check-in
+window (``--window``, 180 s) and a cohort of ``--cohort`` (1,000) slots. Each device asks for its
+task once at a moment drawn uniformly over the window's first ``--arrive-over`` seconds (150):
+it is checked in and told when to come back (``Retry-After``); it comes back then, and gets its
+task (drawn) or a 204 (not drawn). At most ``--connections`` (256) requests are in flight at once
+from this process, each device's latency is measured from when it got a connection.
+
+Reported: check-in requests/s and p50/p99 latency; the draw's seconds and the seconds it held
+the write lock (the server's ``cohort_drawn`` log line); the returns: how many arrived in the
+busiest second, their p50/p99 latency, and the seconds from the window's end until the last
+device had its answer; ``GET /v1/status`` (a probe every 0.2 s) at its slowest. ``--old-code
+DIR`` also measures the server of another checkout (a git worktree of an older commit) in the same
+run: the "before" figures.
+
+Usage: python -m bench.checkin_scale [--devices 100000] [--old-code DIR] [--name checkin_scale]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import json
+import random
+import sqlite3
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+
+from bench.common import write_results
+from fedper.server.process import ServerProcess
+
+ADMIN, ENROLL = "bench-admin-token-0123456789abcdefghij", "bench-enroll"
+
+
+DEVICES_TABLE = """CREATE TABLE IF NOT EXISTS devices (id TEXT PRIMARY KEY, token_hash TEXT NOT NULL UNIQUE,
+    platform TEXT, created_at REAL NOT NULL, revoked INTEGER NOT NULL DEFAULT 0)"""  # server/storage.py's
+
+
+def _populate(db: Path, devices: int) -> list[str]:
+    """``devices`` enrolled devices written into a new database before the server first opens it
+    (it adds its other tables, and opens round 1 as it starts): their tokens."""
+    db.parent.mkdir(parents=True, exist_ok=True)
+    tokens = [f"bench-token-{i:06d}-{random.Random(i).getrandbits(64):016x}" for i in range(devices)]
+    now = time.time()
+    rows = ((f"d-bench{i:06d}", hashlib.sha256(t.encode()).hexdigest(), "bench", now) for i, t in enumerate(tokens))
+    with sqlite3.connect(db) as conn:
+        conn.execute(DEVICES_TABLE)
+        conn.executemany("INSERT INTO devices (id, token_hash, platform, created_at) VALUES (?, ?, ?, ?)", rows)
+    return tokens
+
+
+def _pct(values: list[float]) -> dict[str, float]:
+    if not values:
+        return {"count": 0}
+    return {"count": len(values), "p50_ms": 1000 * statistics.median(values),
+            "p99_ms": 1000 * float(np.percentile(values, 99)), "max_ms": 1000 * max(values)}  # fmt: skip
+
+
+async def _fleet(url: str, tokens: list[str], args: argparse.Namespace, opened: float) -> dict[str, object]:
+    limits = httpx.Limits(max_connections=args.connections, max_keepalive_connections=args.connections)
+    gate = asyncio.Semaphore(args.connections)
+    checkins: list[float] = []
+    returns: list[tuple[float, float, int]] = []  # (asked at, latency, status)
+    status_latencies: list[float] = []
+    errors = 0
+    rng = random.Random(0)
+
+    async with httpx.AsyncClient(base_url=url, limits=limits, timeout=120) as client:
+
+        async def ask(token: str) -> httpx.Response | None:
+            nonlocal errors
+            async with gate:
+                start = time.monotonic()
+                try:
+                    r = await client.get("/v1/task", headers={"Authorization": f"Bearer {token}"})
+                except httpx.HTTPError:
+                    errors += 1
+                    return None
+                r.extensions["latency"] = time.monotonic() - start
+                return r
+
+        async def device(token: str) -> None:
+            await asyncio.sleep(max(0.0, opened + rng.uniform(0, args.arrive_over) - time.monotonic()))
+            r = await ask(token)
+            if r is None:
+                return
+            checkins.append(r.extensions["latency"])
+            if r.status_code != 204:
+                return
+            await asyncio.sleep(float(r.headers.get("Retry-After", "1")))
+            asked = time.monotonic()
+            r = await ask(token)
+            if r is not None:
+                returns.append((asked, r.extensions["latency"], r.status_code))
+
+        done = asyncio.Event()
+
+        async def probe() -> None:
+            async with httpx.AsyncClient(base_url=url, timeout=120) as own:
+                while not done.is_set():
+                    start = time.monotonic()
+                    await own.get("/v1/status")
+                    status_latencies.append(time.monotonic() - start)
+                    await asyncio.sleep(0.2)
+
+        prober = asyncio.create_task(probe())
+        await asyncio.gather(*(device(t) for t in tokens))
+        done.set()
+        await prober
+
+    window_end = opened + args.window
+    per_second: dict[int, int] = {}
+    for asked, _, _ in returns:
+        per_second[int(asked - window_end)] = per_second.get(int(asked - window_end), 0) + 1
+    last = max((asked + latency for asked, latency, _ in returns), default=window_end)
+    arrive_span = args.arrive_over
+    return {
+        "checkin": {**_pct(checkins), "per_s": len(checkins) / arrive_span},
+        "returns": {**_pct([latency for _, latency, _ in returns]),
+                    "busiest_second": max(per_second.values(), default=0),
+                    "drawn": sum(1 for _, _, s in returns if s == 200),
+                    "first_ms": 1000 * min(returns)[1] if returns else None,  # the old server drew in it
+                    "seconds_after_window_until_last_answer": last - window_end},
+        "status": _pct(status_latencies), "request_errors": errors,
+    }  # fmt: skip
+
+
+def measure(args: argparse.Namespace, workdir: Path, code: Path | None, label: str) -> dict[str, object]:
+    from fedper.export.pipeline import write_server_only_export
+
+    artifacts = workdir / "artifacts"
+    if not artifacts.exists():
+        write_server_only_export(artifacts, alpha=0.25)
+    data = workdir / f"data-{label}"
+    env = {"FEDPER_ADMIN_TOKEN": ADMIN, "FEDPER_ENROLLMENT_KEY": ENROLL}
+    if code is not None:
+        env["PYTHONPATH"] = str(code)
+    options: dict[str, object] = {"checkin_window": args.window, "target_clients": args.cohort, "min_clients": 1,
+                                  "round_timeout": args.round_timeout, "rounds": 1}  # fmt: skip
+    if code is None:
+        options["max_requests_per_address"] = 0  # one address stands for the whole fleet here
+    log = workdir / f"server-{label}.log"
+    tokens = _populate(data / "state.db", args.devices)
+    server = ServerProcess(artifacts, data, options, env=env, log=log)
+    with server:
+        opened = time.monotonic()  # the round opens as the server starts: its window runs from here
+        fleet = asyncio.run(_fleet(server.url, tokens, args, opened))
+        rss = server.rss_mb()
+    drawn = [json.loads(line[line.index("{") :]) for line in log.read_text().splitlines() if '"cohort_drawn"' in line]
+    return {"code": label, **fleet, "draw": drawn[-1] if drawn else None, "server_peak_rss_mb": rss}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(prog="python -m bench.checkin_scale", description=__doc__)
+    p.add_argument("--devices", type=int, default=100_000)
+    p.add_argument("--window", type=float, default=180.0)
+    p.add_argument("--arrive-over", type=float, default=150.0)
+    p.add_argument("--cohort", type=int, default=1000)
+    p.add_argument("--round-timeout", type=float, default=900.0)
+    p.add_argument("--connections", type=int, default=256)
+    p.add_argument("--old-code", type=Path, default=None, help="a checkout whose server is measured too (before)")
+    p.add_argument("--name", default="checkin_scale")
+    args = p.parse_args()
+    results = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for code, label in ([(args.old_code, "before")] if args.old_code else []) + [(None, "after")]:
+            result = measure(args, Path(tmp), code, label)
+            print(json.dumps(result, indent=1), flush=True)
+            results.append(result)
+    print(write_results(args.name, {"devices": args.devices, "window_s": args.window, "arrive_over_s": args.arrive_over,
+                                    "cohort": args.cohort, "runs": results}))  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
