@@ -99,7 +99,8 @@ def test_200_devices_cohort_20_exactly_the_cohort_trains_and_the_rest_are_paced(
 ) -> None:
     data = tmp_path / "data"
     options = dict(target_clients=COHORT, min_clients=1, cohort_size=COHORT, over_selection=1.0, rounds=2,
-                   round_timeout=0, retry_after=30, enroll_per_minute=10_000, max_inflight_uploads=64)  # fmt: skip
+                   round_timeout=0, retry_after=30, enroll_per_minute=10_000, max_inflight_uploads=64,
+                   max_requests_per_address=0)  # fmt: skip  # 200 devices on one loopback address
     with serve(server_artifacts, data, **options) as s:
         devices = asyncio.run(_enroll_all(s.url, FLEET))
         for number in (1, 2):
