@@ -124,7 +124,7 @@ def run_fleet(
         artifacts, data / "server",
         {"rounds": rounds, "target_clients": cohort, "min_clients": cohort, "cohort_size": cohort,
          "over_selection": 1, "round_timeout": 0, "local_epochs": 1, "retry_after": 2,
-         "enroll_per_minute": 1_000_000, "enroll_total_per_minute": 0},
+         "enroll_per_minute": 1_000_000, "enroll_total_per_minute": 0, "max_requests_per_address": 0},
         env={"FEDPER_ADMIN_TOKEN": ADMIN, "FEDPER_ENROLLMENT_KEY": ENROLL},
         log=data / "server.log",
     )  # fmt: skip
