@@ -104,10 +104,11 @@ class SpilledRound:
         self._file.flush()  # written through the buffer, read with pread
         flagged = np.zeros((self.rows, len(self._names)), dtype=bool)
         clipped = 0
+        low, high = np.empty(self._width), np.empty(self._width)  # kept for the fold: medians once
         for start, stop in self._chunks():
             deltas = self._chunk(start, stop) - self._base[start:stop]
-            low, high = _bounds(deltas, factor)
-            outside = (deltas < low) | (deltas > high)
+            low[start:stop], high[start:stop] = _bounds(deltas, factor)
+            outside = (deltas < low[start:stop]) | (deltas > high[start:stop])
             clipped += int(np.count_nonzero(outside))
             for t, lo, hi in self._tensors_in(start, stop):
                 flagged[:, t] |= outside[:, lo:hi].any(axis=1)
@@ -116,12 +117,12 @@ class SpilledRound:
             rows = self._chunk(start, stop)
             base = self._base[start:stop]
             deltas = rows - base
-            low, high = _bounds(deltas, factor)
+            chunk_low, chunk_high = low[start:stop], high[start:stop]
             for i, weight in enumerate(weights):
                 values = rows[i]
                 for t, lo, hi in self._tensors_in(start, stop):
                     if flagged[i, t]:
-                        values[lo:hi] = base[lo:hi] + np.clip(deltas[i, lo:hi], low[lo:hi], high[lo:hi])
+                        values[lo:hi] = base[lo:hi] + np.clip(deltas[i, lo:hi], chunk_low[lo:hi], chunk_high[lo:hi])
                 total = np.multiply(values, float(weight), dtype=np.float64)
                 np.add(acc[start:stop], total, out=acc[start:stop])
         total_weight = float(sum(weights))

@@ -86,7 +86,7 @@ class AggregationConfig:
             raise ConfigError(f"--weight-cap must be 0 (off) or a finite number >= 1, got {self.weight_cap}")
         if not 0 <= self.trim_fraction < 0.5:
             raise ConfigError(f"--trim-fraction must be in [0, 0.5), got {self.trim_fraction}")
-        if self.clip_by not in ("group", "tensor"):
+        if self.clip_by not in get_args(ClipBy):
             raise ConfigError(f"--clip-by must be group or tensor, got {self.clip_by!r}")
         if not (self.coordinate_clip == 0 or 1 <= self.coordinate_clip < math.inf):
             raise ConfigError(f"--coordinate-clip must be 0 (off) or a finite number >= 1, got {self.coordinate_clip}")
