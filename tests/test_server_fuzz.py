@@ -161,11 +161,37 @@ def test_enrollment_bodies(fuzzed: Fuzzed, body: bytes) -> None:
     assert fuzzed.fingerprint() == before
 
 
+@given(body=st.one_of(
+    json_value.map(lambda v: json.dumps(v).encode("utf-8", "surrogatepass")),
+    st.dictionaries(st.sampled_from(["count", "platform", "x"]), st.one_of(json_value, st.integers(-5, 10_005))).map(
+        lambda v: json.dumps(v, ensure_ascii=False).encode("utf-8", "surrogatepass")),
+    st.binary(max_size=300),
+))  # fmt: skip
+@FUZZ
+def test_provisioning_bodies(fuzzed: Fuzzed, body: bytes) -> None:
+    """Revision 1.8's bulk enrollment and challenge: a refused body changes nothing; an accepted
+    provisioning adds exactly the devices it answers with, each token working."""
+    before = fuzzed.fingerprint()
+    r = fuzzed.client.post("/v1/devices/challenge", content=body)
+    fuzzed.check(r, {400, 401, 404})  # 404: this server has no --attestation
+    assert fuzzed.fingerprint() == before
+    r = fuzzed.client.post("/v1/admin/devices", content=body, headers={"Authorization": f"Bearer {ADMIN}"})
+    fuzzed.check(r, {201, 400})
+    if r.status_code == 400:
+        assert fuzzed.fingerprint() == before
+        return
+    devices = r.json()["devices"]
+    assert 1 <= len(devices) == json.loads(body)["count"] <= 10_000
+    assert fuzzed.state.db.count_devices() == before[1] + len(devices)
+    token = {"Authorization": f"Bearer {devices[-1]['token']}"}
+    assert fuzzed.client.get("/v1/task", headers=token).status_code in {200, 204}
+
+
 segment = st.one_of(
     st.integers(-(2**70), 2**70).map(str), st.text(max_size=30), st.sampled_from(["..", "%2e%2e", "%ED%A0%80", ""])
 )
 ROUTES = ["/v1/models/{}/base", "/v1/artifacts/{}", "/v1/rounds/{}", "/v1/rounds/{}/updates",
-          "/v1/admin/devices/{}/revoke", "/v1/{}", "/{}"]  # fmt: skip
+          "/v1/admin/devices/{}/revoke", "/v1/devices/{}", "/v1/{}", "/{}"]  # fmt: skip
 
 
 @given(
