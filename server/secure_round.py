@@ -40,6 +40,7 @@ from fedper.common.secagg.device_session import Advertisement
 from fedper.common.secagg.fixed_point import FixedPoint
 from fedper.common.secagg.graph import neighbour_graph
 from fedper.common.secagg.server_session import DuplicateMessageError, ServerSession, StageError
+from fedper.common.strategy.round_strategy import SecureSum
 from fedper.server.clock import iso_time
 from fedper.server.refusals import (
     AlreadyReportedError,
@@ -145,12 +146,9 @@ class SecureRounds:
                 return stage
         return DONE
 
-    def summed(
-        self, number: int, layout: list[tuple[str, tuple[int, ...]]]
-    ) -> tuple[dict[str, np.ndarray], int, list[int], FixedPoint, int] | None:
-        """The survivors' sum of weighted deltas by tensor (float64, in units of the weight cap),
-        their total weight, each flag's count, the encoding and how many survived; None when the
-        round has no session; RoundFailedError when the masks cannot be removed."""
+    def summed(self, number: int, layout: list[tuple[str, tuple[int, ...]]]) -> SecureSum | None:
+        """The survivors' unmasked sum (None when the round has no session); RoundFailedError
+        when the masks cannot be removed."""
         found = self.session(number)
         if found is None:
             return None
@@ -162,7 +160,7 @@ class SecureRounds:
             size = math.prod(shape)
             out[name] = summed[at : at + size].reshape(shape)
             at += size
-        return out, weight, flags, fixed, len(s.included())
+        return SecureSum(out, weight, flags, fixed, len(s.included()))
 
     def took_part(self, number: int, device: str) -> bool:
         """Whether the device advertised its keys in round ``number``'s session: it cannot take

@@ -14,7 +14,7 @@ from fedper import cli
 from fedper.common import weights
 from fedper.common.manifest import sha256_file
 from fedper.common.robust_aggregate import AggregationConfig, NonFiniteAggregateError
-from fedper.server import rounds as rounds_module
+from fedper.common.strategy import robust_fedavg as rounds_module
 from fedper.server.publish_check import PublishConfig
 from fedper.server.refusals import UnknownVersionError
 from fedper.server.state import ServerState
