@@ -20,8 +20,9 @@ from typing import Annotated, Literal
 from fastapi import Depends, Request
 
 from fedper.server.credentials import same_secret, token_hash
-from fedper.server.errors import forbidden, rate_limited, unauthorized
+from fedper.server.errors import forbidden, unauthorized
 from fedper.server.rate_limit import RateLimiter, address_key
+from fedper.server.refusals import RateLimitedError
 from fedper.server.state import ServerState
 
 
@@ -52,7 +53,7 @@ def limit_key(request: Request) -> str:
 def check_not_throttled(request: Request, limiter: RateLimiter) -> None:
     wait = limiter.blocked(limit_key(request))
     if wait:
-        raise rate_limited("too many failed authentications from this address", wait)
+        raise RateLimitedError("too many failed authentications from this address", wait)
 
 
 def failed(request: Request, limiter: RateLimiter, message: str) -> Exception:

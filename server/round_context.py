@@ -67,6 +67,7 @@ class RoundContext:
             config.aggregation, config.privacy, Quorum(config.min_clients, config.target_clients),
             expected_cohort=config.cohort, sampling_probability=config.privacy.dp_sampling_probability,
             population=db.count_devices, secure_words=words if config.secure.secagg else None,
+            max_update_norm=config.max_update_norm,
         )  # fmt: skip
         private = self.strategy.private
         self.privacy = ServerPrivacy(private, db) if private is not None else None

@@ -18,6 +18,7 @@ import numpy as np
 
 from fedper.common.manifest import Manifest
 from fedper.common.protocol import RoundInfo
+from fedper.common.strategy.modes import Strategy
 from fedper.server.admission import Admission, Staged
 from fedper.server.clock import SteadyClock, iso_time
 from fedper.server.closing import Closing, round_metrics
@@ -107,6 +108,10 @@ class RoundManager:
 
     def rollback(self, to: int) -> tuple[int, int]:
         return self.lifecycle.rollback(to)
+
+    def mode(self) -> Strategy:
+        """The round mode, with its state as the database holds it."""
+        return self.ctx.round_mode()
 
     def busy(self) -> DrainingError:
         return self.ctx.busy()

@@ -21,6 +21,7 @@ from fedper.server.rate_limit import RateLimiter
 from fedper.server.rounds import Clock, RoundManager
 from fedper.server.storage import Database
 from fedper.server.upload_places import UploadPlaces
+from fedper.server.uploads import Uploads
 
 log = logging.getLogger("fedper.server")
 
@@ -44,6 +45,7 @@ class ServerState:
     metrics: MetricsRegistry
     max_upload_bytes: int
     places: UploadPlaces  # for upload bodies in flight
+    uploads: Uploads
     attestation: AttestationService | None = None
 
     def artifact_path(self, name: str) -> Path | None:
@@ -121,6 +123,9 @@ def open_state(config: ServerConfig, clock: Clock | None = None, free: Callable[
     v0 = rounds.version_file(0)
     assert v0 is not None
     limit = config.max_upload_bytes or 4 * v0[0].stat().st_size
+    metrics = MetricsRegistry()
+    places = UploadPlaces(config.max_inflight_uploads, config.busy_upload_rate, config.upload_rate_grace,
+                          config.retry_after)  # fmt: skip
     return ServerState(
         config=config,
         manifest=manifest,
@@ -136,11 +141,10 @@ def open_state(config: ServerConfig, clock: Clock | None = None, free: Callable[
         challenges=RateLimiter(config.enroll_per_minute),
         auth_failures=RateLimiter(config.auth_failures_per_minute),
         key_failures=RateLimiter(config.auth_failures_per_minute),
-        metrics=MetricsRegistry(),
+        metrics=metrics,
         max_upload_bytes=limit,
-        places=UploadPlaces(
-            config.max_inflight_uploads, config.busy_upload_rate, config.upload_rate_grace, config.retry_after
-        ),
+        places=places,
+        uploads=Uploads(config, manifest, rounds, places, metrics, limit),
         attestation=AttestationService(
             verifier,
             config.attestation_workers,

@@ -15,8 +15,12 @@ import httpx
 import numpy as np
 
 from fedper.common import weights
+from fedper.common.dp.config import DPConfig
 from fedper.common.manifest import Manifest
 from fedper.common.protocol import Env
+from fedper.common.robust_aggregate import AggregationConfig
+from fedper.common.strategy.modes import Strategy, round_strategy
+from fedper.common.strategy.round_strategy import Quorum
 from fedper.server import process as server_process
 from fedper.server.metrics_registry import METRICS_PATH
 
@@ -233,3 +237,11 @@ class FakeClock:
 
     def __call__(self) -> float:
         return self.now
+
+
+def round_mode(clip: float | None = None, max_update_norm: float = 0.0) -> Strategy:
+    """A server's round mode, as its upload validation consults it: robust FedAvg, or with
+    ``clip`` DP-FedAvg at that fixed clip."""
+    private = DPConfig() if clip is None else DPConfig(dp=True, dp_clip=clip, dp_clip_learning_rate=0)
+    return round_strategy(AggregationConfig(), private, Quorum(1, 1), expected_cohort=10, sampling_probability=0.5,
+                          population=lambda: 20, max_update_norm=max_update_norm)  # fmt: skip

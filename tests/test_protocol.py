@@ -98,7 +98,7 @@ def test_every_server_error_code_is_in_the_enum() -> None:
         text = source.read_text()
         for code in re.findall(r"ProtocolError\(\s*\d+,\s*\"([a-z_]+)\"", text):
             assert code in known, (source.name, code)
-        assert not re.search(r"(bad_request|unprocessable|conflict)\(\s*\"", text), source.name
+        assert not re.search(r"(MalformedError|UnacceptableError|CodedRefusalError)\(\s*\"", text), source.name
 
 
 # The same names spelled for another purpose: a results column, the updates table's columns, a
@@ -157,18 +157,30 @@ def test_the_allowed_spellings_are_still_there() -> None:
         assert value in {v for _line, v in _string_literals(ROOT / relative)}, f"{relative} no longer spells {value!r}"
 
 
-def test_every_refusal_of_the_round_state_machine_has_its_answer() -> None:
-    """A refusal without a row in server.errors.REFUSALS would answer 500."""
+def test_every_refusal_has_its_answer() -> None:
+    """Every domain refusal answers a 4xx or 503 with a protocol code (by its own row of
+    server.errors.REFUSALS or its nearest base's); none would answer 500."""
+    from fedper.server import refusals as r
     from fedper.server.errors import REFUSALS, answer
-    from fedper.server.refusals import RefusalError, RunFinishedError
 
-    refusals = RefusalError.__subclasses__()
-    assert refusals and set(refusals) == set(REFUSALS)
-    for refusal in refusals:
-        error = answer(RunFinishedError() if refusal is RunFinishedError else refusal("why", 7))
-        assert 400 <= error.status < 500 or error.status == 503, refusal
-        assert error.code in {c.value for c in protocol.ErrorCode}, refusal
-        assert error.headers == ({} if refusal is RunFinishedError else {protocol.Header.RETRY_AFTER: "7"})
+    def every(kind: type[r.RefusalError]) -> list[type[r.RefusalError]]:
+        return [k for sub in kind.__subclasses__() for k in (sub, *every(sub))]
+
+    built = {
+        r.RunFinishedError: r.RunFinishedError(),
+        r.NotFoundError: r.NotFoundError("round 9"),
+        r.BodyTooLargeError: r.BodyTooLargeError(10),
+        r.MalformedError: r.MalformedError(protocol.ErrorCode.MALFORMED_JSON, "why"),
+        r.UnacceptableError: r.UnacceptableError(protocol.ErrorCode.BAD_METADATA, "why"),
+    }
+    kinds = [k for k in every(r.RefusalError) if k is not r.CodedRefusalError]
+    assert set(REFUSALS) <= set(kinds) and len(kinds) >= len(REFUSALS)
+    for kind in kinds:
+        refusal = built.get(kind) or kind("why", 7)
+        error = answer(refusal)
+        assert 400 <= error.status < 500 or error.status == 503, kind
+        assert error.code in {c.value for c in protocol.ErrorCode}, kind
+        assert error.headers == ({} if kind in built else {protocol.Header.RETRY_AFTER: "7"})
 
 
 @given(st.binary(max_size=200))

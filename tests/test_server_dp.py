@@ -21,9 +21,18 @@ from fedper.common.dp.clipping import clip_delta, distance
 from fedper.common.errors import ConfigError
 from fedper.common.manifest import read_manifest
 from fedper.common.protocol import ErrorCode, Metadata
-from fedper.server.errors import ProtocolError
+from fedper.server.refusals import UnacceptableError
 from fedper.server.upload_validation import validate
-from tests.server_support import FakeClock, InProcessServer, admin, ask, enroll, serve_config, update_body
+from tests.server_support import (
+    FakeClock,
+    InProcessServer,
+    admin,
+    ask,
+    enroll,
+    round_mode,
+    serve_config,
+    update_body,
+)
 
 pytestmark = pytest.mark.usefixtures("server_secrets")
 WINDOW, TIMEOUT = 10, 60
@@ -167,8 +176,10 @@ def test_any_delta_is_accepted_exactly_when_its_norm_is_within_the_clip(server_a
         body.write_bytes(update_body(sent, extra_metadata={Metadata.UNCLIPPED: "0"}))
         within = distance(sent, base, names) <= clip
         try:
-            upload = validate(body, manifest, 100_000, {n: v.astype(np.float64) for n, v in base.items()}, 0, clip)
-        except ProtocolError as exc:
+            upload = validate(
+                body, manifest, 100_000, round_mode(clip), {n: v.astype(np.float64) for n, v in base.items()}
+            )
+        except UnacceptableError as exc:
             assert not within and exc.code == ErrorCode.DELTA_ABOVE_CLIP
         else:
             assert within and upload.unclipped is False
@@ -206,9 +217,9 @@ def test_the_dp_bit_is_exactly_0_or_1_in_a_dp_round_and_absent_elsewhere(server_
         for clip in (0.5, None):  # a DP round, then any other
             allowed = bit in ("0", "1") if clip is not None else bit is None
             try:
-                upload = validate(body, manifest, 100_000, round_base, 0, clip)
-            except ProtocolError as exc:
-                assert not allowed and exc.status == 422 and exc.code == ErrorCode.BAD_METADATA
+                upload = validate(body, manifest, 100_000, round_mode(clip), round_base)
+            except UnacceptableError as exc:
+                assert not allowed and exc.code == ErrorCode.BAD_METADATA
             else:
                 assert allowed and upload.unclipped == (None if clip is None else bit == "1")
 

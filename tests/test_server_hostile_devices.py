@@ -21,9 +21,10 @@ from hypothesis import strategies as st
 from fedper.common.protocol import Task
 from fedper.device_runtime.client import NoTask
 from fedper.server.clock import SteadyClock
-from fedper.server.errors import ProtocolError
+from fedper.server.errors import answer
 from fedper.server.log_throttle import RepeatedLogFilter
 from fedper.server.rate_limit import address_key
+from fedper.server.refusals import UnacceptableError
 from fedper.server.upload_validation import check_metadata
 from tests.server_support import (
     ENROLL,
@@ -311,8 +312,8 @@ def test_metrics_are_bounded_to_their_meaning(name, value):
     expected = next(ok for word, ok in valid.items() if word in name)
     try:
         _, _, metrics = check_metadata(meta, 100)
-    except ProtocolError as exc:
-        assert not expected and (exc.status, exc.code) == (422, "bad_metadata")
+    except UnacceptableError as exc:
+        assert not expected and (answer(exc).status, exc.code) == (422, "bad_metadata")
     else:
         assert expected and metrics[name] == value
 

@@ -15,10 +15,11 @@ from fedper.common import weights
 from fedper.common.manifest import read_manifest
 from fedper.common.robust_aggregate import AggregationConfig, delta_norm, group_norms, norm_group
 from fedper.server.config import ServerConfig
-from fedper.server.errors import ProtocolError
+from fedper.server.errors import answer
+from fedper.server.refusals import UnacceptableError
 from fedper.server.state import open_state
 from fedper.server.upload_validation import Upload, validate
-from tests.server_support import update_body
+from tests.server_support import round_mode, update_body
 
 PLAIN = AggregationConfig(clip_factor=0, weight_cap=0, coordinate_clip=0)
 Tensors = dict[str, np.ndarray]
@@ -109,12 +110,12 @@ def test_a_negative_batchnorm_variance_is_refused_on_upload(server_artifacts, tm
     poisoned["blocks.0.dw.bn.running_var"][0] = -40
     body = tmp_path / "update.safetensors"
     body.write_bytes(update_body(poisoned, 100))
-    with pytest.raises(ProtocolError) as refused:
-        validate(body, manifest, 100_000)
-    assert (refused.value.status, refused.value.code) == (422, "update_out_of_bounds")
+    with pytest.raises(UnacceptableError) as refused:
+        validate(body, manifest, 100_000, round_mode())
+    assert (answer(refused.value).status, refused.value.code) == (422, "update_out_of_bounds")
     assert "blocks.0.dw.bn.running_var" in refused.value.message and ">= 0" in refused.value.message
     body.write_bytes(update_body(v0, 100))  # the same update with the variance as it was passes
-    assert validate(body, manifest, 100_000).num_samples == 100
+    assert validate(body, manifest, 100_000, round_mode()).num_samples == 100
 
 
 def _farthest(a: Tensors, b: Tensors) -> float:

@@ -20,11 +20,10 @@ from fedper.common.protocol import (
     Route,
     Stopped,
 )
-from fedper.server import strict_json
 from fedper.server.auth import Operator, State
 from fedper.server.credentials import new_token, token_hash
-from fedper.server.errors import bad_request, not_found
-from fedper.server.request_body import read_small
+from fedper.server.refusals import MalformedError, NotFoundError
+from fedper.server.request_body import json_body, read_small
 from fedper.server.routes.responses import ERRORS, OCTETS, file_response
 from fedper.server.state import ServerState
 
@@ -38,11 +37,9 @@ async def provision(request: Request, _op: Operator, state: State) -> Provisione
     fleet (their tokens go to the devices by the operator's own channel)."""
     raw = await read_small(request, 4096, state.config.request_body_timeout)
     try:
-        body = ProvisionRequest.model_validate(strict_json.loads(raw))
-    except strict_json.JsonError as exc:
-        raise bad_request(ErrorCode.MALFORMED_JSON, f"the body is not valid JSON: {exc}") from exc
+        body = ProvisionRequest.model_validate(json_body(raw))
     except ValidationError as exc:
-        raise bad_request(ErrorCode.BAD_REQUEST, f"not a provisioning request: {exc.errors()[:1]}") from exc
+        raise MalformedError(ErrorCode.BAD_REQUEST, f"not a provisioning request: {exc.errors()[:1]}") from exc
     return await to_thread.run_sync(_provision, body, state)
 
 
@@ -57,7 +54,7 @@ def _provision(body: ProvisionRequest, state: ServerState) -> Provisioned:
 @router.post(Route.ADMIN_REVOKE, response_model=Revoked, responses=ERRORS)
 def revoke(device_id: str, _op: Operator, state: State) -> Revoked:
     if not state.db.revoke_device(device_id):
-        raise not_found(f"device {device_id[:80]!r}")
+        raise NotFoundError(f"device {device_id[:80]!r}")
     withdrawn = state.rounds.withdraw(device_id)
     log.info(json.dumps({"event": "device_revoked", "device": device_id, "update_withdrawn": withdrawn}))
     return Revoked(device_id=device_id, revoked=True, update_withdrawn=withdrawn)

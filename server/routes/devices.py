@@ -4,35 +4,39 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 import secrets
+from typing import TypeVar
 
 from anyio import to_thread
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
+from pydantic import ValidationError
 from starlette.types import Scope
 
 from fedper.common.manifest import MANIFEST_FILE
 from fedper.common.protocol import (
-    MAX_ATTESTATION_LENGTH,
-    MAX_PLATFORM_LENGTH,
-    NONCE_PATTERN,
     Challenge,
+    ChallengeRequest,
     Enrolled,
+    EnrollmentRequest,
     ErrorCode,
     Header,
     Route,
     Task,
     TaskConfig,
 )
-from fedper.server import strict_json
 from fedper.server.attestation import NONCE_SECONDS
 from fedper.server.auth import DeviceId, State, failed, limit_key
 from fedper.server.clock import iso_time
 from fedper.server.credentials import new_token, same_secret, token_hash
-from fedper.server.errors import bad_request, not_found, rate_limited, run_finished
-from fedper.server.refusals import SecAggUnsupportedError
-from fedper.server.request_body import read_small
+from fedper.server.refusals import (
+    MalformedError,
+    NotFoundError,
+    RateLimitedError,
+    RunFinishedError,
+    SecAggUnsupportedError,
+)
+from fedper.server.request_body import json_body, read_small
 from fedper.server.routes.responses import ERRORS
 
 JSON_LIMIT = 64 * 1024
@@ -40,30 +44,20 @@ ENROLLMENT_KEY = "enrollment key"  # the one key all enrollments count under
 
 log = logging.getLogger("fedper.server")
 router = APIRouter()
+Asked = TypeVar("Asked", ChallengeRequest, EnrollmentRequest)
 
 
-def _enrollment(body: bytes) -> tuple[object, str | None, str | None, str | None]:
-    """(enrollment_key, platform, attestation, nonce) from an enrollment body, or a 400."""
+def _parsed(body: bytes, model: type[Asked]) -> Asked | None:
+    """The body as ``model`` (a 400 when it is not), or None when only its enrollment key is
+    missing or not a string: answered as a wrong key."""
     try:
-        data = strict_json.loads(body)
-    except strict_json.JsonError as exc:
-        raise bad_request(ErrorCode.MALFORMED_JSON, f"the body is not valid JSON: {exc}") from exc
-    if not isinstance(data, dict):
-        raise bad_request(ErrorCode.MALFORMED_JSON, "the body must be a JSON object")
-    platform = data.get("platform")
-    if platform is not None and not (isinstance(platform, str) and len(platform) <= MAX_PLATFORM_LENGTH):
-        raise bad_request(
-            ErrorCode.BAD_REQUEST, f"platform must be a string of at most {MAX_PLATFORM_LENGTH} characters"
-        )
-    attestation = data.get("attestation")
-    if attestation is not None and not (isinstance(attestation, str) and len(attestation) <= MAX_ATTESTATION_LENGTH):
-        raise bad_request(
-            ErrorCode.BAD_REQUEST, f"attestation must be a string of at most {MAX_ATTESTATION_LENGTH} characters"
-        )
-    nonce = data.get("nonce")
-    if nonce is not None and not (isinstance(nonce, str) and re.fullmatch(NONCE_PATTERN[1:-1], nonce)):
-        raise bad_request(ErrorCode.BAD_REQUEST, "nonce must be the 32 hex digits POST /v1/devices/challenge gave")
-    return data.get("enrollment_key"), platform, attestation, nonce
+        return model.model_validate(json_body(body))
+    except ValidationError as exc:
+        if all(error["loc"][:1] == ("enrollment_key",) for error in exc.errors()):
+            return None
+        first = exc.errors()[0]
+        where = ".".join(str(part) for part in first["loc"])
+        raise MalformedError(ErrorCode.BAD_REQUEST, f"{where}: {first['msg']}"[:300]) from exc
 
 
 def enrollment_spent(scope: Scope, method: str, path: str, key: str) -> tuple[str, int] | None:
@@ -85,14 +79,14 @@ def enrollment_spent(scope: Scope, method: str, path: str, key: str) -> tuple[st
 async def challenge(request: Request, state: State) -> Challenge:
     """Revision 1.8: a single-use nonce for the platform's attestation request (docs/SERVER.md)."""
     body = await read_small(request, JSON_LIMIT, state.config.request_body_timeout)
-    key, _, _, _ = _enrollment(body)
-    if not isinstance(key, str) or not same_secret(key, state.secrets.enrollment_key):
+    asked = _parsed(body, ChallengeRequest)
+    if asked is None or not same_secret(asked.enrollment_key, state.secrets.enrollment_key):
         raise failed(request, state.key_failures, "wrong enrollment key")
     if state.attestation is None:
-        raise not_found("attestation on this server (it enrolls without a token)")
+        raise NotFoundError("attestation on this server (it enrolls without a token)")
     allowed, wait = state.challenges.allow(limit_key(request))
     if not allowed:
-        raise rate_limited("too many challenges from this address", wait)
+        raise RateLimitedError("too many challenges from this address", wait)
     return Challenge(nonce=state.attestation.nonces.issue(), expires_in=NONCE_SECONDS)
 
 
@@ -101,24 +95,24 @@ async def enroll(request: Request, state: State) -> Enrolled:
     if state.rounds.draining is not None:
         raise state.rounds.busy()
     body = await read_small(request, JSON_LIMIT, state.config.request_body_timeout)
-    key, platform, attestation, nonce = _enrollment(body)
-    if not isinstance(key, str) or not same_secret(key, state.secrets.enrollment_key):
+    enrolling = _parsed(body, EnrollmentRequest)
+    if enrolling is None or not same_secret(enrolling.enrollment_key, state.secrets.enrollment_key):
         raise failed(request, state.key_failures, "wrong enrollment key")
     address = limit_key(request)
     first = not state.limiter.count(address)  # the address's first enrollment in the window
     allowed, wait = state.limiter.allow(address)
     if not allowed:
-        raise rate_limited("too many enrollments from this address", wait)
+        raise RateLimitedError("too many enrollments from this address", wait)
     allowed, wait = state.enrollments.allow(ENROLLMENT_KEY)
     if not allowed and first:  # a flood from some addresses must not lock out a new one
         allowed, wait = state.first_enrollments.allow(ENROLLMENT_KEY)
     if not allowed:
-        raise rate_limited("too many enrollments from all addresses together; try again later", wait)
+        raise RateLimitedError("too many enrollments from all addresses together; try again later", wait)
     if state.attestation is not None:
-        await state.attestation.verify(attestation, platform, nonce, address, first)
+        await state.attestation.verify(enrolling.attestation, enrolling.platform, enrolling.nonce, address, first)
     device_id, token = f"d-{secrets.token_hex(8)}", new_token()
-    await to_thread.run_sync(state.db.add_device, device_id, token_hash(token), platform)
-    log.info(json.dumps({"event": "device_enrolled", "device": device_id, "platform": platform}))
+    await to_thread.run_sync(state.db.add_device, device_id, token_hash(token), enrolling.platform)
+    log.info(json.dumps({"event": "device_enrolled", "device": device_id, "platform": enrolling.platform}))
     await to_thread.run_sync(state.rounds.enrolled)
     return Enrolled(device_id=device_id, token=token)
 
@@ -134,7 +128,7 @@ def task(request: Request, device_id: DeviceId, state: State) -> Response:
     rounds = state.rounds
     snap = rounds.snapshot
     if snap.finished:
-        raise run_finished()
+        raise RunFinishedError()
     if not snap.is_open or rounds.draining is not None:
         return Response(status_code=204, headers={Header.RETRY_AFTER: str(state.config.retry_after)})
     if rounds.secure is not None and Header.SECAGG not in _capabilities(request):

@@ -64,6 +64,9 @@ class DPFedAvg:
     def device_clip(self) -> float | None:
         return self.clip()
 
+    def needs_base(self) -> bool:
+        return True
+
     def delta(self) -> float:
         """The run's delta: fixed by the first noised round; before it, what it would be now."""
         if self.state.delta is not None:

@@ -25,10 +25,12 @@ def round_strategy(
     population: Callable[[], int],
     dp_state: DPState | None = None,
     secure_words: int | None = None,
+    max_update_norm: float = 0.0,
 ) -> Strategy:
     """Robust FedAvg; with ``privacy.dp``, DP-FedAvg on it; with ``secure_words`` (the base's
-    floats), secure aggregation on either. ``dp_state``: where a resumed DP run stands."""
-    base = RobustFedAvg(aggregation, quorum)
+    floats), secure aggregation on either. ``dp_state``: where a resumed DP run stands;
+    ``max_update_norm``: the farthest an update may be from its round's base (0: no bound)."""
+    base = RobustFedAvg(aggregation, quorum, max_update_norm)
     mode: RobustFedAvg | DPFedAvg = base
     if privacy.dp:
         mode = DPFedAvg(base, privacy, expected_cohort, sampling_probability, population, dp_state)

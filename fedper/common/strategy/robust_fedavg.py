@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from fedper.common.protocol import ErrorCode
@@ -22,11 +24,12 @@ from fedper.common.strategy.round_strategy import (
 
 class RobustFedAvg:
     """Closes at ``target_clients`` accepted updates, or at the deadline with ``min_clients``;
-    abandons below that. Keeps nothing between rounds: centered clipping's last step is the
-    runner's (the server reads it from its published versions)."""
+    abandons below that. Refuses updates farther than ``max_update_norm`` from the base (0: no
+    bound). Keeps nothing between rounds: centered clipping's last step is the runner's (the
+    server reads it from its published versions)."""
 
-    def __init__(self, config: AggregationConfig, quorum: Quorum) -> None:
-        self.config, self.quorum = config, quorum
+    def __init__(self, config: AggregationConfig, quorum: Quorum, max_update_norm: float = 0.0) -> None:
+        self.config, self.quorum, self.max_update_norm = config, quorum, max_update_norm
 
     @property
     def private(self) -> None:
@@ -36,7 +39,8 @@ class RobustFedAvg:
         return None
 
     def refusal(self, tensors: Tensors, base: Tensors, layout: Layout) -> UpdateRefusal | None:
-        """A non-finite value or a negative BatchNorm variance: what no aggregate survives."""
+        """A non-finite value or a negative BatchNorm variance (what no aggregate survives), then
+        a distance from the base above ``max_update_norm``."""
         for name, _ in layout:
             values = tensors[name]
             if not np.isfinite(values).all():
@@ -47,7 +51,22 @@ class RobustFedAvg:
                     ErrorCode.UPDATE_OUT_OF_BOUNDS,
                     f"tensor {name!r} is a BatchNorm variance and must be >= 0; its smallest value is {smallest:.4g}",
                 )
+        if self.max_update_norm > 0:
+            squared = 0.0
+            for name, _ in layout:
+                diff = tensors[name].astype(np.float64) - base[name]
+                squared += float(np.dot(diff.ravel(), diff.ravel()))
+            if math.sqrt(squared) > self.max_update_norm:
+                return UpdateRefusal(
+                    ErrorCode.UPDATE_OUT_OF_BOUNDS,
+                    f"the update is at L2 distance {math.sqrt(squared):.4g} from the round's base; "
+                    f"this server accepts at most {self.max_update_norm:g}",
+                )
         return None
+
+    def needs_base(self) -> bool:
+        """Whether ``refusal`` measures an update against the round's base."""
+        return self.max_update_norm > 0
 
     def decide(self, progress: RoundProgress) -> Decision:
         received, quorum = progress.received, self.quorum

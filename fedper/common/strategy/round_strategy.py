@@ -113,6 +113,9 @@ class RoundStrategy(Protocol):
 
     def refusal(self, tensors: Tensors, base: Tensors, layout: Layout) -> UpdateRefusal | None: ...
 
+    def needs_base(self) -> bool:
+        """Whether ``refusal`` needs the round's base (float64)."""
+
     def decide(self, progress: RoundProgress) -> Decision: ...
 
     def aggregate(self, inputs: RoundInputs) -> RoundResult | str: ...

@@ -35,6 +35,9 @@ class SecureAggregation:
     def refusal(self, tensors: Tensors, base: Tensors, layout: Layout) -> UpdateRefusal | None:
         return self.inner.refusal(tensors, base, layout)
 
+    def needs_base(self) -> bool:
+        return self.inner.needs_base()
+
     def decide(self, progress: RoundProgress) -> Decision:
         """Closes once the unmasking is over, under DP not before the deadline (when a noised
         round is published must not depend on who took part); at the deadline without a session
