@@ -6,18 +6,22 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import typing
+from dataclasses import replace
 
 import pytest
 
 from fedper import cli
 from fedper._recipes.demo_config import DemoConfig
-from fedper._recipes.simulation import SimulationConfig
+from fedper._recipes.pretrain import PretrainConfig
+from fedper._recipes.simulation import SimulationConfig, model_config
 from fedper.common.config_cli import from_arguments, given, option, parse, with_defaults
 from fedper.common.errors import ConfigError, FedperError
 from fedper.common.manifest import TrainingDefaults
 from fedper.common.protocol import TaskConfig
 from fedper.common.train_config import TrainConfig
 from fedper.export.pipeline import ExportConfig
+from fedper.models import ModelConfig
+from fedper.results import config_json
 from fedper.server.config import ServerConfig
 
 HOLDERS = [ServerConfig, ExportConfig, SimulationConfig, DemoConfig]
@@ -34,6 +38,47 @@ def test_every_command_takes_the_training_settings_from_the_one_config(holder):
     # No holder declares a training setting of its own beside the composed one.
     names = {f.name for f in dataclasses.fields(holder)}
     assert not names & {f.name for f in dataclasses.fields(TrainConfig)}
+
+
+MODEL_HOLDERS = [SimulationConfig, ExportConfig, PretrainConfig, DemoConfig]
+
+
+@pytest.mark.parametrize("holder", MODEL_HOLDERS, ids=lambda c: c.__name__)
+def test_every_command_takes_the_model_settings_from_the_one_config(holder):
+    hints = typing.get_type_hints(holder)
+    nested_models = [f for f in dataclasses.fields(holder) if hints[f.name] is ModelConfig]
+    assert len(nested_models) == 1 and nested_models[0].metadata.get("nested")
+    # No holder declares a model setting of its own beside the composed one, by field or by flag.
+    own = {f.name for f in dataclasses.fields(holder)} - {nested_models[0].name}
+    assert not own & {"model", "alpha", "head", "base", "input_size", "num_classes"}
+    parsed = from_arguments(holder, parse([holder], [], "test"))
+    assert parsed.model == holder().model  # the command line shows the holder's defaults
+
+
+def test_the_model_flags_keep_their_names_and_each_commands_defaults():
+    simulate = from_arguments(
+        SimulationConfig,
+        parse(
+            [SimulationConfig], ["--model", "resnet34", "--alpha", "0.5", "--base", "linear", "--init", "scratch"], "t"
+        ),
+    )
+    assert simulate.model == ModelConfig(name="resnet34", alpha=0.5, base="linear")
+    # The data sets the simulation's classes and input size, its --kp the linear base's layers.
+    assert model_config(simulate, 5, 64) == ModelConfig("resnet34", 5, 0.5, 64, "linear", simulate.kp)
+    export = from_arguments(ExportConfig, parse([ExportConfig], ["--num-classes", "3", "--input-size", "64"], "t"))
+    assert export.model == ModelConfig(num_classes=3, input_size=64)
+    pretrain = from_arguments(PretrainConfig, parse([PretrainConfig], ["--alpha", "1.0"], "t"))
+    assert pretrain.model == replace(PretrainConfig().model, alpha=1.0) and pretrain.model.num_classes > 10
+    assert (DemoConfig().model.head, DemoConfig().model.num_classes) == ("ordinal", 5)
+    # What a command sets itself is no option of it: the demo's width, the simulation's classes.
+    for holder, absent in [(DemoConfig, "--alpha"), (SimulationConfig, "--num-classes"), (PretrainConfig, "--head"),
+                           (ExportConfig, "--base"), (SimulationConfig, "--name")]:  # fmt: skip
+        with pytest.raises(SystemExit):
+            parse([holder], [absent, "1"], "test")
+    # results.json's config keeps the flags' names, flat, without the fields a command sets itself.
+    recorded = config_json(simulate)
+    assert (recorded["model"], recorded["alpha"], recorded["base"]) == ("resnet34", 0.5, "linear")
+    assert not {"name", "num_classes", "input_size", "linear_base_kp"} & set(recorded)
 
 
 def test_defaults_live_in_one_place_and_recipes_override_them_by_name():
@@ -103,7 +148,7 @@ def test_the_options_given_are_told_apart_from_defaults():
 def test_other_defaults_fill_only_the_options_not_given():
     args = with_defaults(_parse_args(["--batch-size", "32"]), {"batch_size": 4, "rounds": 35, "alpha": 1.0})
     sim = from_arguments(SimulationConfig, args)
-    assert sim.training.batch_size == 32 and sim.rounds == 35 and sim.alpha == 1.0
+    assert sim.training.batch_size == 32 and sim.rounds == 35 and sim.model.alpha == 1.0
     # A nested config keeps its holder's defaults where neither the user nor the table set one.
     assert sim.training.local_epochs == SimulationConfig().training.local_epochs
     assert given(args) == {"batch_size"}
