@@ -5,8 +5,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
+import subprocess
+import sys
 import typing
 from dataclasses import replace
+from importlib import metadata
 
 import pytest
 
@@ -200,3 +204,64 @@ def test_the_servers_settings_come_from_a_flag_then_a_fedper_variable_then_the_d
     ):
         cli.parse_arguments(["serve"])
     assert cli.main(["serve"]) == 2  # one line, no traceback
+
+
+def _commands(parser: argparse.ArgumentParser) -> set[str]:
+    return set(parser._subparsers._group_actions[0].choices)  # type: ignore[union-attr]
+
+
+def test_every_extra_a_command_asks_for_is_one_the_package_provides():
+    assert set(cli.NEEDS_EXTRA.values()) <= set(cli.extra_packages())
+    assert set(cli.NEEDS_EXTRA) == _commands(cli.build_parser()) - {"serve", "admin"}
+
+
+def test_the_extras_are_read_from_the_metadata_as_packaging_reads_them():
+    """Each extra installs its own requirements and those of the fedper extras it names, as
+    ``packaging`` parses the installed package's Requires-Dist (the CLI reads them without it)."""
+    requirements = pytest.importorskip("packaging.requirements")
+    canonical = pytest.importorskip("packaging.utils").canonicalize_name
+    dist = metadata.distribution("fedper")
+    packages = cli.extra_packages()
+    assert set(packages) == set(dist.metadata.get_all("Provides-Extra"))
+    for extra in packages:
+        expected: set[str] = set()
+        for line in dist.requires or []:
+            req = requirements.Requirement(line)
+            if req.marker is None or not req.marker.evaluate({"extra": extra}):
+                continue
+            if canonical(req.name) == "fedper":
+                expected |= set().union(*(packages[e] for e in req.extras))
+            else:
+                expected.add(canonical(req.name))
+        assert packages[extra] == expected, extra
+    assert "torch" in packages["device"] and "onnx" not in packages["device"]
+
+
+def test_a_command_asks_for_the_extra_that_installs_what_is_missing(monkeypatch):
+    assert cli.extra_to_install("simulate", "torch") == "device"
+    assert cli.extra_to_install("export", "torch.nn") == "export"
+    assert cli.extra_to_install("demo", "torch") == "all"
+    # onnx is export's: a device-only install cannot import the export command, which every command needs.
+    assert cli.extra_to_install("simulate", "onnx") == "export"
+    assert cli.extra_to_install("device", "PIL") == "device"  # an import name that is no distribution's
+    monkeypatch.setattr(metadata, "distribution", lambda _name: (_ for _ in ()).throw(metadata.PackageNotFoundError))
+    assert cli.extra_packages() == {} and cli.extra_to_install("simulate", "onnx") == "device"
+
+
+def test_an_uninstalled_command_takes_any_arguments_and_names_its_extra():
+    parser = argparse.ArgumentParser()
+    sub = parser.add_subparsers(dest="command")
+    cli._add_uninstalled(sub, "torch")
+    args, _rest = parser.parse_known_args(["demo", "--devices", "3"])
+    with pytest.raises(
+        FedperError, match=r"`fedper demo` needs torch, which is not installed: pip install 'fedper\[all\]'"
+    ):
+        args.run(args)
+
+
+@pytest.mark.slow
+def test_a_command_whose_extra_is_not_installed_says_which_to_install():
+    blocked = "import sys; sys.modules['onnx'] = None; from fedper.cli import main; sys.exit(main(['simulate', '-x']))"
+    done = subprocess.run([sys.executable, "-c", blocked], capture_output=True, text=True, env=os.environ, timeout=300)
+    assert done.returncode == 2, done.stderr
+    assert "`fedper simulate` needs onnx, which is not installed: pip install 'fedper[export]'" in done.stderr
