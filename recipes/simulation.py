@@ -38,8 +38,6 @@ from fedper.data import DataConfig, FederatedData, labelled_tensors, load_federa
 from fedper.eager_trainer import EagerTrainer
 from fedper.environment import numeric_environment
 from fedper.models import ModelConfig, StagedModel, build_model, exchanged_state, split
-from fedper.models.config import BaseKind, ModelName
-from fedper.models.heads import HeadKind
 from fedper.models.split import batchnorm_stat_names
 from fedper.pretrained import INIT_HELP, checkpoint_path
 from fedper.ray_cluster import RayConfig, ray_session
@@ -63,13 +61,8 @@ class SimulationConfig:
     bn: Literal["shared", "local"] = option(
         "shared", "base BatchNorm statistics: averaged (shared) or kept per client (local)"
     )
-    base: BaseKind = option("model", "'linear' replaces the base with one linear layer (the paper's ablation)")
-    model: ModelName = option("mobilenet_v1", "model")
-    alpha: float = option(0.25, "MobileNet-V1 width multiplier")
-    head: HeadKind = option(
-        "softmax", "the classifier: softmax (a linear layer) or ordinal (one score and ordered cut points per "
-        "client, for ratings)",
-    )  # fmt: skip
+    # The data sets the classes and the input size, --kp the linear base's layers.
+    model: ModelConfig = nested(ModelConfig, skip=("num_classes", "input_size", "linear_base_kp"))
     threads: int = option(0, "torch threads (0 = all cores)")
     backend: Literal["serial", "ray"] = option(
         "serial", "where the clients of a round train: one after the other in this process, or as Ray tasks (a "
@@ -93,7 +86,7 @@ class SimulationConfig:
         if self.fine_tune_steps < 1:
             raise ConfigError(f"--fine-tune-steps must be >= 1, got {self.fine_tune_steps}")
         self.privacy.require_mean(self.aggregation.aggregate)
-        if self.base == "linear" and checkpoint_path(self.init) is not None:
+        if self.model.base == "linear" and checkpoint_path(self.init) is not None:
             raise ConfigError(
                 "--base linear replaces every layer a checkpoint could start with one linear layer: "
                 f"--init {self.init} has nothing to load; give --init scratch"
@@ -111,15 +104,9 @@ TamperFn = Callable[[int, Arrays, int, Arrays], tuple[Arrays, int] | None]
 
 
 def model_config(sim: SimulationConfig, num_classes: int, input_size: int) -> ModelConfig:
-    return ModelConfig(
-        name=sim.model,
-        num_classes=num_classes,
-        alpha=sim.alpha,
-        input_size=input_size,
-        base=sim.base,
-        linear_base_kp=sim.kp if sim.base == "linear" else 0,
-        head=sim.head,
-    )
+    """The simulation's model for its data's classes and image size."""
+    linear_base_kp = sim.kp if sim.model.base == "linear" else 0
+    return replace(sim.model, num_classes=num_classes, input_size=input_size, linear_base_kp=linear_base_kp)
 
 
 def clients_per_round(sim: SimulationConfig, num_clients: int) -> int:

@@ -228,7 +228,9 @@ def test_export_init_writes_the_checkpoints_base_and_a_fresh_head(tmp_path):
     weights.save(path, {n: v for n, v in pretrained.items() if not n.startswith("classifier.")})
     model = build_model(config, seed=0)
     fresh = exchanged_state(model)
-    load_initial_weights(model, ExportConfig(num_classes=5, kp=2, init=path, out=tmp_path / "out"), None)
+    load_initial_weights(
+        model, ExportConfig(model=ModelConfig(num_classes=5), kp=2, init=path, out=tmp_path / "out"), None
+    )
     parts, now = split(model, 2), exchanged_state(model)
     assert all(torch.equal(now[n], pretrained[n]) for n in parts.base)
     assert all(torch.equal(now[n], fresh[n]) for n in parts.head)

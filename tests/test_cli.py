@@ -5,19 +5,27 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
+import subprocess
+import sys
 import typing
+from dataclasses import replace
+from importlib import metadata
 
 import pytest
 
 from fedper import cli
 from fedper._recipes.demo_config import DemoConfig
-from fedper._recipes.simulation import SimulationConfig
+from fedper._recipes.pretrain import PretrainConfig
+from fedper._recipes.simulation import SimulationConfig, model_config
 from fedper.common.config_cli import from_arguments, given, option, parse, with_defaults
 from fedper.common.errors import ConfigError, FedperError
 from fedper.common.manifest import TrainingDefaults
 from fedper.common.protocol import TaskConfig
 from fedper.common.train_config import TrainConfig
 from fedper.export.pipeline import ExportConfig
+from fedper.models import ModelConfig
+from fedper.results import config_json
 from fedper.server.config import ServerConfig
 
 HOLDERS = [ServerConfig, ExportConfig, SimulationConfig, DemoConfig]
@@ -34,6 +42,47 @@ def test_every_command_takes_the_training_settings_from_the_one_config(holder):
     # No holder declares a training setting of its own beside the composed one.
     names = {f.name for f in dataclasses.fields(holder)}
     assert not names & {f.name for f in dataclasses.fields(TrainConfig)}
+
+
+MODEL_HOLDERS = [SimulationConfig, ExportConfig, PretrainConfig, DemoConfig]
+
+
+@pytest.mark.parametrize("holder", MODEL_HOLDERS, ids=lambda c: c.__name__)
+def test_every_command_takes_the_model_settings_from_the_one_config(holder):
+    hints = typing.get_type_hints(holder)
+    nested_models = [f for f in dataclasses.fields(holder) if hints[f.name] is ModelConfig]
+    assert len(nested_models) == 1 and nested_models[0].metadata.get("nested")
+    # No holder declares a model setting of its own beside the composed one, by field or by flag.
+    own = {f.name for f in dataclasses.fields(holder)} - {nested_models[0].name}
+    assert not own & {"model", "alpha", "head", "base", "input_size", "num_classes"}
+    parsed = from_arguments(holder, parse([holder], [], "test"))
+    assert parsed.model == holder().model  # the command line shows the holder's defaults
+
+
+def test_the_model_flags_keep_their_names_and_each_commands_defaults():
+    simulate = from_arguments(
+        SimulationConfig,
+        parse(
+            [SimulationConfig], ["--model", "resnet34", "--alpha", "0.5", "--base", "linear", "--init", "scratch"], "t"
+        ),
+    )
+    assert simulate.model == ModelConfig(name="resnet34", alpha=0.5, base="linear")
+    # The data sets the simulation's classes and input size, its --kp the linear base's layers.
+    assert model_config(simulate, 5, 64) == ModelConfig("resnet34", 5, 0.5, 64, "linear", simulate.kp)
+    export = from_arguments(ExportConfig, parse([ExportConfig], ["--num-classes", "3", "--input-size", "64"], "t"))
+    assert export.model == ModelConfig(num_classes=3, input_size=64)
+    pretrain = from_arguments(PretrainConfig, parse([PretrainConfig], ["--alpha", "1.0"], "t"))
+    assert pretrain.model == replace(PretrainConfig().model, alpha=1.0) and pretrain.model.num_classes > 10
+    assert (DemoConfig().model.head, DemoConfig().model.num_classes) == ("ordinal", 5)
+    # What a command sets itself is no option of it: the demo's width, the simulation's classes.
+    for holder, absent in [(DemoConfig, "--alpha"), (SimulationConfig, "--num-classes"), (PretrainConfig, "--head"),
+                           (ExportConfig, "--base"), (SimulationConfig, "--name")]:  # fmt: skip
+        with pytest.raises(SystemExit):
+            parse([holder], [absent, "1"], "test")
+    # results.json's config keeps the flags' names, flat, without the fields a command sets itself.
+    recorded = config_json(simulate)
+    assert (recorded["model"], recorded["alpha"], recorded["base"]) == ("resnet34", 0.5, "linear")
+    assert not {"name", "num_classes", "input_size", "linear_base_kp"} & set(recorded)
 
 
 def test_defaults_live_in_one_place_and_recipes_override_them_by_name():
@@ -103,7 +152,7 @@ def test_the_options_given_are_told_apart_from_defaults():
 def test_other_defaults_fill_only_the_options_not_given():
     args = with_defaults(_parse_args(["--batch-size", "32"]), {"batch_size": 4, "rounds": 35, "alpha": 1.0})
     sim = from_arguments(SimulationConfig, args)
-    assert sim.training.batch_size == 32 and sim.rounds == 35 and sim.alpha == 1.0
+    assert sim.training.batch_size == 32 and sim.rounds == 35 and sim.model.alpha == 1.0
     # A nested config keeps its holder's defaults where neither the user nor the table set one.
     assert sim.training.local_epochs == SimulationConfig().training.local_epochs
     assert given(args) == {"batch_size"}
@@ -155,3 +204,64 @@ def test_the_servers_settings_come_from_a_flag_then_a_fedper_variable_then_the_d
     ):
         cli.parse_arguments(["serve"])
     assert cli.main(["serve"]) == 2  # one line, no traceback
+
+
+def _commands(parser: argparse.ArgumentParser) -> set[str]:
+    return set(parser._subparsers._group_actions[0].choices)  # type: ignore[union-attr]
+
+
+def test_every_extra_a_command_asks_for_is_one_the_package_provides():
+    assert set(cli.NEEDS_EXTRA.values()) <= set(cli.extra_packages())
+    assert set(cli.NEEDS_EXTRA) == _commands(cli.build_parser()) - {"serve", "admin"}
+
+
+def test_the_extras_are_read_from_the_metadata_as_packaging_reads_them():
+    """Each extra installs its own requirements and those of the fedper extras it names, as
+    ``packaging`` parses the installed package's Requires-Dist (the CLI reads them without it)."""
+    requirements = pytest.importorskip("packaging.requirements")
+    canonical = pytest.importorskip("packaging.utils").canonicalize_name
+    dist = metadata.distribution("fedper")
+    packages = cli.extra_packages()
+    assert set(packages) == set(dist.metadata.get_all("Provides-Extra"))
+    for extra in packages:
+        expected: set[str] = set()
+        for line in dist.requires or []:
+            req = requirements.Requirement(line)
+            if req.marker is None or not req.marker.evaluate({"extra": extra}):
+                continue
+            if canonical(req.name) == "fedper":
+                expected |= set().union(*(packages[e] for e in req.extras))
+            else:
+                expected.add(canonical(req.name))
+        assert packages[extra] == expected, extra
+    assert "torch" in packages["device"] and "onnx" not in packages["device"]
+
+
+def test_a_command_asks_for_the_extra_that_installs_what_is_missing(monkeypatch):
+    assert cli.extra_to_install("simulate", "torch") == "device"
+    assert cli.extra_to_install("export", "torch.nn") == "export"
+    assert cli.extra_to_install("demo", "torch") == "all"
+    # onnx is export's: a device-only install cannot import the export command, which every command needs.
+    assert cli.extra_to_install("simulate", "onnx") == "export"
+    assert cli.extra_to_install("device", "PIL") == "device"  # an import name that is no distribution's
+    monkeypatch.setattr(metadata, "distribution", lambda _name: (_ for _ in ()).throw(metadata.PackageNotFoundError))
+    assert cli.extra_packages() == {} and cli.extra_to_install("simulate", "onnx") == "device"
+
+
+def test_an_uninstalled_command_takes_any_arguments_and_names_its_extra():
+    parser = argparse.ArgumentParser()
+    sub = parser.add_subparsers(dest="command")
+    cli._add_uninstalled(sub, "torch")
+    args, _rest = parser.parse_known_args(["demo", "--devices", "3"])
+    with pytest.raises(
+        FedperError, match=r"`fedper demo` needs torch, which is not installed: pip install 'fedper\[all\]'"
+    ):
+        args.run(args)
+
+
+@pytest.mark.slow
+def test_a_command_whose_extra_is_not_installed_says_which_to_install():
+    blocked = "import sys; sys.modules['onnx'] = None; from fedper.cli import main; sys.exit(main(['simulate', '-x']))"
+    done = subprocess.run([sys.executable, "-c", blocked], capture_output=True, text=True, env=os.environ, timeout=300)
+    assert done.returncode == 2, done.stderr
+    assert "`fedper simulate` needs onnx, which is not installed: pip install 'fedper[export]'" in done.stderr

@@ -44,6 +44,7 @@ from fedper.device_runtime.fleet_config import FleetConfig
 from fedper.device_runtime.local_data import LocalData, share
 from fedper.device_runtime.network_faults import RecordingTransport
 from fedper.device_runtime.runtime_config import RuntimeConfig
+from fedper.models import ModelConfig
 from fedper.results import RunRecorder
 from fedper.trainer import Trainer, to_torch
 from tests.server_support import ENROLL, admin, decode_update, serve
@@ -119,7 +120,7 @@ def fleet_runs(artifacts: Path, tmp_path_factory: pytest.TempPathFactory) -> dic
                 "out": fleet.out,
             }
     manifest = read_manifest(artifacts)
-    sim = SimulationConfig(algorithms=("fedper",), kp=2, rounds=2, training=TrainConfig(local_epochs=1), alpha=manifest.model.alpha,
+    sim = SimulationConfig(algorithms=("fedper",), kp=2, rounds=2, training=TrainConfig(local_epochs=1), model=ModelConfig(alpha=manifest.model.alpha),
                            threads=1, out=root / "simulation")  # fmt: skip
     runs["simulate"] = {"records": simulate(sim, DATA).records("fedper")}
     return runs

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 import pytest
@@ -10,6 +9,7 @@ import pytest
 from fedper import cli
 from fedper._recipes.presets import PRESETS, setting
 from fedper._recipes.simulation import SimulationConfig
+from fedper.common.config_cli import option_values
 from fedper.common.errors import ConfigError
 from fedper.common.train_config import TrainConfig
 from fedper.data import DataConfig
@@ -25,7 +25,7 @@ def test_flickr_aes_defaults_to_flowers_fedper_baseline():
     # conf/flickr.yaml, client.py and mobile_model.py of Flower's baselines/fedper.
     assert (data.image_size, data.num_clients, data.users, data.test_fraction) == (224, 30, 30, 0.2)
     assert sim.training == TrainConfig(local_epochs=4, batch_size=4, learning_rate=0.01, momentum=0.9)
-    assert (sim.rounds, sim.kp, sim.fraction, sim.model, sim.alpha) == (35, 2, 1.0, "mobilenet_v1", 1.0)
+    assert (sim.rounds, sim.kp, sim.fraction, sim.model.name, sim.model.alpha) == (35, 2, 1.0, "mobilenet_v1", 1.0)
     assert set(chosen.from_preset) == set(PRESETS["flickr-aes"].values)
 
 
@@ -44,8 +44,7 @@ def test_a_dataset_without_preset_keeps_the_options_defaults():
 
 @pytest.mark.parametrize("name", sorted(PRESETS))
 def test_every_preset_names_options_of_simulate_with_their_types_and_new_values(name):
-    defaults = {f.name: getattr(c, f.name) for c in (DataConfig(), SimulationConfig(), SimulationConfig().training)
-                for f in dataclasses.fields(c)}  # fmt: skip
+    defaults = {**option_values(DataConfig()), **option_values(SimulationConfig())}
     for option_name, value in PRESETS[name].values.items():
         if defaults[option_name] is not None:  # an optional option (--init) takes its value's type
             assert type(value) is type(defaults[option_name]), option_name
@@ -61,8 +60,15 @@ def test_help_says_flickr_aes_has_its_own_defaults(capsys):
 
 def test_aesthetic_synth_starts_from_the_pretrained_base_with_the_ordinal_head_and_a_linear_base_cannot():
     chosen = _setting("--dataset", "aesthetic-synth")
-    assert (str(chosen.simulation.init), chosen.simulation.head, chosen.simulation.kp) == ("pretrained", "ordinal", 1)
+    assert (str(chosen.simulation.init), chosen.simulation.model.head, chosen.simulation.kp) == (
+        "pretrained",
+        "ordinal",
+        1,
+    )
     assert _setting("--dataset", "aesthetic-synth", "--init", "scratch").simulation.init == Path("scratch")
     with pytest.raises(ConfigError, match="give --init scratch"):
         _setting("--dataset", "aesthetic-synth", "--base", "linear")
-    assert _setting("--dataset", "aesthetic-synth", "--base", "linear", "--init", "scratch").simulation.base == "linear"
+    assert (
+        _setting("--dataset", "aesthetic-synth", "--base", "linear", "--init", "scratch").simulation.model.base
+        == "linear"
+    )

@@ -15,6 +15,7 @@ from fedper.common.errors import ConfigError
 from fedper.data import aesthetic_synth, pretext
 from fedper.models import ModelConfig, build_model
 from fedper.pretrained import PACKAGED_BASE, PACKAGED_CARD, PRETRAINED, SCRATCH, checkpoint_path
+from fedper.results import config_json
 
 
 def _tiny(out: Path, **kw: object) -> PretrainConfig:
@@ -108,7 +109,7 @@ def test_the_packaged_base_is_what_its_card_says_and_starts_the_flagship_model()
     card = json.loads(PACKAGED_CARD.read_text())
     assert hashlib.sha256(PACKAGED_BASE.read_bytes()).hexdigest() == card["base"]["sha256"]
     made_with = {k: v for k, v in card["config"].items() if k not in ("out", "threads")}
-    defaults = {k: v for k, v in vars(PretrainConfig()).items() if k not in ("out", "threads")}
+    defaults = {k: v for k, v in config_json(PretrainConfig()).items() if k not in ("out", "threads")}
     # --targets came later; "all" is what every run before it trained on.
     assert {"targets": "all", **made_with} == defaults
     assert card["data"]["raters"].startswith("none")

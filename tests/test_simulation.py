@@ -132,7 +132,7 @@ def test_final_point_is_the_saved_final_model_after_the_last_round(tmp_path):
     Proved by weights and events, not by accuracies differing (a near-chance model may score
     the same before and after a round: issue 25): the 2-round run's round 2 starts from what
     the 1-round run saved, and its final point scores what it saved itself, which differs."""
-    sim = SimulationConfig(algorithms=("fedper", "fedavg", "local"), rounds=2, alpha=0.25,
+    sim = SimulationConfig(algorithms=("fedper", "fedavg", "local"), rounds=2, model=ModelConfig(alpha=0.25),
                            training=TrainConfig(local_epochs=1), threads=1, out=tmp_path / "two")  # fmt: skip
     data = DataConfig(dataset="digits", num_clients=3, classes_per_client=2, seed=0)
     recorder = run(sim, data)
@@ -204,7 +204,7 @@ def test_local_bn_keeps_statistics_on_clients(tmp_path):
 
 
 def test_linear_base_ablation_aggregates_one_linear_layer(tmp_path):
-    _tiny(tmp_path, base="linear")
+    _tiny(tmp_path, model=ModelConfig(base="linear"))
     base = weights.load(tmp_path / "fedper" / "final_base.safetensors")
     assert set(base) == {"linear_base.weight", "linear_base.bias"}
 
