@@ -1,8 +1,8 @@
 """DP-FedAvg on the server (docs/PRIVACY.md): the open round's clip, the noised aggregate of a
 round, and what the run has spent.
 
-Durable in the database's ``meta`` table, written in the transaction that closes (or abandons) a
-round: the clip the next round asks for, the number of rounds whose noised aggregate was
+Durable in the database (:class:`fedper.common.dp.state.DPState`), written in the transaction
+that closes (or abandons) a round: the clip the next round asks for, the number of rounds whose noised aggregate was
 computed (a refused one counts too: the refusal was decided on the noised result, and it is
 visible), and delta, fixed by the first noised round (``--dp-delta``, else N^-1.1 for the N
 devices enrolled then), so epsilon is reported at one delta for the whole run.
@@ -14,22 +14,19 @@ import json
 import logging
 import math
 import secrets
-import sqlite3
 from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 
 from fedper.common.dp.accountant import PrivacyBudget, largest_cohort
 from fedper.common.dp.mechanism import Contribution, DPReport, dp_aggregate, noised_mean
+from fedper.common.dp.state import DPState
 from fedper.common.protocol import DPTask, PrivacySpent
 from fedper.common.weights import TensorSpec
 from fedper.server.config import ServerConfig
-from fedper.server.storage import Database
+from fedper.server.storage import Database, Transaction
 
 log = logging.getLogger("fedper.server")
-CLIP_KEY = "dp_clip"  # the clip of the open round (and the next, until a round closes)
-ROUNDS_KEY = "dp_rounds"  # noised rounds so far
-DELTA_KEY = "dp_delta"
 
 
 class ServerPrivacy:
@@ -41,31 +38,26 @@ class ServerPrivacy:
         """The L2 bound of the open round's deltas. A stored clip that is not a finite number
         above 0 (written by a server before revision 1.7, which did not bound the adaptive step)
         is refused: the first clip is used instead, and the refusal logged."""
-        text = self.db.get_meta(CLIP_KEY)
-        if text is None:
+        stored = self.db.dp_state().clip
+        if stored is None:
             return self.dp.dp_clip
-        try:
-            stored = float(text)
-        except ValueError:
-            stored = math.nan
         if math.isfinite(stored) and stored > 0:
             return stored
         if not self._refused_clip:
             self._refused_clip = True
-            log.error(json.dumps({"event": "dp_clip_refused", "stored": text, "using": self.dp.dp_clip}))
+            log.error(json.dumps({"event": "dp_clip_refused", "stored": repr(stored), "using": self.dp.dp_clip}))
         return self.dp.dp_clip
 
     def task(self) -> DPTask:
         return DPTask(clip_norm=self.clip())
 
     def rounds(self) -> int:
-        text = self.db.get_meta(ROUNDS_KEY)
-        return int(text) if text is not None else 0
+        return self.db.dp_state().rounds
 
     def delta(self) -> float:
         """The run's delta: fixed by the first noised round; before it, what it would be now."""
-        text = self.db.get_meta(DELTA_KEY)
-        return float(text) if text is not None else self.dp.delta(max(2, self.db.count_devices()))
+        fixed = self.db.dp_state().delta
+        return fixed if fixed is not None else self.dp.delta(max(2, self.db.count_devices()))
 
     def budget(self) -> PrivacyBudget:
         return PrivacyBudget(
@@ -103,14 +95,11 @@ class ServerPrivacy:
         q = self.dp.dp_sampling_probability
         return largest_cohort(math.ceil(self.config.cohort / q - 1e-9), q)
 
-    def record(self, conn: sqlite3.Connection, report: DPReport) -> bool:
+    def record(self, tx: Transaction, report: DPReport) -> bool:
         """Count the round and take the next clip (in the caller's transaction); False when the
         next round would take epsilon above the target, so the run must finish."""
         spent = self.rounds() + 1
-        if self.db.get_meta(DELTA_KEY) is None:
-            self.db.set_meta(conn, DELTA_KEY, repr(self.delta()))
-        self.db.set_meta(conn, ROUNDS_KEY, str(spent))
-        self.db.set_meta(conn, CLIP_KEY, repr(report.next_clip))
+        self.db.set_dp_state(tx, DPState(clip=report.next_clip, rounds=spent, delta=self.delta()))
         return self.budget().allows(spent + 1)
 
     def spent(self) -> PrivacySpent:

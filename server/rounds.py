@@ -28,7 +28,6 @@ import contextlib
 import json
 import logging
 import math
-import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -49,7 +48,7 @@ from fedper.common.secagg.fixed_point import SumOutOfBoundsError
 from fedper.common.secagg.server_session import RoundFailedError
 from fedper.server import publish_check
 from fedper.server.clock import SteadyClock, iso_time
-from fedper.server.cohort import WAITING_KEY, Cohort
+from fedper.server.cohort import Cohort
 from fedper.server.config import ServerConfig
 from fedper.server.disk_room import DiskRoom, out_of_space
 from fedper.server.metrics_registry import AggregationCounts
@@ -67,13 +66,12 @@ from fedper.server.refusals import (
     UnknownVersionError,
 )
 from fedper.server.secure_round import DONE, SecureRounds, SessionBrokenError
-from fedper.server.storage import Database, Round, RoundState, Slot, StoredUpdate
+from fedper.server.storage import Database, Round, RoundState, RunState, Slot, StorageError, StoredUpdate
 from fedper.server.update_store import UpdateStore
 from fedper.server.upload_validation import Upload
 
 log = logging.getLogger("fedper.server")
 Clock = Callable[[], float]
-STEPS_KEY = "recent_step_norms"  # meta: the last published steps, for the publish check
 
 
 @dataclass(frozen=True)
@@ -156,12 +154,10 @@ class RoundManager:
                 atomic_write_bytes(target, initial_base.read_bytes())
                 now = self.clock()
                 waiting = self.db.count_devices() < self.config.start_devices  # no clock until they come
-                with self.db.transaction() as conn:
-                    self.db.insert_version(conn, 0, sha256_file(target), target.name, now, None)
-                    self.db.open_round(conn, 1, 0, now, None if waiting else self._deadline(now))
-                    self.db.set_meta(conn, "state", "running")
-                    if waiting:
-                        self.db.set_meta(conn, WAITING_KEY, "1")
+                with self.db.transaction() as tx:
+                    self.db.insert_version(tx, 0, sha256_file(target), target.name, now, None)
+                    self.db.open_round(tx, 1, 0, now, None if waiting else self._deadline(now))
+                    self.db.set_run_state(tx, RunState.WAITING if waiting else RunState.RUNNING)
                 log.info(json.dumps({"event": "round_opened", "round": 1, "model_version": 0}))
             current = self.db.latest_round()
             assert current is not None
@@ -180,16 +176,16 @@ class RoundManager:
 
     def enrolled(self) -> None:
         """After an enrollment: start round 1's clock once ``--start-devices`` devices have enrolled."""
-        if self.db.get_meta(WAITING_KEY) != "1" or self.db.count_devices() < self.config.start_devices:
+        if self.db.run_state() != RunState.WAITING or self.db.count_devices() < self.config.start_devices:
             return
         with self._lock:
-            if self.db.get_meta(WAITING_KEY) != "1":
+            if self.db.run_state() != RunState.WAITING:
                 return
             now = self.clock()
             try:
-                with self.db.transaction() as conn:
-                    self.db.start_round_clock(conn, 1, now, self._deadline(now))
-                    self.db.set_meta(conn, WAITING_KEY, "0")
+                with self.db.transaction() as tx:
+                    self.db.start_round_clock(tx, 1, now, self._deadline(now))
+                    self.db.set_run_state(tx, RunState.RUNNING)
             finally:
                 self._refresh()
         log.info(json.dumps({"event": "round_clock_started", "round": 1, "devices": self.db.count_devices()}))
@@ -241,8 +237,8 @@ class RoundManager:
     def _drop(self, update: StoredUpdate, exc: Exception) -> None:
         if update.file is not None:
             self.store.quarantine(update.file, str(exc))
-        with self.db.transaction() as conn:
-            self.db.delete_update(conn, update.round, update.device_id)
+        with self.db.transaction() as tx:
+            self.db.delete_update(tx, update.round, update.device_id)
         log.warning(json.dumps({"event": "update_dropped", "round": update.round, "device": update.device_id,
                                 "reason": str(exc)[:300]}))  # fmt: skip
 
@@ -250,7 +246,7 @@ class RoundManager:
         return now + self.config.round_timeout if self.config.round_timeout > 0 else None
 
     def _finished(self) -> bool:
-        return self.db.get_meta("state") == "finished"
+        return self.db.run_state() == RunState.FINISHED
 
     def _refresh(self) -> None:
         """The snapshot, read from the database (called after every commit, also after failures)."""
@@ -361,8 +357,8 @@ class RoundManager:
                     update = StoredUpdate(staged.round, staged.device_id, staged.upload.num_samples,
                                           staged.upload.base_version, relative, staged.upload.metrics,
                                           staged.upload.unclipped)  # fmt: skip
-                    with self.db.transaction() as conn:
-                        self.db.insert_update(conn, update, now)
+                    with self.db.transaction() as tx:
+                        self.db.insert_update(tx, update, now)
                 finally:
                     self._refresh()
                 received = self.snapshot.received
@@ -469,16 +465,16 @@ class RoundManager:
         steps = [*steps, publish_check.step_norm(base, round_base)][-publish_check.HISTORY :]
         now = self.clock()
         try:
-            with self.db.transaction() as conn:
-                self.db.insert_version(conn, version, sha256_file(target), target.name, now, number)
-                self.db.end_round(conn, number, RoundState.CLOSED, now, version, metrics)
-                self.db.set_meta(conn, STEPS_KEY, json.dumps(steps))
-                if self.privacy is not None and dp_report is not None and not self.privacy.record(conn, dp_report):
+            with self.db.transaction() as tx:
+                self.db.insert_version(tx, version, sha256_file(target), target.name, now, number)
+                self.db.end_round(tx, number, RoundState.CLOSED, now, version, metrics)
+                self.db.set_recent_steps(tx, steps)
+                if self.privacy is not None and dp_report is not None and not self.privacy.record(tx, dp_report):
                     finished = True  # the next round would take epsilon above --target-epsilon
                 if finished:
-                    self.db.set_meta(conn, "state", "finished")
+                    self.db.set_run_state(tx, RunState.FINISHED)
                 else:
-                    self.db.open_round(conn, number + 1, version, now, self._deadline(now))
+                    self.db.open_round(tx, number + 1, version, now, self._deadline(now))
         finally:
             self._refresh()
         self.store.remove_round(number)
@@ -499,8 +495,7 @@ class RoundManager:
 
     def _recent_steps(self) -> list[float]:
         """The distances of the last published versions from their rounds' bases."""
-        text = self.db.get_meta(STEPS_KEY)
-        return [float(v) for v in json.loads(text)] if text else []
+        return self.db.recent_steps()
 
     def _prune(self) -> None:
         """Keep the newest ``--keep-versions`` model versions (and version 0, the export's, and the
@@ -515,9 +510,9 @@ class RoundManager:
             doomed = [v for v in self.db.versions() if v != 0 and v != training and v <= latest - keep]
             if not doomed:
                 return
-            with self.db.transaction() as conn:
+            with self.db.transaction() as tx:
                 for v in doomed:
-                    self.db.delete_version(conn, v)
+                    self.db.delete_version(tx, v)
             self._bases = {k: b for k, b in self._bases.items() if k not in doomed}
         for v in doomed:
             self.store.remove(self.models_dir / f"v{v}.safetensors")
@@ -543,12 +538,12 @@ class RoundManager:
         messages, its masked inputs with its folder."""
         now = self.clock()
         try:
-            with self.db.transaction() as conn:
-                self.db.end_round(conn, number, RoundState.ABANDONED, now, reason=reason)
-                if self.privacy is not None and dp_report is not None and not self.privacy.record(conn, dp_report):
-                    self.db.set_meta(conn, "state", "finished")
+            with self.db.transaction() as tx:
+                self.db.end_round(tx, number, RoundState.ABANDONED, now, reason=reason)
+                if self.privacy is not None and dp_report is not None and not self.privacy.record(tx, dp_report):
+                    self.db.set_run_state(tx, RunState.FINISHED)
                 else:
-                    self.db.open_round(conn, number + 1, version, now, self._deadline(now))
+                    self.db.open_round(tx, number + 1, version, now, self._deadline(now))
         finally:
             self._refresh()
         self.store.remove_round(number)
@@ -578,13 +573,13 @@ class RoundManager:
             assert current is not None
             now = self.clock()
             try:
-                with self.db.transaction() as conn:
-                    self.db.insert_version(conn, version, found[1], target.name, now, None)
-                    self.db.mark_rolled_back(conn, to, current.round if current.state == RoundState.OPEN else None)
+                with self.db.transaction() as tx:
+                    self.db.insert_version(tx, version, found[1], target.name, now, None)
+                    self.db.mark_rolled_back(tx, to, current.round if current.state == RoundState.OPEN else None)
                     if current.state == RoundState.OPEN:
-                        self.db.end_round(conn, current.round, RoundState.ABANDONED, now, reason="rolled back")
-                    self.db.set_meta(conn, "state", "running")
-                    self.db.open_round(conn, current.round + 1, version, now, self._deadline(now))
+                        self.db.end_round(tx, current.round, RoundState.ABANDONED, now, reason="rolled back")
+                    self.db.set_run_state(tx, RunState.RUNNING)
+                    self.db.open_round(tx, current.round + 1, version, now, self._deadline(now))
             finally:
                 self._refresh()
             self.store.remove_round(current.round)
@@ -620,7 +615,7 @@ class RoundManager:
         if self.db.read_only:
             try:
                 self.db.reopen_writable()
-            except sqlite3.Error as exc:
+            except StorageError as exc:
                 self.draining = f"the database cannot be opened for writing yet: {exc}"
                 return
         log.warning(json.dumps({"event": "draining_ended", "was": self.draining}))
@@ -775,10 +770,10 @@ class RoundManager:
             assert current is not None
             stopped = current.state == RoundState.OPEN and not self._finished()
             try:
-                with self.db.transaction() as conn:
+                with self.db.transaction() as tx:
                     if stopped:
-                        self.db.end_round(conn, current.round, RoundState.STOPPED, self.clock())
-                    self.db.set_meta(conn, "state", "finished")
+                        self.db.end_round(tx, current.round, RoundState.STOPPED, self.clock())
+                    self.db.set_run_state(tx, RunState.FINISHED)
             finally:
                 self._refresh()
             if stopped:
@@ -793,14 +788,14 @@ class RoundManager:
             if current.state != RoundState.OPEN:
                 return False
             if not self.db.has_update(current.round, device_id):
-                with self.db.transaction() as conn:
-                    self.db.delete_slot(conn, current.round, device_id)  # free for another device
+                with self.db.transaction() as tx:
+                    self.db.delete_slot(tx, current.round, device_id)  # free for another device
                 return False
             files = [u.file for u in self.db.updates(current.round) if u.device_id == device_id]
             try:
-                with self.db.transaction() as conn:
-                    self.db.delete_update(conn, current.round, device_id)
-                    self.db.delete_slot(conn, current.round, device_id)  # free for another device
+                with self.db.transaction() as tx:
+                    self.db.delete_update(tx, current.round, device_id)
+                    self.db.delete_slot(tx, current.round, device_id)  # free for another device
             finally:
                 self._refresh()
             for file in files:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-import sqlite3
 
 from anyio import to_thread
 from fastapi import APIRouter, Request
@@ -17,6 +16,7 @@ from fedper.server.refusals import RefusalError
 from fedper.server.request_body import BodyPace, streamed_to_file
 from fedper.server.routes.responses import ERRORS, OCTETS
 from fedper.server.state import ServerState
+from fedper.server.storage import StorageError
 from fedper.server.upload_validation import validate
 
 log = logging.getLogger("fedper.server")
@@ -61,7 +61,7 @@ async def upload(round_number: int, request: Request, device_id: DeviceId, state
                 received = await to_thread.run_sync(rounds.commit, staged)
             finally:
                 rounds.discard(staged)  # a no-op once committed (the file was renamed away)
-    except (OSError, sqlite3.OperationalError) as exc:
+    except (OSError, StorageError) as exc:
         if not out_of_space(exc):
             raise
         error = answer(rounds.out_of_space(exc))
