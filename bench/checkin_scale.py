@@ -25,7 +25,6 @@ import asyncio
 import hashlib
 import json
 import random
-import sqlite3
 import statistics
 import tempfile
 import time
@@ -36,24 +35,22 @@ import numpy as np
 
 from bench.common import write_results
 from fedper.server.process import ServerProcess
+from fedper.server.storage import Database
 
 ADMIN, ENROLL = "bench-admin-token-0123456789abcdefghij", "bench-enroll"
 
 
-DEVICES_TABLE = """CREATE TABLE IF NOT EXISTS devices (id TEXT PRIMARY KEY, token_hash TEXT NOT NULL UNIQUE,
-    platform TEXT, created_at REAL NOT NULL, revoked INTEGER NOT NULL DEFAULT 0)"""  # server/storage.py's
-
-
 def _populate(db: Path, devices: int) -> list[str]:
     """``devices`` enrolled devices written into a new database before the server first opens it
-    (it adds its other tables, and opens round 1 as it starts): their tokens."""
+    (the server opens round 1 as it starts): their tokens."""
     db.parent.mkdir(parents=True, exist_ok=True)
     tokens = [f"bench-token-{i:06d}-{random.Random(i).getrandbits(64):016x}" for i in range(devices)]
-    now = time.time()
-    rows = ((f"d-bench{i:06d}", hashlib.sha256(t.encode()).hexdigest(), "bench", now) for i, t in enumerate(tokens))
-    with sqlite3.connect(db) as conn:
-        conn.execute(DEVICES_TABLE)
-        conn.executemany("INSERT INTO devices (id, token_hash, platform, created_at) VALUES (?, ?, ?, ?)", rows)
+    database = Database(db)
+    try:
+        database.add_devices([(f"d-bench{i:06d}", hashlib.sha256(t.encode()).hexdigest()) for i, t in enumerate(tokens)],
+                             "bench")  # fmt: skip
+    finally:
+        database.close()
     return tokens
 
 

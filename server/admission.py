@@ -103,8 +103,8 @@ class Admission:
                     u = staged.upload
                     update = StoredUpdate(staged.round, staged.device_id, u.num_samples, u.base_version, relative,
                                           u.metrics, u.unclipped)  # fmt: skip
-                    with ctx.db.transaction() as conn:
-                        ctx.db.insert_update(conn, update, now)
+                    with ctx.db.transaction() as tx:
+                        ctx.db.insert_update(tx, update, now)
                 finally:
                     ctx.refresh()
                 received = ctx.snapshot.received
@@ -125,14 +125,14 @@ class Admission:
             if current.state != RoundState.OPEN:
                 return False
             if not ctx.db.has_update(current.round, device_id):
-                with ctx.db.transaction() as conn:
-                    ctx.db.delete_slot(conn, current.round, device_id)  # free for another device
+                with ctx.db.transaction() as tx:
+                    ctx.db.delete_slot(tx, current.round, device_id)  # free for another device
                 return False
             files = [u.file for u in ctx.db.updates(current.round) if u.device_id == device_id]
             try:
-                with ctx.db.transaction() as conn:
-                    ctx.db.delete_update(conn, current.round, device_id)
-                    ctx.db.delete_slot(conn, current.round, device_id)  # free for another device
+                with ctx.db.transaction() as tx:
+                    ctx.db.delete_update(tx, current.round, device_id)
+                    ctx.db.delete_slot(tx, current.round, device_id)  # free for another device
             finally:
                 ctx.refresh()
             for file in files:

@@ -27,10 +27,9 @@ from fedper.server import publish_check
 from fedper.server.disk_room import out_of_space
 from fedper.server.round_context import RoundContext
 from fedper.server.secure_round import DONE
-from fedper.server.storage import RoundState, StoredUpdate
+from fedper.server.storage import RoundState, RunState, StoredUpdate
 
 log = logging.getLogger("fedper.server")
-STEPS_KEY = "recent_step_norms"  # meta: the last published steps, for the publish check
 
 
 class Closing:
@@ -175,16 +174,16 @@ class Closing:
         steps = [*steps, publish_check.step_norm(result.base, round_base)][-publish_check.HISTORY :]
         now = ctx.clock()
         try:
-            with ctx.db.transaction() as conn:
-                ctx.db.insert_version(conn, version, sha256, target.name, now, number)
-                ctx.db.end_round(conn, number, RoundState.CLOSED, now, version, round_metrics(updates))
-                ctx.db.set_meta(conn, STEPS_KEY, json.dumps(steps))
-                if ctx.privacy is not None and result.dp is not None and not ctx.privacy.record(conn, result):
+            with ctx.db.transaction() as tx:
+                ctx.db.insert_version(tx, version, sha256, target.name, now, number)
+                ctx.db.end_round(tx, number, RoundState.CLOSED, now, version, round_metrics(updates))
+                ctx.db.set_recent_steps(tx, steps)
+                if ctx.privacy is not None and result.dp is not None and not ctx.privacy.record(tx, result):
                     finished = True  # the next round would take epsilon above --target-epsilon
                 if finished:
-                    ctx.db.set_meta(conn, "state", "finished")
+                    ctx.db.set_run_state(tx, RunState.FINISHED)
                 else:
-                    ctx.db.open_round(conn, number + 1, version, now, ctx.deadline(now))
+                    ctx.db.open_round(tx, number + 1, version, now, ctx.deadline(now))
         finally:
             ctx.refresh()
         ctx.store.remove_round(number)
@@ -229,8 +228,8 @@ class Closing:
     def _drop(self, update: StoredUpdate, exc: Exception) -> None:
         if update.file is not None:
             self.ctx.store.quarantine(update.file, str(exc))
-        with self.ctx.db.transaction() as conn:
-            self.ctx.db.delete_update(conn, update.round, update.device_id)
+        with self.ctx.db.transaction() as tx:
+            self.ctx.db.delete_update(tx, update.round, update.device_id)
         log.warning(json.dumps({"event": "update_dropped", "round": update.round, "device": update.device_id,
                                 "reason": str(exc)[:300]}))  # fmt: skip
 
@@ -250,8 +249,7 @@ class Closing:
 
     def _recent_steps(self) -> list[float]:
         """The distances of the last published versions from their rounds' bases."""
-        text = self.ctx.db.get_meta(STEPS_KEY)
-        return [float(v) for v in json.loads(text)] if text else []
+        return self.ctx.db.recent_steps()
 
     def _prune(self) -> None:
         """Keep the newest ``--keep-versions`` model versions (and version 0, the export's, and the
@@ -266,9 +264,9 @@ class Closing:
             doomed = [v for v in ctx.db.versions() if v != 0 and v != training and v <= latest - keep]
             if not doomed:
                 return
-            with ctx.db.transaction() as conn:
+            with ctx.db.transaction() as tx:
                 for v in doomed:
-                    ctx.db.delete_version(conn, v)
+                    ctx.db.delete_version(tx, v)
         ctx.models.forget(doomed)
         log.info(json.dumps({"event": "versions_pruned", "versions": doomed}))
 
@@ -295,12 +293,12 @@ class Closing:
         ctx = self.ctx
         now = ctx.clock()
         try:
-            with ctx.db.transaction() as conn:
-                ctx.db.end_round(conn, number, RoundState.ABANDONED, now, reason=reason)
-                if ctx.privacy is not None and noised is not None and not ctx.privacy.record(conn, noised):
-                    ctx.db.set_meta(conn, "state", "finished")
+            with ctx.db.transaction() as tx:
+                ctx.db.end_round(tx, number, RoundState.ABANDONED, now, reason=reason)
+                if ctx.privacy is not None and noised is not None and not ctx.privacy.record(tx, noised):
+                    ctx.db.set_run_state(tx, RunState.FINISHED)
                 else:
-                    ctx.db.open_round(conn, number + 1, version, now, ctx.deadline(now))
+                    ctx.db.open_round(tx, number + 1, version, now, ctx.deadline(now))
         finally:
             ctx.refresh()
         ctx.store.remove_round(number)

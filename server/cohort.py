@@ -32,24 +32,21 @@ import json
 import logging
 import math
 import random
-import sqlite3
 import threading
 import time
 from collections.abc import Callable
 
 from fedper.server.config import ServerConfig
-from fedper.server.storage import Database, RoundState, Slot
+from fedper.server.storage import Database, RoundState, RunState, Slot, Transaction
 
 log = logging.getLogger("fedper.server")
 
 MAX_RETRY_AFTER = 3600  # seconds; no device is told to wait longer than this
-WAITING_KEY = "waiting_for_devices"  # meta: "1" while round 1 waits for --start-devices enrollments
-DRAWN_KEY = "drawn_round"  # meta: the last round whose cohort was drawn at the end of its check-in window
 MAX_CHECKIN_SPREAD = 60  # seconds over which checked-in devices are told to come back for their slots
 
 
 # Called in the draw's transaction with the round, the devices drawn, the time and the deadline.
-OnDraw = Callable[[sqlite3.Connection, int, list[str], float, float | None], object]
+OnDraw = Callable[[Transaction, int, list[str], float, float | None], object]
 
 
 class Cohort:
@@ -74,7 +71,7 @@ class Cohort:
         database lock held; one short transaction then writes the drawn slots and marks the round
         drawn (issue 50: 100,000 check-ins were drawn in 769 ms under the write lock)."""
         with self._draw_lock:
-            if self.db.get_meta(DRAWN_KEY) == str(number):
+            if self.db.drawn_round() == number:
                 return
             start = time.perf_counter()
             current = self.db.round(number)
@@ -95,13 +92,13 @@ class Cohort:
                 drawn = checked_in[: max(0, free)]
             slots = [Slot(number, d, now, self.expiry(now, current.deadline)) for d in drawn]
             computed = time.perf_counter()
-            with self.db.transaction() as conn:
-                if self.db.get_meta(DRAWN_KEY) == str(number):  # another process drew it meanwhile
+            with self.db.transaction() as tx:
+                if self.db.drawn_round() == number:  # another process drew it meanwhile
                     return
-                self.db.put_slots(conn, slots)
+                self.db.put_slots(tx, slots)
                 if self.on_draw is not None and checked_in:
-                    self.on_draw(conn, number, drawn, now, current.deadline)
-                self.db.set_meta(conn, DRAWN_KEY, str(number))
+                    self.on_draw(tx, number, drawn, now, current.deadline)
+                self.db.set_drawn_round(tx, number)
             log.info(json.dumps({"event": "cohort_drawn", "round": number, "checked_in": len(checked_in),
                                  "drawn": len(drawn), "seconds": round(time.perf_counter() - start, 3),
                                  "seconds_locked": round(time.perf_counter() - computed, 3)}))  # fmt: skip
@@ -134,11 +131,11 @@ class Cohort:
         None (every slot is held, the round already has ``target_clients`` updates, or it is no
         longer open). One transaction: the check and the claim cannot be split by another device."""
         opened = self.db.round(number)
-        waiting = number == 1 and self.db.get_meta(WAITING_KEY) == "1"  # for --start-devices
+        waiting = number == 1 and self.db.run_state() == RunState.WAITING  # for --start-devices
         window_over = opened is not None and not waiting and now >= self.window_end(opened.opened_at)
         if self.config.checkin_window and window_over:
             self.draw(number, now)  # before the transaction: the draw holds no write lock while it is made
-        with self.db.transaction() as conn:
+        with self.db.transaction() as tx:
             current = self.db.round(number)
             if current is None or current.state != RoundState.OPEN:
                 return None
@@ -147,16 +144,16 @@ class Cohort:
                 return held  # the same task again; asking again does not extend the slot
             if self.over_limit(number, device_id):
                 return None
-            waiting = number == 1 and self.db.get_meta(WAITING_KEY) == "1"  # for --start-devices
+            waiting = number == 1 and self.db.run_state() == RunState.WAITING  # for --start-devices
             if now < self.window_end(current.opened_at) or waiting:
-                self.db.put_checkin(conn, number, device_id, now)
+                self.db.put_checkin(tx, number, device_id, now)
                 return None
             if self.config.privacy.dp or self.config.secure.secagg:  # the draw fixed the cohort
                 return None
             if self.db.count_updates(number) >= self.config.target_clients or not self.has_room(number, now):
                 return None
             slot = Slot(number, device_id, now, self.expiry(now, current.deadline))
-            self.db.put_slot(conn, slot)
+            self.db.put_slot(tx, slot)
             return slot
 
     def retry_after(self, number: int, opened_at: float, deadline: float | None, now: float) -> int:

@@ -28,7 +28,7 @@ from fedper.server.model_store import ModelStore
 from fedper.server.privacy import ServerPrivacy
 from fedper.server.refusals import DrainingError, RoundNotOpenError, RunFinishedError
 from fedper.server.secure_round import SecureRounds
-from fedper.server.storage import Database, Round, RoundState
+from fedper.server.storage import Database, Round, RoundState, RunState
 from fedper.server.update_store import UpdateStore
 
 log = logging.getLogger("fedper.server")
@@ -90,7 +90,7 @@ class RoundContext:
         return self.strategy
 
     def finished(self) -> bool:
-        return self.db.get_meta("state") == "finished"
+        return self.db.run_state() == RunState.FINISHED
 
     def deadline(self, now: float) -> float | None:
         return now + self.config.round_timeout if self.config.round_timeout > 0 else None

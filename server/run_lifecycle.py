@@ -11,16 +11,14 @@ from __future__ import annotations
 import json
 import logging
 import math
-import sqlite3
 from pathlib import Path
 
 from fedper.common.errors import ConfigError
 from fedper.common.robust_aggregate import held_bytes
 from fedper.server.closing import Closing
-from fedper.server.cohort import WAITING_KEY
 from fedper.server.refusals import PrivacyBudgetSpentError, UnknownVersionError
 from fedper.server.round_context import RoundContext
-from fedper.server.storage import RoundState
+from fedper.server.storage import RoundState, RunState, StorageError
 
 log = logging.getLogger("fedper.server")
 
@@ -45,12 +43,10 @@ class RunLifecycle:
                 target, sha256 = ctx.models.write_initial(initial_base)
                 now = ctx.clock()
                 waiting = ctx.db.count_devices() < ctx.config.start_devices  # no clock until they come
-                with ctx.db.transaction() as conn:
-                    ctx.db.insert_version(conn, 0, sha256, target.name, now, None)
-                    ctx.db.open_round(conn, 1, 0, now, None if waiting else ctx.deadline(now))
-                    ctx.db.set_meta(conn, "state", "running")
-                    if waiting:
-                        ctx.db.set_meta(conn, WAITING_KEY, "1")
+                with ctx.db.transaction() as tx:
+                    ctx.db.insert_version(tx, 0, sha256, target.name, now, None)
+                    ctx.db.open_round(tx, 1, 0, now, None if waiting else ctx.deadline(now))
+                    ctx.db.set_run_state(tx, RunState.WAITING if waiting else RunState.RUNNING)
                 log.info(json.dumps({"event": "round_opened", "round": 1, "model_version": 0}))
             current = ctx.db.latest_round()
             assert current is not None
@@ -70,16 +66,16 @@ class RunLifecycle:
     def enrolled(self) -> None:
         """After an enrollment: start round 1's clock once ``--start-devices`` devices have enrolled."""
         ctx = self.ctx
-        if ctx.db.get_meta(WAITING_KEY) != "1" or ctx.db.count_devices() < ctx.config.start_devices:
+        if ctx.db.run_state() != RunState.WAITING or ctx.db.count_devices() < ctx.config.start_devices:
             return
         with ctx.lock:
-            if ctx.db.get_meta(WAITING_KEY) != "1":
+            if ctx.db.run_state() != RunState.WAITING:
                 return
             now = ctx.clock()
             try:
-                with ctx.db.transaction() as conn:
-                    ctx.db.start_round_clock(conn, 1, now, ctx.deadline(now))
-                    ctx.db.set_meta(conn, WAITING_KEY, "0")
+                with ctx.db.transaction() as tx:
+                    ctx.db.start_round_clock(tx, 1, now, ctx.deadline(now))
+                    ctx.db.set_run_state(tx, RunState.RUNNING)
             finally:
                 ctx.refresh()
         log.info(json.dumps({"event": "round_clock_started", "round": 1, "devices": ctx.db.count_devices()}))
@@ -115,7 +111,7 @@ class RunLifecycle:
         if ctx.db.read_only:
             try:
                 ctx.db.reopen_writable()
-            except sqlite3.Error as exc:
+            except StorageError as exc:
                 ctx.draining = f"the database cannot be opened for writing yet: {exc}"
                 return
         log.warning(json.dumps({"event": "draining_ended", "was": ctx.draining}))
@@ -129,10 +125,10 @@ class RunLifecycle:
             assert current is not None
             stopped = current.state == RoundState.OPEN and not ctx.finished()
             try:
-                with ctx.db.transaction() as conn:
+                with ctx.db.transaction() as tx:
                     if stopped:
-                        ctx.db.end_round(conn, current.round, RoundState.STOPPED, ctx.clock())
-                    ctx.db.set_meta(conn, "state", "finished")
+                        ctx.db.end_round(tx, current.round, RoundState.STOPPED, ctx.clock())
+                    ctx.db.set_run_state(tx, RunState.FINISHED)
             finally:
                 ctx.refresh()
             if stopped:
@@ -163,13 +159,13 @@ class RunLifecycle:
             assert current is not None
             now = ctx.clock()
             try:
-                with ctx.db.transaction() as conn:
-                    ctx.db.insert_version(conn, version, found[1], target.name, now, None)
-                    ctx.db.mark_rolled_back(conn, to, current.round if current.state == RoundState.OPEN else None)
+                with ctx.db.transaction() as tx:
+                    ctx.db.insert_version(tx, version, found[1], target.name, now, None)
+                    ctx.db.mark_rolled_back(tx, to, current.round if current.state == RoundState.OPEN else None)
                     if current.state == RoundState.OPEN:
-                        ctx.db.end_round(conn, current.round, RoundState.ABANDONED, now, reason="rolled back")
-                    ctx.db.set_meta(conn, "state", "running")
-                    ctx.db.open_round(conn, current.round + 1, version, now, ctx.deadline(now))
+                        ctx.db.end_round(tx, current.round, RoundState.ABANDONED, now, reason="rolled back")
+                    ctx.db.set_run_state(tx, RunState.RUNNING)
+                    ctx.db.open_round(tx, current.round + 1, version, now, ctx.deadline(now))
             finally:
                 ctx.refresh()
             ctx.store.remove_round(current.round)

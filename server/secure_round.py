@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import math
 import secrets
-import sqlite3
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,7 +48,7 @@ from fedper.server.refusals import (
     SecureStageError,
     SecureStageNotOpenError,
 )
-from fedper.server.storage import Database, SecAggSession
+from fedper.server.storage import Database, SecAggSession, Transaction
 
 STAGES = ("keys", "shares", "masked", "unmask")
 DONE = "done"
@@ -73,7 +72,7 @@ class SecureRounds:
         self._cached: tuple[int, ServerSession] | None = None
 
     def begin(
-        self, conn: sqlite3.Connection, number: int, cohort: list[str], now: float, deadline: float | None
+        self, tx: Transaction, number: int, cohort: list[str], now: float, deadline: float | None
     ) -> SecAggSession | None:
         """At the draw: the round's fixed part, stored in the draw's transaction (None: fewer than
         two devices were drawn, and the round can have no secure sum)."""
@@ -88,7 +87,7 @@ class SecureRounds:
         row = SecAggSession(number, secrets.token_hex(16), {d: sorted(v) for d, v in graph.items()},
                             self.settings.threshold(len(cohort)), clip, 1 if dp else self.settings.secagg_weight_cap,
                             ends, flags=1 if dp else 0)  # fmt: skip
-        self.db.put_secagg_session(conn, row)
+        self.db.put_secagg_session(tx, row)
         self._cached = None
         return row
 
@@ -220,8 +219,8 @@ class SecureRounds:
                 path.unlink(missing_ok=True)
             raise SecureMessageError(f"{stage}: {e}") from e
         try:
-            with self.db.transaction() as conn:
-                self.db.put_secagg_message(conn, number, stage, device, stored, now)
+            with self.db.transaction() as tx:
+                self.db.put_secagg_message(tx, number, stage, device, stored, now)
         except BaseException:
             self._cached = None  # the session is ahead of the database: rebuild it from there
             raise

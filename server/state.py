@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-import sqlite3
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +18,7 @@ from fedper.server.disk_room import DiskRoom, round_reserve
 from fedper.server.metrics_registry import MetricsRegistry
 from fedper.server.rate_limit import RateLimiter
 from fedper.server.rounds import Clock, RoundManager
-from fedper.server.storage import Database
+from fedper.server.storage import Database, StorageError
 from fedper.server.upload_places import UploadPlaces
 from fedper.server.uploads import Uploads
 
@@ -69,14 +68,14 @@ def _open_database(path: Path, config: ServerConfig, disk: DiskRoom) -> Database
     database read-only (the server starts draining, PROTOCOL.md revision 1.4)."""
     try:
         return Database(path, config.db_busy_timeout)
-    except sqlite3.OperationalError as exc:
+    except StorageError as exc:
         short = disk.shortage()
         if short is None or not path.exists():
             raise StartupError(f"cannot open {path}: {exc}") from exc
         log.error(json.dumps({"event": "database_read_only", "reason": short, "error": str(exc)}))
         try:
             return Database(path, config.db_busy_timeout, read_only=True)
-        except sqlite3.Error as again:
+        except StorageError as again:
             raise StartupError(f"cannot open {path} even read-only ({again}); {short}") from again
 
 
@@ -102,8 +101,8 @@ def open_state(config: ServerConfig, clock: Clock | None = None, free: Callable[
         db.close()
         raise StartupError(f"{data_dir} is a new data directory on a disk too full to write: {disk.shortage()}")
     if known is None:
-        with db.transaction() as conn:
-            db.set_meta(conn, "manifest_sha256", manifest_sha)
+        with db.transaction() as tx:
+            db.set_meta(tx, "manifest_sha256", manifest_sha)
     elif known != manifest_sha:
         db.close()
         raise StartupError(

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import logging
-import sqlite3
 from dataclasses import dataclass
 
 from anyio import to_thread
@@ -24,6 +23,7 @@ from fedper.server.metrics_registry import MetricsRegistry
 from fedper.server.refusals import NotFoundError, RefusalError, RunFinishedError
 from fedper.server.request_body import Body, BodyPace, streamed_to_file
 from fedper.server.rounds import RoundManager
+from fedper.server.storage import StorageError
 from fedper.server.upload_places import UploadPlaces
 from fedper.server.upload_validation import validate
 
@@ -73,7 +73,7 @@ class Uploads:
                     received = await to_thread.run_sync(rounds.commit, staged)
                 finally:
                     rounds.discard(staged)  # a no-op once committed (the file was renamed away)
-        except (OSError, sqlite3.OperationalError) as exc:
+        except (OSError, StorageError) as exc:
             if not out_of_space(exc):
                 raise
             raise rounds.out_of_space(exc) from exc

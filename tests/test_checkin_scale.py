@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from fedper.common.protocol import MAX_PROVISION, ErrorCode
-from fedper.server.cohort import DRAWN_KEY, MAX_CHECKIN_SPREAD
+from fedper.server.cohort import MAX_CHECKIN_SPREAD
 from tests.server_support import FakeClock, InProcessServer, admin, enroll, open_in_process
 
 pytestmark = pytest.mark.usefixtures("server_secrets")
@@ -73,7 +73,7 @@ def test_the_draw_holds_no_write_lock_while_it_is_made(
         held.release.set()
         drawing.join(10)
         slots = [state.rounds.assign(1, d) for d in devices]
-        assert sum(s is not None for s in slots) == 3 and state.db.get_meta(DRAWN_KEY) == "1"
+        assert sum(s is not None for s in slots) == 3 and state.db.drawn_round() == 1
         drawn = [json.loads(r.message) for r in caplog.records if "cohort_drawn" in r.message]
         assert len(drawn) == 1 and drawn[0]["checked_in"] == 20 and drawn[0]["drawn"] == 3
     finally:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -307,8 +308,8 @@ def test_a_stored_clip_that_is_not_a_positive_number_is_refused_not_a_500(dp_sce
     scene = dp_scene
     state = scene.server.state
     assert state is not None
-    with state.db.transaction() as conn:
-        state.db.set_meta(conn, "dp_clip", "0.0")
+    with state.db.transaction() as tx:
+        state.db.set_dp_state(tx, replace(state.db.dp_state(), clip=0.0))
     scene.restart()
     for _, headers in scene.devices:  # check in; after the window the drawn devices get their tasks
         assert scene.server.http.get("/v1/task", headers={**headers, **CAN}).status_code == 204

@@ -160,14 +160,12 @@ def test_status_counts_devices_in_memory(server_artifacts, tmp_path, monkeypatch
     """Before: every anonymous /v1/status ran COUNT(*) over the devices under the one lock."""
     data = tmp_path / "data"
     state = open_in_process(server_artifacts, data)
-    with state.db.transaction() as conn:
-        conn.executemany("INSERT INTO devices (id, token_hash, platform, created_at) VALUES (?, ?, NULL, 0)",
-                         ((f"d-{i}", f"h-{i}") for i in range(50_000)))  # fmt: skip
+    state.db.add_devices([(f"d-{i}", f"h-{i}") for i in range(50_000)], None)
     state.db.close()
     state = open_in_process(server_artifacts, data)
     seen: list[str] = []
-    query = state.db.query
-    monkeypatch.setattr(state.db, "query", lambda sql, args=(): seen.append(sql) or query(sql, args))
+    query = state.db._query
+    monkeypatch.setattr(state.db, "_query", lambda sql, args=(): seen.append(sql) or query(sql, args))
 
     async def scenario() -> None:
         async with http_in_process(state) as c:
@@ -450,7 +448,7 @@ def test_a_database_that_cannot_be_opened_for_writing_on_a_full_disk_is_served_r
     server_artifacts, tmp_path, monkeypatch
 ):
     from fedper.server import state as state_module
-    from fedper.server.storage import Database
+    from fedper.server.storage import Database, StorageError
 
     data = tmp_path / "data"
     open_in_process(server_artifacts, data).db.close()
@@ -458,7 +456,7 @@ def test_a_database_that_cannot_be_opened_for_writing_on_a_full_disk_is_served_r
     class FullDisk(Database):
         def __init__(self, path: Path, busy_timeout: float = 5.0, read_only: bool = False):
             if not read_only:
-                raise sqlite3.OperationalError("disk I/O error")  # what SQLite says on a full disk
+                raise StorageError("disk I/O error")  # what SQLite says on a full disk
             super().__init__(path, busy_timeout, read_only)
 
     monkeypatch.setattr(state_module, "Database", FullDisk)
