@@ -18,7 +18,7 @@ from fedper.server import migrations
 from fedper.server.config import ServerConfig
 from fedper.server.privacy import ServerPrivacy
 from fedper.server.storage import Database, RoundState, RunState, StorageError
-from tests.server_support import open_in_process
+from tests.server_support import open_in_process, round_mode
 
 SCHEMAS = Path(__file__).parent / "data" / "legacy_schemas"
 LAYOUTS = range(1, 10)  # the version number each earlier layout maps to
@@ -107,7 +107,7 @@ def test_each_earlier_layout_is_upgraded_with_its_rows_and_a_server_starts_on_it
         assert (state.rounds.snapshot.round, state.rounds.snapshot.model_version) == (2, 1)
         assert not state.rounds.snapshot.finished
         if state.rounds.privacy is not None:
-            assert state.rounds.privacy.clip() == 0.75 and state.rounds.privacy.rounds() == 3
+            assert state.rounds.privacy.clip() == 0.75 and state.rounds.privacy.spent().rounds == 3
         state.rounds.stop()  # a layout-1 table could not hold a stopped round
         assert state.db.round(2) is not None and state.db.round(2).state == RoundState.STOPPED  # type: ignore[union-attr]
         assert state.db.run_state() == RunState.FINISHED
@@ -168,11 +168,14 @@ def test_a_stored_clip_that_is_not_a_positive_number_is_refused_once_with_its_lo
     config = ServerConfig(artifacts=tmp_path, data_dir=tmp_path, **_DP)  # type: ignore[arg-type]
     db = Database(tmp_path / "state.db")
     try:
-        privacy = ServerPrivacy(config, db)
+        mode = round_mode(config.privacy.dp_clip).private
+        assert mode is not None
+        privacy = ServerPrivacy(mode, db)
         for stored in (0.0, -1.0, float("inf")):
             with db.transaction() as tx:
                 db.set_dp_state(tx, DPState(clip=stored, rounds=2, delta=1e-5))
-            assert privacy.clip() == config.privacy.dp_clip and privacy.rounds() == 2 and privacy.delta() == 1e-5
+            spent = privacy.spent()
+            assert privacy.clip() == config.privacy.dp_clip and spent.rounds == 2 and spent.delta == 1e-5
         refused = [r.message for r in caplog.records if "dp_clip_refused" in r.message]
         assert len(refused) == 1 and '"stored": "0.0"' in refused[0]
         with db.transaction() as tx:
