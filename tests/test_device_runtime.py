@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import shutil
@@ -30,6 +29,7 @@ from fedper.device_runtime.client import ProtocolClient, RefusedError
 from fedper.device_runtime.device import Device, DeviceOptions, make_trainer, metric_metadata
 from fedper.device_runtime.device_host import FleetEvent, SharedTrainers, host_devices
 from fedper.device_runtime.device_storage import DeviceStorage
+from fedper.device_runtime.emulation import EmulatedDevice, Faults
 from fedper.device_runtime.events import (
     DeviceEvent,
     DeviceFailed,
@@ -42,10 +42,10 @@ from fedper.device_runtime.events import (
 from fedper.device_runtime.fleet import _collect, run_fleet
 from fedper.device_runtime.fleet_config import FleetConfig
 from fedper.device_runtime.local_data import LocalData, share
-from fedper.device_runtime.network_faults import RecordingTransport
 from fedper.device_runtime.runtime_config import RuntimeConfig
 from fedper.results import RunRecorder
 from fedper.trainer import Trainer, to_torch
+from tests.recording_transport import RecordingTransport
 from tests.server_support import ENROLL, admin, decode_update, serve
 
 # Three clients of the digits, two classes each: small, strongly non-IID, real images.
@@ -59,9 +59,11 @@ def _run_devices(
     options: list[DeviceOptions],
     transport: httpx.BaseTransport | None = None,
     events: list[list[DeviceEvent]] | None = None,
+    faults: list[Faults] | None = None,
 ) -> list[list[RoundReport]]:
     """Devices as threads of this process (one compute lock, as in a fleet worker); each
-    device's events go into ``events[i]`` when given."""
+    device's events go into ``events[i]`` when given; with ``faults``, device i is an emulated
+    one that fails as ``faults[i]`` says."""
     lock = threading.Lock()
     reports: list[list[RoundReport]] = [[] for _ in options]
     errors: list[BaseException] = []
@@ -70,8 +72,12 @@ def _run_devices(
         client = ProtocolClient(url, transport=transport)
         local = share(DATA, options[i].client_id)
         on_event = events[i].append if events is not None else None
-        device = Device(client, DeviceStorage(root / f"device_{i}"), lambda _m: local, options[i], ENROLL,
-                        on_event, compute_lock=lock)  # fmt: skip
+        storage = DeviceStorage(root / f"device_{i}")
+        if faults is None:
+            device = Device(client, storage, lambda _m: local, options[i], ENROLL, on_event, compute_lock=lock)
+        else:
+            device = EmulatedDevice(client, storage, lambda _m: local, options[i], ENROLL, faults[i], on_event,
+                                    compute_lock=lock)  # fmt: skip
         try:
             reports[i] = device.run()
         except BaseException as exc:  # re-raised in the test thread
@@ -255,9 +261,9 @@ def test_dropout_with_min_clients_closes_rounds_at_the_deadline(artifacts, tmp_p
     config = {**SERVER, "target_clients": 3, "min_clients": 2, "round_timeout": 20}
     with serve(artifacts, tmp_path / "server", **config) as s:  # type: ignore[arg-type]
         options = [DeviceOptions(client_id=i, seed=0, max_idle_wait=0.5) for i in range(3)]
-        options[2] = dataclasses.replace(options[2], dropout=1.0)  # quits every round after evaluating
+        faults = [Faults(), Faults(), Faults(dropout=1.0)]  # device 2 quits every round after evaluating
         events: list[list[DeviceEvent]] = [[] for _ in options]
-        reports = _run_devices(s.url, tmp_path / "devices", options, recording, events)
+        reports = _run_devices(s.url, tmp_path / "devices", options, recording, events, faults)
         rounds = [_round(s.url, n) for n in (1, 2)]
         final = _latest_base(s.url)
     assert [len(r) for r in reports[:2]] == [2, 2]
@@ -369,10 +375,11 @@ def test_a_device_whose_slot_expires_is_refused_asks_again_and_the_fleet_counts_
     recording = RecordingTransport()
     with serve(server_artifacts, tmp_path / "server", **config) as s:  # type: ignore[arg-type]
         client = ProtocolClient(s.url, transport=recording)
-        options = DeviceOptions(engine="eager", client_id=0, max_idle_wait=30, straggler=1.0, straggler_delay=15.5)
+        options = DeviceOptions(engine="eager", client_id=0, max_idle_wait=30)
         storage = DeviceStorage(tmp_path / "device")
-        device = Device(client, storage, lambda _m: share(DATA, 0), options, ENROLL,
-                        events.append, sleep=sleep, trainer_for=trainer_for)  # fmt: skip
+        device = EmulatedDevice(client, storage, lambda _m: share(DATA, 0), options, ENROLL,
+                                Faults(straggler=1.0, straggler_delay=15.5), events.append, sleep=sleep,
+                                trainer_for=trainer_for)  # fmt: skip
         try:
             reports = device.run()
         finally:
@@ -440,9 +447,9 @@ def test_a_revoked_device_enrolls_again_once_and_a_second_401_ends_its_run(serve
 
     with serve(server_artifacts, tmp_path / "server2", **config) as s:  # type: ignore[arg-type]
         client = ProtocolClient(s.url)
-        straggling = DeviceOptions(engine="eager", client_id=0, max_idle_wait=0.5, straggler=1.0)
-        device = Device(client, DeviceStorage(tmp_path / "device2"), lambda _m: share(DATA, 0), straggling, ENROLL,
-                        sleep=lambda _s: _revoke(s.url, device.device_id))  # fmt: skip
+        options = DeviceOptions(engine="eager", client_id=0, max_idle_wait=0.5)
+        device = EmulatedDevice(client, DeviceStorage(tmp_path / "device2"), lambda _m: share(DATA, 0), options,
+                                ENROLL, Faults(straggler=1.0), sleep=lambda _s: _revoke(s.url, device.device_id))  # fmt: skip
         _revoke(s.url, device.ensure_enrolled())  # the first 401 comes on the task, the second on the upload
         try:
             with pytest.raises(RefusedError) as refused:
