@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
@@ -46,7 +47,7 @@ from fedper.device_runtime.runtime_config import RuntimeConfig
 from fedper.results import RunRecorder
 from fedper.trainer import Trainer, to_torch
 from tests.recording_transport import RecordingTransport
-from tests.server_support import ENROLL, admin, decode_update, serve
+from tests.server_support import ENROLL, FakeClock, InProcessServer, admin, decode_update, round_info, serve
 
 # Three clients of the digits, two classes each: small, strongly non-IID, real images.
 DATA = DataConfig(dataset="digits", partition="classes", num_clients=3, classes_per_client=2, seed=0)
@@ -93,6 +94,22 @@ def _run_devices(
     if errors:
         raise errors[0]
     return reports
+
+
+class ThroughTestClient(httpx.BaseTransport):
+    """A device's requests to an :class:`InProcessServer`, sent by its test client (whose own
+    transport is another httpx's): the app in this process, on the test's clock."""
+
+    def __init__(self, http: Any) -> None:
+        self._http = http
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        r = self._http.request(request.method, str(request.url), headers=dict(request.headers), content=request.read())
+        # The body comes decoded: the headers that described the encoded one would mislead.
+        headers = [
+            (k, v) for k, v in r.headers.multi_items() if k.lower() not in ("content-encoding", "content-length")
+        ]
+        return httpx.Response(r.status_code, headers=headers, content=r.content, request=request)
 
 
 def _round(url: str, number: int) -> dict:
@@ -351,30 +368,32 @@ class HeadRecorder:
 
 @pytest.mark.slow
 def test_a_device_whose_slot_expires_is_refused_asks_again_and_the_fleet_counts_it(server_artifacts, tmp_path):
-    """Cohort of one, report timeout 15 s: the device straggles 15.5 s after its first training,
-    its upload is refused (not_in_cohort), it waits Retry-After, asks again, trains again from
-    the head it had (the refused round's head was staged, never committed) and is accepted. Its
-    events say so, and the fleet's live table counts one refusal and nobody still training."""
+    """Cohort of one, report timeout 15 s, on the server's clock that the device's waits move:
+    the device straggles 15.5 s after its first training, its upload is refused (not_in_cohort),
+    it waits Retry-After, asks again, trains again from the head it had (the refused round's head
+    was staged, never committed) and is accepted. Its events say so, and the fleet's live table
+    counts one refusal and nobody still training."""
     events: list[DeviceEvent] = []
     waits: list[float] = []
     recorders: list[HeadRecorder] = []
+    clock = FakeClock()
+    config = {**SERVER, "rounds": 1, "target_clients": 1, "min_clients": 1, "cohort_size": 1,
+              "over_selection": 1.0, "report_timeout": 15}  # fmt: skip
+    server = InProcessServer(server_artifacts, tmp_path / "server", clock=clock, **config)
 
     def sleep(seconds: float) -> None:
         waits.append(seconds)
-        # Only the first straggle is late. The second attempt has the whole report timeout to
-        # train and upload: 15 s, so that a loaded machine (training took over 5 s on 2 busy
-        # cores) does not make it late too.
-        time.sleep(15.5 if len(waits) == 1 else min(seconds, 0.2))
+        # Only the first straggle is late; the second attempt (the same round's draw: straggling
+        # again) takes no time, so that the retried upload is within its new slot.
+        clock.now += seconds if len(waits) <= 2 else 0
+        server.state.rounds.tick()
 
     def trainer_for(_sha: str, directory: Path, manifest: Manifest) -> Trainer:
         recorders.append(HeadRecorder(make_trainer("eager", directory, manifest), manifest.head_names))
         return recorders[-1]
 
-    config = {**SERVER, "rounds": 1, "target_clients": 1, "min_clients": 1, "cohort_size": 1,
-              "over_selection": 1.0, "report_timeout": 15}  # fmt: skip
-    recording = RecordingTransport()
-    with serve(server_artifacts, tmp_path / "server", **config) as s:  # type: ignore[arg-type]
-        client = ProtocolClient(s.url, transport=recording)
+    with server:
+        client = ProtocolClient(str(server.http.base_url), transport=ThroughTestClient(server.http))
         options = DeviceOptions(engine="eager", client_id=0, max_idle_wait=30)
         storage = DeviceStorage(tmp_path / "device")
         device = EmulatedDevice(client, storage, lambda _m: share(DATA, 0), options, ENROLL,
@@ -384,7 +403,8 @@ def test_a_device_whose_slot_expires_is_refused_asks_again_and_the_fleet_counts_
             reports = device.run()
         finally:
             client.close()
-        assert _round(s.url, 1)["received"] == 1
+        assert round_info(server.http, 1)["received"] == 1
+    assert waits[0] == 15.5 and waits[2] == 15.5, waits  # both trainings straggled
     # After the refusal the device waited what the 409's Retry-After said (1-2 s here).
     assert 1 <= waits[1] <= 2, waits
     # Both trainings of round 1 started from the exported head; the stored head is the second's.
