@@ -72,10 +72,8 @@ class FlakyTransport(httpx.BaseTransport):
         self.p = p
         self._rng = random.Random(seed)
         self._inner = inner or httpx.HTTPTransport()
-        self.failures = 0
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         if self._rng.random() < self.p:
-            self.failures += 1
             raise httpx.ConnectError("simulated network failure", request=request)
         return self._inner.handle_request(request)

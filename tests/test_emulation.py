@@ -3,15 +3,18 @@ round's phases, and which rounds fail for a given seed."""
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import httpx
 import pytest
 
+from fedper.device_runtime.client import ProtocolClient
 from fedper.device_runtime.device import DeviceOptions
 from fedper.device_runtime.device_storage import DeviceStorage
-from fedper.device_runtime.emulation import EmulatedDevice, Faults
+from fedper.device_runtime.emulation import EmulatedDevice, Faults, FlakyTransport
 from fedper.device_runtime.events import Dropped, RoundReport
 
 
@@ -75,3 +78,41 @@ def test_the_same_seed_drops_the_same_devices_in_the_same_rounds(
     assert _dropped(tmp_path, seed, client_id, range(1, 11)) == expected
     assert _dropped(tmp_path / "again", seed, client_id, range(1, 11)) == expected
     assert _dropped(tmp_path / "later", seed, client_id, range(5, 11)) == [n for n in expected if n >= 5]
+
+
+def _outcomes(seed: int, requests: int = 400) -> list[bool]:
+    """Whether each of ``requests`` GETs through a 25 % flaky network got through."""
+    flaky = FlakyTransport(0.25, seed, inner=httpx.MockTransport(lambda _r: httpx.Response(204)))
+    got: list[bool] = []
+    with httpx.Client(transport=flaky, base_url="http://server") as http:
+        for _ in range(requests):
+            try:
+                http.get("/v1/task")
+                got.append(True)
+            except httpx.ConnectError:
+                got.append(False)
+    return got
+
+
+def test_a_flaky_network_fails_requests_at_its_rate_the_same_ones_for_the_same_seed() -> None:
+    first = _outcomes(1)
+    assert first == _outcomes(1) and first != _outcomes(2)
+    assert 0.18 < first.count(False) / len(first) < 0.32  # 0.25 +- 4.6 standard deviations
+
+
+def test_the_device_client_retries_what_a_flaky_network_lost() -> None:
+    served: list[str] = []
+
+    def server(request: httpx.Request) -> httpx.Response:
+        served.append(request.url.path)
+        return httpx.Response(200, content=b"base", headers={"ETag": '"v1"'})
+
+    waits: list[float] = []
+    flaky = FlakyTransport(0.5, seed=0, inner=httpx.MockTransport(server))
+    client = ProtocolClient("http://server", transport=flaky, rng=random.Random(0), sleep=waits.append)
+    try:
+        assert [client.download("/v1/models/1/base") for _ in range(5)] == [(b"base", '"v1"')] * 5
+    finally:
+        client.close()
+    assert served == ["/v1/models/1/base"] * 5  # a lost request never reached the server
+    assert waits  # some were lost (seed 0), each retried after a backoff wait, not a wall-clock one
