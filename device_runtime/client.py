@@ -62,7 +62,8 @@ class NoTask:
 
 
 class ProtocolClient:
-    """One device's connection to the server. ``transport`` lets tests record or break requests."""
+    """One device's connection to the server. ``transport`` lets an emulated fleet break requests
+    (:class:`~device_runtime.emulation.FlakyTransport`) and tests record or reroute them."""
 
     def __init__(
         self,

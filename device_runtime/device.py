@@ -7,6 +7,8 @@ once the server accepted the base (202 or ``duplicate_update``). A 401 enrolls a
 run. The head never leaves this object except into the device's own storage.
 When the run is finished (410), a device that trained evaluates once more with the newest
 model version's base and its final head: the run's final point (:mod:`fedper.results`).
+What a board runs, no more: an emulated fleet's faults (dropout, stragglers, a flaky network)
+are wrappers around it (:mod:`device_runtime.emulation`).
 """
 
 from __future__ import annotations
@@ -14,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-import random
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
@@ -23,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from fedper.client_round import Client, ClientRound, score_held, train_held
+from fedper.client_round import Client, ClientRound, Trained, score_held, train_held
 from fedper.common import weights
 from fedper.common.dp.clipping import clip_delta
 from fedper.common.errors import FedperError
@@ -33,7 +34,6 @@ from fedper.common.train_config import TrainConfig
 from fedper.device_runtime.client import NoTask, NotInCohortError, ProtocolClient, RefusedError, RunFinishedError
 from fedper.device_runtime.device_storage import DeviceStorage
 from fedper.device_runtime.events import (
-    Dropped,
     Evaluated,
     Event,
     FinalEvaluated,
@@ -60,15 +60,34 @@ class ManifestConflictError(FedperError):
 
 
 @dataclass(frozen=True)
+class ScoredRound:
+    """A round once evaluated: what it trains from, and how well that scored."""
+
+    task: Task
+    manifest: Manifest
+    trainer: Trainer
+    client: Client
+    base: dict[str, np.ndarray]
+    head: dict[str, np.ndarray]
+    accuracy: float | None
+    secure: SecureRound | None  # a secure round's session, its keys shared
+
+
+@dataclass(frozen=True)
+class TrainedRound:
+    """A round once trained, its head staged: what is left is to send it."""
+
+    scored: ScoredRound
+    trained: Trained
+
+
+@dataclass(frozen=True)
 class DeviceOptions:
     engine: Engine = "executorch"
     # Which exported inference model scores the local test split (ExecuTorch engine only).
     evaluator: Evaluator = "onnx"
     seed: int = 0
     client_id: int = 0
-    dropout: float = 0.0  # chance per round of quitting mid-round (after evaluating)
-    straggler: float = 0.0  # chance per round of waiting ``straggler_delay`` before uploading
-    straggler_delay: float = 0.0
     max_idle_wait: float = 5.0  # cap on Retry-After waits
 
 
@@ -200,6 +219,13 @@ class Device:
         return accuracy
 
     def run_round(self, task: Task) -> RoundReport:
+        """Evaluate, train, send: one round of ``task``."""
+        return self._send(self._train(self._evaluate(task)))
+
+    # --- a round's phases (an emulated device acts between them: device_runtime.emulation) ---
+
+    def _evaluate(self, task: Task) -> ScoredRound:
+        """What the round trains from (a secure round's keys shared first), scored on the test split."""
         secure = None
         if task.secagg is not None:  # revision 1.6: keys and shares first (short stages), then the rest
             assert self.device_id is not None
@@ -212,25 +238,31 @@ class Device:
         head = self.storage.load_head(sha)
         if head is None:  # first round: the exported initial head
             head = self._initial_head(sha, manifest)
-        rng = random.Random(hash((self.options.seed, self.options.client_id, task.round)))
         with self._compute():
             accuracy = score_held(trainer, (base, head), client)
         self._emit(Evaluated(task.round, accuracy))
-        if rng.random() < self.options.dropout:
-            self._skip_round = task.round
-            self._emit(Dropped(task.round))
-            return RoundReport(task.round, task.model_version, client.num_samples, accuracy, None, None, False, None)
-        # What `fedper simulate` runs for client `client_id` in this round: the same batch order.
+        return ScoredRound(task, manifest, trainer, client, base, head, accuracy, secure)
+
+    def _train(self, scored: ScoredRound) -> TrainedRound:
+        """Train from what was scored, in the batch order ``fedper simulate`` uses for client
+        ``client_id`` in this round; the trained head is staged, not yet committed."""
+        task, manifest = scored.task, scored.manifest
         config = _train_config(manifest, task.config)
         this_round = ClientRound(self.options.client_id, task.round, self.options.seed, True, config,
                                  tuple(manifest.base_names), tuple(manifest.head_names))  # fmt: skip
         self._emit(Training(task.round))
         with self._compute():
-            trained = train_held(trainer, (base, head), this_round, client)
+            trained = train_held(scored.trainer, (scored.base, scored.head), this_round, scored.client)
+        # Committed once the server accepts the base.
+        self.storage.stage_head(task.manifest_sha256, trained.personal)
+        return TrainedRound(scored, trained)
+
+    def _send(self, trained_round: TrainedRound) -> RoundReport:
+        """Upload the base (masked, in a secure round); commit the head once the server has it."""
+        scored, trained = trained_round.scored, trained_round.trained
+        task, manifest, client, base = scored.task, scored.manifest, scored.client, scored.base
+        sha, accuracy, secure = task.manifest_sha256, scored.accuracy, scored.secure
         loss, accuracy_after, update = trained.loss, trained.accuracy_after, trained.update
-        self.storage.stage_head(sha, trained.personal)  # committed once the server accepts the base
-        if rng.random() < self.options.straggler:
-            self._sleep(self.options.straggler_delay)
         metrics = {"accuracy": accuracy, "accuracy_after": accuracy_after, "train_loss": loss}
         metadata = {Metadata.NUM_SAMPLES: str(client.num_samples), Metadata.BASE_VERSION: str(task.model_version),
                     **metric_metadata(metrics)}  # fmt: skip

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import shutil
@@ -13,6 +12,7 @@ import threading
 import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
@@ -30,6 +30,7 @@ from fedper.device_runtime.client import ProtocolClient, RefusedError
 from fedper.device_runtime.device import Device, DeviceOptions, make_trainer, metric_metadata
 from fedper.device_runtime.device_host import FleetEvent, SharedTrainers, host_devices
 from fedper.device_runtime.device_storage import DeviceStorage
+from fedper.device_runtime.emulation import EmulatedDevice, Faults
 from fedper.device_runtime.events import (
     DeviceEvent,
     DeviceFailed,
@@ -42,12 +43,12 @@ from fedper.device_runtime.events import (
 from fedper.device_runtime.fleet import _collect, run_fleet
 from fedper.device_runtime.fleet_config import FleetConfig
 from fedper.device_runtime.local_data import LocalData, share
-from fedper.device_runtime.network_faults import RecordingTransport
 from fedper.device_runtime.runtime_config import RuntimeConfig
 from fedper.models import ModelConfig
 from fedper.results import RunRecorder
 from fedper.trainer import Trainer, to_torch
-from tests.server_support import ENROLL, admin, decode_update, serve
+from tests.recording_transport import RecordingTransport
+from tests.server_support import ENROLL, FakeClock, InProcessServer, admin, decode_update, round_info, serve
 
 # Three clients of the digits, two classes each: small, strongly non-IID, real images.
 DATA = DataConfig(dataset="digits", partition="classes", num_clients=3, classes_per_client=2, seed=0)
@@ -60,9 +61,11 @@ def _run_devices(
     options: list[DeviceOptions],
     transport: httpx.BaseTransport | None = None,
     events: list[list[DeviceEvent]] | None = None,
+    faults: list[Faults] | None = None,
 ) -> list[list[RoundReport]]:
     """Devices as threads of this process (one compute lock, as in a fleet worker); each
-    device's events go into ``events[i]`` when given."""
+    device's events go into ``events[i]`` when given; with ``faults``, device i is an emulated
+    one that fails as ``faults[i]`` says."""
     lock = threading.Lock()
     reports: list[list[RoundReport]] = [[] for _ in options]
     errors: list[BaseException] = []
@@ -71,8 +74,12 @@ def _run_devices(
         client = ProtocolClient(url, transport=transport)
         local = share(DATA, options[i].client_id)
         on_event = events[i].append if events is not None else None
-        device = Device(client, DeviceStorage(root / f"device_{i}"), lambda _m: local, options[i], ENROLL,
-                        on_event, compute_lock=lock)  # fmt: skip
+        storage = DeviceStorage(root / f"device_{i}")
+        if faults is None:
+            device = Device(client, storage, lambda _m: local, options[i], ENROLL, on_event, compute_lock=lock)
+        else:
+            device = EmulatedDevice(client, storage, lambda _m: local, options[i], ENROLL, faults[i], on_event,
+                                    compute_lock=lock)  # fmt: skip
         try:
             reports[i] = device.run()
         except BaseException as exc:  # re-raised in the test thread
@@ -88,6 +95,22 @@ def _run_devices(
     if errors:
         raise errors[0]
     return reports
+
+
+class ThroughTestClient(httpx.BaseTransport):
+    """A device's requests to an :class:`InProcessServer`, sent by its test client (whose own
+    transport is another httpx's): the app in this process, on the test's clock."""
+
+    def __init__(self, http: Any) -> None:
+        self._http = http
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        r = self._http.request(request.method, str(request.url), headers=dict(request.headers), content=request.read())
+        # The body comes decoded: the headers that described the encoded one would mislead.
+        headers = [
+            (k, v) for k, v in r.headers.multi_items() if k.lower() not in ("content-encoding", "content-length")
+        ]
+        return httpx.Response(r.status_code, headers=headers, content=r.content, request=request)
 
 
 def _round(url: str, number: int) -> dict:
@@ -256,9 +279,9 @@ def test_dropout_with_min_clients_closes_rounds_at_the_deadline(artifacts, tmp_p
     config = {**SERVER, "target_clients": 3, "min_clients": 2, "round_timeout": 20}
     with serve(artifacts, tmp_path / "server", **config) as s:  # type: ignore[arg-type]
         options = [DeviceOptions(client_id=i, seed=0, max_idle_wait=0.5) for i in range(3)]
-        options[2] = dataclasses.replace(options[2], dropout=1.0)  # quits every round after evaluating
+        faults = [Faults(), Faults(), Faults(dropout=1.0)]  # device 2 quits every round after evaluating
         events: list[list[DeviceEvent]] = [[] for _ in options]
-        reports = _run_devices(s.url, tmp_path / "devices", options, recording, events)
+        reports = _run_devices(s.url, tmp_path / "devices", options, recording, events, faults)
         rounds = [_round(s.url, n) for n in (1, 2)]
         final = _latest_base(s.url)
     assert [len(r) for r in reports[:2]] == [2, 2]
@@ -346,39 +369,43 @@ class HeadRecorder:
 
 @pytest.mark.slow
 def test_a_device_whose_slot_expires_is_refused_asks_again_and_the_fleet_counts_it(server_artifacts, tmp_path):
-    """Cohort of one, report timeout 15 s: the device straggles 15.5 s after its first training,
-    its upload is refused (not_in_cohort), it waits Retry-After, asks again, trains again from
-    the head it had (the refused round's head was staged, never committed) and is accepted. Its
-    events say so, and the fleet's live table counts one refusal and nobody still training."""
+    """Cohort of one, report timeout 15 s, on the server's clock that the device's waits move:
+    the device straggles 15.5 s after its first training, its upload is refused (not_in_cohort),
+    it waits Retry-After, asks again, trains again from the head it had (the refused round's head
+    was staged, never committed) and is accepted. Its events say so, and the fleet's live table
+    counts one refusal and nobody still training."""
     events: list[DeviceEvent] = []
     waits: list[float] = []
     recorders: list[HeadRecorder] = []
+    clock = FakeClock()
+    config = {**SERVER, "rounds": 1, "target_clients": 1, "min_clients": 1, "cohort_size": 1,
+              "over_selection": 1.0, "report_timeout": 15}  # fmt: skip
+    server = InProcessServer(server_artifacts, tmp_path / "server", clock=clock, **config)
 
     def sleep(seconds: float) -> None:
         waits.append(seconds)
-        # Only the first straggle is late. The second attempt has the whole report timeout to
-        # train and upload: 15 s, so that a loaded machine (training took over 5 s on 2 busy
-        # cores) does not make it late too.
-        time.sleep(15.5 if len(waits) == 1 else min(seconds, 0.2))
+        # Only the first straggle is late; the second attempt (the same round's draw: straggling
+        # again) takes no time, so that the retried upload is within its new slot.
+        clock.now += seconds if len(waits) <= 2 else 0
+        server.state.rounds.tick()
 
     def trainer_for(_sha: str, directory: Path, manifest: Manifest) -> Trainer:
         recorders.append(HeadRecorder(make_trainer("eager", directory, manifest), manifest.head_names))
         return recorders[-1]
 
-    config = {**SERVER, "rounds": 1, "target_clients": 1, "min_clients": 1, "cohort_size": 1,
-              "over_selection": 1.0, "report_timeout": 15}  # fmt: skip
-    recording = RecordingTransport()
-    with serve(server_artifacts, tmp_path / "server", **config) as s:  # type: ignore[arg-type]
-        client = ProtocolClient(s.url, transport=recording)
-        options = DeviceOptions(engine="eager", client_id=0, max_idle_wait=30, straggler=1.0, straggler_delay=15.5)
+    with server:
+        client = ProtocolClient(str(server.http.base_url), transport=ThroughTestClient(server.http))
+        options = DeviceOptions(engine="eager", client_id=0, max_idle_wait=30)
         storage = DeviceStorage(tmp_path / "device")
-        device = Device(client, storage, lambda _m: share(DATA, 0), options, ENROLL,
-                        events.append, sleep=sleep, trainer_for=trainer_for)  # fmt: skip
+        device = EmulatedDevice(client, storage, lambda _m: share(DATA, 0), options, ENROLL,
+                                Faults(straggler=1.0, straggler_delay=15.5), events.append, sleep=sleep,
+                                trainer_for=trainer_for)  # fmt: skip
         try:
             reports = device.run()
         finally:
             client.close()
-        assert _round(s.url, 1)["received"] == 1
+        assert round_info(server.http, 1)["received"] == 1
+    assert waits[0] == 15.5 and waits[2] == 15.5, waits  # both trainings straggled
     # After the refusal the device waited what the 409's Retry-After said (1-2 s here).
     assert 1 <= waits[1] <= 2, waits
     # Both trainings of round 1 started from the exported head; the stored head is the second's.
@@ -441,9 +468,9 @@ def test_a_revoked_device_enrolls_again_once_and_a_second_401_ends_its_run(serve
 
     with serve(server_artifacts, tmp_path / "server2", **config) as s:  # type: ignore[arg-type]
         client = ProtocolClient(s.url)
-        straggling = DeviceOptions(engine="eager", client_id=0, max_idle_wait=0.5, straggler=1.0)
-        device = Device(client, DeviceStorage(tmp_path / "device2"), lambda _m: share(DATA, 0), straggling, ENROLL,
-                        sleep=lambda _s: _revoke(s.url, device.device_id))  # fmt: skip
+        options = DeviceOptions(engine="eager", client_id=0, max_idle_wait=0.5)
+        device = EmulatedDevice(client, DeviceStorage(tmp_path / "device2"), lambda _m: share(DATA, 0), options,
+                                ENROLL, Faults(straggler=1.0), sleep=lambda _s: _revoke(s.url, device.device_id))  # fmt: skip
         _revoke(s.url, device.ensure_enrolled())  # the first 401 comes on the task, the second on the upload
         try:
             with pytest.raises(RefusedError) as refused:
