@@ -23,6 +23,7 @@ from fedper.server.refusals import (
     BodyTooLargeError,
     CodedRefusalError,
     DeviceRevokedError,
+    ForbiddenError,
     MalformedError,
     NotFoundError,
     NotInCohortError,
@@ -39,6 +40,7 @@ from fedper.server.refusals import (
     ServerBusyError,
     StaleBaseError,
     UnacceptableError,
+    UnauthorizedError,
     UnknownVersionError,
     UploadInProgressError,
 )
@@ -59,26 +61,12 @@ class ClientDisconnectedError(Exception):
     """The client disconnected before its request body arrived: nobody to answer."""
 
 
-def unauthorized(message: str = "missing or unknown token") -> ProtocolError:
-    return ProtocolError(401, ErrorCode.UNAUTHORIZED, message)
-
-
-def forbidden(message: str) -> ProtocolError:
-    return ProtocolError(403, ErrorCode.FORBIDDEN, message)
-
-
-def not_found(what: str) -> ProtocolError:
-    return ProtocolError(404, ErrorCode.NOT_FOUND, f"{what} does not exist")
-
-
-def bad_request(code: str, message: str) -> ProtocolError:
-    return ProtocolError(400, code, message)
-
-
 # Every domain refusal (server/refusals.py) as the protocol answers it; None: the refusal's own code.
 REFUSALS: dict[type[RefusalError], tuple[int, ErrorCode | None]] = {
     MalformedError: (400, None),
+    UnauthorizedError: (401, ErrorCode.UNAUTHORIZED),
     DeviceRevokedError: (401, ErrorCode.UNAUTHORIZED),
+    ForbiddenError: (403, ErrorCode.FORBIDDEN),
     AttestationFailedError: (403, ErrorCode.ATTESTATION_FAILED),
     SecAggUnsupportedError: (403, ErrorCode.SECAGG_UNSUPPORTED),
     NotFoundError: (404, ErrorCode.NOT_FOUND),

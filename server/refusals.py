@@ -30,6 +30,14 @@ class UnacceptableError(CodedRefusalError):
     """A well-formed body with the wrong content."""
 
 
+class UnauthorizedError(RefusalError):
+    """A missing, unknown or revoked token, or a wrong enrollment key."""
+
+
+class ForbiddenError(RefusalError):
+    """A token of the wrong role for the endpoint."""
+
+
 class NotFoundError(RefusalError):
     def __init__(self, what: str) -> None:
         super().__init__(f"{what} does not exist")

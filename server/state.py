@@ -15,10 +15,12 @@ from fedper.server.clock import SteadyClock
 from fedper.server.config import ServerConfig
 from fedper.server.credentials import Secrets, load_or_create
 from fedper.server.disk_room import DiskRoom, round_reserve
+from fedper.server.enrollment import Enrollment
 from fedper.server.metrics_registry import MetricsRegistry
 from fedper.server.rate_limit import RateLimiter
 from fedper.server.rounds import Clock, RoundManager
 from fedper.server.storage import Database, StorageError
+from fedper.server.tasks import Tasks
 from fedper.server.upload_places import UploadPlaces
 from fedper.server.uploads import Uploads
 
@@ -33,18 +35,12 @@ class ServerState:
     secrets: Secrets
     db: Database
     rounds: RoundManager
-    limiter: RateLimiter  # enrollments per address
-    enrollments: RateLimiter  # enrollments from all addresses together (with the one enrollment key)
-    # an address's first enrollment of the minute, when the global limit is spent: a quarter more,
-    # so that a flood from some addresses cannot lock a new phone out
-    first_enrollments: RateLimiter
-    challenges: RateLimiter  # attestation nonces per address
     auth_failures: RateLimiter  # wrong bearer tokens per address
-    key_failures: RateLimiter  # wrong enrollment keys per address
     metrics: MetricsRegistry
-    max_upload_bytes: int
     places: UploadPlaces  # for upload bodies in flight
     uploads: Uploads
+    enrollment: Enrollment
+    tasks: Tasks
     attestation: AttestationService | None = None
 
     def artifact_path(self, name: str) -> Path | None:
@@ -125,6 +121,21 @@ def open_state(config: ServerConfig, clock: Clock | None = None, free: Callable[
     metrics = MetricsRegistry()
     places = UploadPlaces(config.max_inflight_uploads, config.busy_upload_rate, config.upload_rate_grace,
                           config.retry_after)  # fmt: skip
+    attestation = None
+    if verifier is not None:
+        attestation = AttestationService(verifier, config.attestation_workers, config.attestation_queue,
+                                         config.attestation_timeout, config.retry_after,
+                                         config.attestation_per_address)  # fmt: skip
+    total = config.enroll_total_per_minute
+    enrollment = Enrollment(
+        secrets, db, rounds,
+        per_address=RateLimiter(config.enroll_per_minute),
+        everyone=RateLimiter(total or UNLIMITED),
+        first_of_address=RateLimiter(max(1, total // 4) if total else UNLIMITED),
+        challenges=RateLimiter(config.enroll_per_minute),
+        key_failures=RateLimiter(config.auth_failures_per_minute),
+        attestation=attestation,
+    )  # fmt: skip
     return ServerState(
         config=config,
         manifest=manifest,
@@ -132,26 +143,11 @@ def open_state(config: ServerConfig, clock: Clock | None = None, free: Callable[
         secrets=secrets,
         db=db,
         rounds=rounds,
-        limiter=RateLimiter(config.enroll_per_minute),
-        enrollments=RateLimiter(config.enroll_total_per_minute or UNLIMITED),
-        first_enrollments=RateLimiter(
-            max(1, config.enroll_total_per_minute // 4) if config.enroll_total_per_minute else UNLIMITED
-        ),
-        challenges=RateLimiter(config.enroll_per_minute),
         auth_failures=RateLimiter(config.auth_failures_per_minute),
-        key_failures=RateLimiter(config.auth_failures_per_minute),
         metrics=metrics,
-        max_upload_bytes=limit,
         places=places,
         uploads=Uploads(config, manifest, rounds, places, metrics, limit),
-        attestation=AttestationService(
-            verifier,
-            config.attestation_workers,
-            config.attestation_queue,
-            config.attestation_timeout,
-            config.retry_after,
-            config.attestation_per_address,
-        )
-        if verifier is not None
-        else None,
+        enrollment=enrollment,
+        tasks=Tasks(config, db, rounds, manifest_sha),
+        attestation=attestation,
     )
