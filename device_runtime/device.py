@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -91,6 +91,18 @@ class DeviceOptions:
     max_idle_wait: float = 5.0  # cap on Retry-After waits
 
 
+class RoundPlan(Protocol):
+    """How a device goes through a round's phases: a board evaluates, trains and sends
+    (:func:`plain_round`); an emulated fleet composes faults between them (``emulation.py``)."""
+
+    def __call__(self, device: Device, task: Task) -> RoundReport: ...
+
+
+def plain_round(device: Device, task: Task) -> RoundReport:
+    """Evaluate, train, send: what a board runs."""
+    return device.send(device.train(device.evaluate(task)))
+
+
 class Device:
     def __init__(
         self,
@@ -103,13 +115,15 @@ class Device:
         compute_lock: Any = None,
         sleep: Callable[[float], None] = time.sleep,
         trainer_for: TrainerFactory | None = None,
+        plan: RoundPlan = plain_round,
     ):
         self.client, self.storage, self.options = client, storage, options
         self._data_for = data
         self._enrollment_key = enrollment_key
-        self._emit = on_event or (lambda _event: None)
+        self.emit: Event = on_event or (lambda _event: None)
         self._lock = compute_lock
-        self._sleep = sleep
+        self.sleep = sleep
+        self._plan = plan
         self._trainer_for: TrainerFactory = trainer_for if trainer_for is not None else self._own_trainer
         self._trainers: dict[str, tuple[Manifest, Trainer, Client]] = {}
         self._skip_round: int | None = None
@@ -151,7 +165,7 @@ class Device:
                 break
             except TransientError as exc:
                 log.warning("device %s: %s; waiting", self.device_id, exc)
-                self._sleep(self.options.max_idle_wait)
+                self.sleep(self.options.max_idle_wait)
                 continue
             except RefusedError as exc:
                 if exc.status != 401 or reenrolled:
@@ -160,7 +174,7 @@ class Device:
                 continue
             if isinstance(task, NoTask) or task.round == self._skip_round:
                 wait = task.retry_after if isinstance(task, NoTask) else self.options.max_idle_wait
-                self._sleep(min(wait, self.options.max_idle_wait))
+                self.sleep(min(wait, self.options.max_idle_wait))
                 continue
             try:
                 report = self.run_round(task)
@@ -176,7 +190,7 @@ class Device:
                 continue
             except NotInCohortError as exc:  # our slot expired: not a failure
                 log.info("device %s: not in round %d's cohort; asking again", self.device_id, task.round)
-                self._sleep(min(exc.retry_after, self.options.max_idle_wait))
+                self.sleep(min(exc.retry_after, self.options.max_idle_wait))
                 continue
             except RefusedError as exc:
                 if exc.code in (ErrorCode.ROUND_NOT_OPEN, ErrorCode.STALE_BASE_VERSION, ErrorCode.SECAGG_STAGE_CLOSED):
@@ -197,7 +211,7 @@ class Device:
 
     def _finish(self) -> None:
         self.evaluate_final()
-        self._emit(Finished())
+        self.emit(Finished())
 
     def evaluate_final(self) -> float | None:
         """Score the test split with the newest model version's base (``GET /v1/status``) and
@@ -215,21 +229,21 @@ class Device:
             accuracy = score_held(trainer, (base, head), client)
         if accuracy is None:
             return None
-        self._emit(FinalEvaluated(status.round + 1, status.model_version, client.num_samples, accuracy))
+        self.emit(FinalEvaluated(status.round + 1, status.model_version, client.num_samples, accuracy))
         return accuracy
 
     def run_round(self, task: Task) -> RoundReport:
-        """Evaluate, train, send: one round of ``task``."""
-        return self._send(self._train(self._evaluate(task)))
+        """One round of ``task``, as the device's round plan goes through its phases."""
+        return self._plan(self, task)
 
-    # --- a round's phases (an emulated device acts between them: device_runtime.emulation) ---
+    # --- a round's phases ----------------------------------------------------------------
 
-    def _evaluate(self, task: Task) -> ScoredRound:
+    def evaluate(self, task: Task) -> ScoredRound:
         """What the round trains from (a secure round's keys shared first), scored on the test split."""
         secure = None
         if task.secagg is not None:  # revision 1.6: keys and shares first (short stages), then the rest
             assert self.device_id is not None
-            secure = SecureRound(self.client, self.device_id, task.round, task.secagg, self._sleep,
+            secure = SecureRound(self.client, self.device_id, task.round, task.secagg, self.sleep,
                                  self.options.max_idle_wait)  # fmt: skip
             secure.share()
         manifest, trainer, client = self._prepare(task.manifest_sha256, task.manifest_url)
@@ -240,24 +254,24 @@ class Device:
             head = self._initial_head(sha, manifest)
         with self._compute():
             accuracy = score_held(trainer, (base, head), client)
-        self._emit(Evaluated(task.round, accuracy))
+        self.emit(Evaluated(task.round, accuracy))
         return ScoredRound(task, manifest, trainer, client, base, head, accuracy, secure)
 
-    def _train(self, scored: ScoredRound) -> TrainedRound:
+    def train(self, scored: ScoredRound) -> TrainedRound:
         """Train from what was scored, in the batch order ``fedper simulate`` uses for client
         ``client_id`` in this round; the trained head is staged, not yet committed."""
         task, manifest = scored.task, scored.manifest
         config = _train_config(manifest, task.config)
         this_round = ClientRound(self.options.client_id, task.round, self.options.seed, True, config,
                                  tuple(manifest.base_names), tuple(manifest.head_names))  # fmt: skip
-        self._emit(Training(task.round))
+        self.emit(Training(task.round))
         with self._compute():
             trained = train_held(scored.trainer, (scored.base, scored.head), this_round, scored.client)
         # Committed once the server accepts the base.
         self.storage.stage_head(task.manifest_sha256, trained.personal)
         return TrainedRound(scored, trained)
 
-    def _send(self, trained_round: TrainedRound) -> RoundReport:
+    def send(self, trained_round: TrainedRound) -> RoundReport:
         """Upload the base (masked, in a secure round); commit the head once the server has it."""
         scored, trained = trained_round.scored, trained_round.trained
         task, manifest, client, base = scored.task, scored.manifest, scored.client, scored.base
@@ -273,13 +287,13 @@ class Device:
             try:
                 secure.send_masked(words)
             except RefusedError as exc:
-                self._emit(Refused(task.round, exc.code))
+                self.emit(Refused(task.round, exc.code))
                 raise
             self.storage.commit_head(sha)
             secure.unmask()
             report = RoundReport(task.round, task.model_version, client.num_samples, accuracy, accuracy_after,
                                  None if np.isnan(loss) else loss, True, None)  # fmt: skip
-            self._emit(Uploaded(report))
+            self.emit(Uploaded(report))
             return report
         sent: weights.Tensors = update
         if task.dp is not None:  # DP-FedAvg (revision 1.5): the server checks the clip, so clip exactly as it measures
@@ -289,19 +303,26 @@ class Device:
         try:
             received = self.client.upload(task.round, body)
         except NotInCohortError:
-            self._emit(Refused(task.round, ErrorCode.NOT_IN_COHORT))
+            self.emit(Refused(task.round, ErrorCode.NOT_IN_COHORT))
             raise
         except RefusedError as exc:
-            self._emit(Refused(task.round, exc.code))
+            self.emit(Refused(task.round, exc.code))
             raise
         except TransientError:
-            self._emit(Refused(task.round, "upload failed"))
+            self.emit(Refused(task.round, "upload failed"))
             raise
         self.storage.commit_head(sha)  # 202, or duplicate_update: the server has this round's base
         report = RoundReport(task.round, task.model_version, client.num_samples, accuracy, accuracy_after,
                              None if np.isnan(loss) else loss, True, received)  # fmt: skip
-        self._emit(Uploaded(report))
+        self.emit(Uploaded(report))
         return report
+
+    def give_up(self, scored: ScoredRound) -> RoundReport:
+        """Leave the round after evaluating it (nothing sent); ask again only for the next one."""
+        task = scored.task
+        self._skip_round = task.round
+        return RoundReport(task.round, task.model_version, scored.client.num_samples, scored.accuracy,
+                           None, None, False, None)  # fmt: skip
 
     # --- what a round needs ----------------------------------------------------------------
 

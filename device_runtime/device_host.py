@@ -84,9 +84,9 @@ def host_devices(
     """Run devices ``device_ids`` until each has finished (or failed), then report WorkerDone."""
     from fedper.data import load_federated
     from fedper.device_runtime.client import ProtocolClient
-    from fedper.device_runtime.device import DeviceOptions
+    from fedper.device_runtime.device import Device, DeviceOptions
     from fedper.device_runtime.device_storage import DeviceStorage
-    from fedper.device_runtime.emulation import EmulatedDevice, Faults, FlakyTransport
+    from fedper.device_runtime.emulation import Faults, FlakyTransport
     from fedper.device_runtime.local_data import LocalData
 
     fed = load_federated(data)
@@ -109,8 +109,8 @@ def host_devices(
             max_idle_wait=fleet.max_idle_wait,
         )
         faults = Faults(dropout=fleet.dropout, straggler=fleet.straggler, straggler_delay=fleet.straggler_delay)
-        device = EmulatedDevice(client, DeviceStorage(device_dir(fleet.storage, client_id)), lambda _manifest: local,
-                                options, enrollment_key, faults, emit, lock, trainer_for=trainers)  # fmt: skip
+        device = Device(client, DeviceStorage(device_dir(fleet.storage, client_id)), lambda _manifest: local,
+                        options, enrollment_key, emit, lock, trainer_for=trainers, plan=faults)  # fmt: skip
         try:
             device.run()
         except Exception as exc:  # reported, not fatal for the other devices

@@ -1,68 +1,43 @@
 """What an emulated fleet adds to a device (``fedper fleet --dropout --straggler --flaky-network``):
 devices that quit mid-round, upload late, or lose requests. Wrappers around what a board runs
-(:class:`~device_runtime.device.Device`, its httpx transport), composed by the fleet's hosts
+(:class:`~device_runtime.device.Device`'s round plan, its httpx transport), composed by the fleet's hosts
 (:mod:`device_runtime.device_host`); ``fedper device`` never imports this module.
 """
 
 from __future__ import annotations
 
 import random
-import time
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import httpx
 
-from fedper.common.manifest import Manifest
 from fedper.common.protocol import Task
-from fedper.device_runtime.client import ProtocolClient
-from fedper.device_runtime.device import Device, DeviceOptions, TrainerFactory
-from fedper.device_runtime.device_storage import DeviceStorage
-from fedper.device_runtime.events import Dropped, Event, RoundReport
-from fedper.device_runtime.local_data import LocalData
+from fedper.device_runtime.device import Device
+from fedper.device_runtime.events import Dropped, RoundReport
 
 
 @dataclass(frozen=True)
 class Faults:
-    dropout: float = 0.0  # chance per round of quitting mid-round (after evaluating)
-    straggler: float = 0.0  # chance per round of waiting ``straggler_delay`` before uploading
+    """A round plan (:class:`~device_runtime.device.RoundPlan`) whose rounds fail: the device quits
+    after evaluating with probability ``dropout``, or waits ``straggler_delay`` seconds between
+    training and sending with probability ``straggler``. Each round's draws come from a generator
+    seeded by (seed, client id, round): a fleet run again with the same seed drops and delays the
+    same devices in the same rounds."""
+
+    dropout: float = 0.0
+    straggler: float = 0.0
     straggler_delay: float = 0.0
 
-
-class EmulatedDevice(Device):
-    """A device whose rounds fail as ``faults`` says. Each round's draws come from a generator
-    seeded by (seed, client id, round): a fleet run again with the same seed drops and delays
-    the same devices in the same rounds."""
-
-    def __init__(
-        self,
-        client: ProtocolClient,
-        storage: DeviceStorage,
-        data: Callable[[Manifest], LocalData],
-        options: DeviceOptions,
-        enrollment_key: str,
-        faults: Faults,
-        on_event: Event | None = None,
-        compute_lock: Any = None,
-        sleep: Callable[[float], None] = time.sleep,
-        trainer_for: TrainerFactory | None = None,
-    ):
-        super().__init__(client, storage, data, options, enrollment_key, on_event, compute_lock, sleep, trainer_for)
-        self.faults = faults
-
-    def run_round(self, task: Task) -> RoundReport:
-        rng = random.Random(hash((self.options.seed, self.options.client_id, task.round)))
-        scored = self._evaluate(task)
-        if rng.random() < self.faults.dropout:
-            self._skip_round = task.round
-            self._emit(Dropped(task.round))
-            return RoundReport(task.round, task.model_version, scored.client.num_samples, scored.accuracy,
-                               None, None, False, None)  # fmt: skip
-        trained = self._train(scored)
-        if rng.random() < self.faults.straggler:
-            self._sleep(self.faults.straggler_delay)
-        return self._send(trained)
+    def __call__(self, device: Device, task: Task) -> RoundReport:
+        rng = random.Random(hash((device.options.seed, device.options.client_id, task.round)))
+        scored = device.evaluate(task)
+        if rng.random() < self.dropout:
+            device.emit(Dropped(task.round))
+            return device.give_up(scored)
+        trained = device.train(scored)
+        if rng.random() < self.straggler:
+            device.sleep(self.straggler_delay)
+        return device.send(trained)
 
 
 class FlakyTransport(httpx.BaseTransport):

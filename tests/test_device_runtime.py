@@ -30,7 +30,7 @@ from fedper.device_runtime.client import ProtocolClient, RefusedError
 from fedper.device_runtime.device import Device, DeviceOptions, make_trainer, metric_metadata
 from fedper.device_runtime.device_host import FleetEvent, SharedTrainers, host_devices
 from fedper.device_runtime.device_storage import DeviceStorage
-from fedper.device_runtime.emulation import EmulatedDevice, Faults
+from fedper.device_runtime.emulation import Faults
 from fedper.device_runtime.events import (
     DeviceEvent,
     DeviceFailed,
@@ -78,8 +78,8 @@ def _run_devices(
         if faults is None:
             device = Device(client, storage, lambda _m: local, options[i], ENROLL, on_event, compute_lock=lock)
         else:
-            device = EmulatedDevice(client, storage, lambda _m: local, options[i], ENROLL, faults[i], on_event,
-                                    compute_lock=lock)  # fmt: skip
+            device = Device(client, storage, lambda _m: local, options[i], ENROLL, on_event, compute_lock=lock,
+                            plan=faults[i])  # fmt: skip
         try:
             reports[i] = device.run()
         except BaseException as exc:  # re-raised in the test thread
@@ -397,9 +397,8 @@ def test_a_device_whose_slot_expires_is_refused_asks_again_and_the_fleet_counts_
         client = ProtocolClient(str(server.http.base_url), transport=ThroughTestClient(server.http))
         options = DeviceOptions(engine="eager", client_id=0, max_idle_wait=30)
         storage = DeviceStorage(tmp_path / "device")
-        device = EmulatedDevice(client, storage, lambda _m: share(DATA, 0), options, ENROLL,
-                                Faults(straggler=1.0, straggler_delay=15.5), events.append, sleep=sleep,
-                                trainer_for=trainer_for)  # fmt: skip
+        device = Device(client, storage, lambda _m: share(DATA, 0), options, ENROLL, events.append, sleep=sleep,
+                        trainer_for=trainer_for, plan=Faults(straggler=1.0, straggler_delay=15.5))  # fmt: skip
         try:
             reports = device.run()
         finally:
@@ -469,8 +468,8 @@ def test_a_revoked_device_enrolls_again_once_and_a_second_401_ends_its_run(serve
     with serve(server_artifacts, tmp_path / "server2", **config) as s:  # type: ignore[arg-type]
         client = ProtocolClient(s.url)
         options = DeviceOptions(engine="eager", client_id=0, max_idle_wait=0.5)
-        device = EmulatedDevice(client, DeviceStorage(tmp_path / "device2"), lambda _m: share(DATA, 0), options,
-                                ENROLL, Faults(straggler=1.0), sleep=lambda _s: _revoke(s.url, device.device_id))  # fmt: skip
+        device = Device(client, DeviceStorage(tmp_path / "device2"), lambda _m: share(DATA, 0), options, ENROLL,
+                        sleep=lambda _s: _revoke(s.url, device.device_id), plan=Faults(straggler=1.0))  # fmt: skip
         _revoke(s.url, device.ensure_enrolled())  # the first 401 comes on the task, the second on the upload
         try:
             with pytest.raises(RefusedError) as refused:

@@ -12,9 +12,9 @@ import httpx
 import pytest
 
 from fedper.device_runtime.client import ProtocolClient
-from fedper.device_runtime.device import DeviceOptions
+from fedper.device_runtime.device import Device, DeviceOptions
 from fedper.device_runtime.device_storage import DeviceStorage
-from fedper.device_runtime.emulation import EmulatedDevice, Faults, FlakyTransport
+from fedper.device_runtime.emulation import Faults, FlakyTransport
 from fedper.device_runtime.events import Dropped, RoundReport
 
 
@@ -22,22 +22,24 @@ def _task(number: int) -> Any:
     return SimpleNamespace(round=number, model_version=number - 1)
 
 
-SCORED = SimpleNamespace(accuracy=0.5, client=SimpleNamespace(num_samples=7))  # what _evaluate returns here
+def _scored(task: Any) -> Any:
+    """What ``evaluate`` returns here."""
+    return SimpleNamespace(task=task, accuracy=0.5, client=SimpleNamespace(num_samples=7))
 
 
-def _device(tmp_path: Path, faults: Faults, client_id: int = 0, seed: int = 0) -> tuple[EmulatedDevice, list[Any]]:
+def _device(tmp_path: Path, faults: Faults, client_id: int = 0, seed: int = 0) -> tuple[Device, list[Any]]:
     """An emulated device whose phases only log that they ran (and its waits and events)."""
     log: list[Any] = []
     options = DeviceOptions(engine="eager", seed=seed, client_id=client_id)
-    device = EmulatedDevice(None, DeviceStorage(tmp_path), lambda _m: None, options, "key", faults,  # type: ignore[arg-type, return-value]
-                            log.append, sleep=lambda s: log.append(("sleep", s)))  # fmt: skip
+    device = Device(None, DeviceStorage(tmp_path), lambda _m: None, options, "key", log.append,  # type: ignore[arg-type, return-value]
+                    sleep=lambda s: log.append(("sleep", s)), plan=faults)  # fmt: skip
 
     def phase(name: str, result: Any) -> Any:
         log.append(name)
         return result
 
-    vars(device).update(_evaluate=lambda _task: phase("evaluate", SCORED), _train=lambda scored: phase("train", scored),
-                        _send=lambda _trained: phase("send", "sent"))  # fmt: skip
+    vars(device).update(evaluate=lambda task: phase("evaluate", _scored(task)), train=lambda scored: phase("train", scored),
+                        send=lambda _trained: phase("send", "sent"))  # fmt: skip
     return device, log
 
 

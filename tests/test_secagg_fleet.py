@@ -22,7 +22,7 @@ from fedper.data import DataConfig
 from fedper.device_runtime.client import ProtocolClient
 from fedper.device_runtime.device import Device, DeviceOptions
 from fedper.device_runtime.device_storage import DeviceStorage
-from fedper.device_runtime.emulation import EmulatedDevice, Faults
+from fedper.device_runtime.emulation import Faults
 from fedper.device_runtime.local_data import share
 from fedper.device_runtime.secure_round import SecureRound
 from tests.recording_proxy import Exchange, RecordingProxy
@@ -77,8 +77,8 @@ def test_twenty_devices_three_dropping_after_sharing_keys_and_what_the_server_sa
         options = DeviceOptions(client_id=i, seed=0, max_idle_wait=0.5)
         faults = Faults(dropout=1.0 if i < DROPPING else 0.0)
         local = share(DATA, i)
-        device = EmulatedDevice(client, DeviceStorage(tmp_path / f"device_{i}"), lambda _m: local, options, ENROLL,
-                                faults, compute_lock=lock)  # fmt: skip
+        device = Device(client, DeviceStorage(tmp_path / f"device_{i}"), lambda _m: local, options, ENROLL,
+                        compute_lock=lock, plan=faults)  # fmt: skip
         devices[i] = device
         try:
             device.run(max_rounds=1)
