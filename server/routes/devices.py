@@ -77,7 +77,7 @@ def enrollment_spent(scope: Scope, method: str, path: str, key: str) -> tuple[st
 
 @router.post(Route.CHALLENGE, status_code=201, response_model=Challenge, responses=ERRORS)
 async def challenge(request: Request, state: State) -> Challenge:
-    """Revision 1.8: a single-use nonce for the platform's attestation request (docs/SERVER.md)."""
+    """A single-use nonce for the platform's attestation request (docs/SERVER.md)."""
     body = await read_small(request, JSON_LIMIT, state.config.request_body_timeout)
     asked = _parsed(body, ChallengeRequest)
     if asked is None or not same_secret(asked.enrollment_key, state.secrets.enrollment_key):
@@ -124,7 +124,7 @@ def _capabilities(request: Request) -> set[str]:
 @router.get(Route.TASK, response_model=Task, responses={204: {"description": "no task now"}, **ERRORS})
 def task(request: Request, device_id: DeviceId, state: State) -> Response:
     """The open round's task for a device holding (or now given) one of its cohort's slots; 204
-    with a Retry-After otherwise (PROTOCOL.md, revision 1.2: cohorts and pace steering)."""
+    with a Retry-After otherwise (PROTOCOL.md, "Cohorts": pace steering)."""
     rounds = state.rounds
     snap = rounds.snapshot
     if snap.finished:
