@@ -1,4 +1,4 @@
-"""100,000 devices checking in to one round of a real ``fedper serve`` (issue 50's scale finding).
+"""100,000 devices checking in to one round of a real ``fedper serve``: the draw and the returns.
 
 The devices are written into the server's database before it starts (the same rows enrollment
 writes; the check-in is measured, not the enrollment), and the server runs with a check-in
@@ -124,7 +124,7 @@ async def _fleet(url: str, tokens: list[str], args: argparse.Namespace, opened: 
         "returns": {**_pct([latency for _, latency, _ in returns]),
                     "busiest_second": max(per_second.values(), default=0),
                     "drawn": sum(1 for _, _, s in returns if s == 200),
-                    "first_ms": 1000 * min(returns)[1] if returns else None,  # the old server drew in it
+                    "first_ms": 1000 * min(returns)[1] if returns else None,  # the draw is made in its request
                     "seconds_after_window_until_last_answer": last - window_end},
         "status": _pct(status_latencies), "request_errors": errors,
     }  # fmt: skip

@@ -1,4 +1,4 @@
-"""An experiment for issue 16, not the default export: more element-wise ops to XNNPACK.
+"""An experiment, not the default export: more element-wise ops to XNNPACK.
 
 The default export delegates the matrix products and ``add``/``sub``/``mul`` to XNNPACK
 (``export.executorch_lowering.delegate_to_xnnpack``); the element-wise kernels of ExecuTorch's
@@ -31,7 +31,7 @@ import torch
 
 from bench.common import run_child, write_results
 
-# Beyond the default's (``XNNPACK_CONFIGS``, which since issue 29 has ``relu`` and ``clamp`` too).
+# Beyond the default's (``XNNPACK_CONFIGS``, which has ``relu`` and ``clamp`` too).
 ELEMENTWISE = ["DivConfig", "HardtanhConfig", "SquareRootConfig", "ReciprocalSquareRootConfig"]
 ALPHA, SIZE, BATCH = 0.25, 32, 32
 

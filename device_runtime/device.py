@@ -184,7 +184,7 @@ class Device:
             except TransientError as exc:
                 log.warning("device %s: round %d failed: %s", self.device_id, task.round, exc)
                 continue
-            except SecureRoundRefusedError as exc:  # revision 1.6: the round cannot be taken part in safely
+            except SecureRoundRefusedError as exc:  # the round cannot be taken part in safely
                 log.warning("device %s: out of secure round %d: %s", self.device_id, task.round, exc)
                 self._skip_round = task.round
                 continue
@@ -241,7 +241,7 @@ class Device:
     def evaluate(self, task: Task) -> ScoredRound:
         """What the round trains from (a secure round's keys shared first), scored on the test split."""
         secure = None
-        if task.secagg is not None:  # revision 1.6: keys and shares first (short stages), then the rest
+        if task.secagg is not None:  # keys and shares first (short stages), then the rest
             assert self.device_id is not None
             secure = SecureRound(self.client, self.device_id, task.round, task.secagg, self.sleep,
                                  self.options.max_idle_wait)  # fmt: skip
@@ -296,7 +296,7 @@ class Device:
             self.emit(Uploaded(report))
             return report
         sent: weights.Tensors = update
-        if task.dp is not None:  # DP-FedAvg (revision 1.5): the server checks the clip, so clip exactly as it measures
+        if task.dp is not None:  # DP-FedAvg: the server checks the clip, so clip exactly as it measures
             clipped = clip_delta(weights.to_numpy(update), base, manifest.base_names, task.dp.clip_norm)
             sent, metadata[Metadata.UNCLIPPED] = clipped.tensors, "1" if clipped.unclipped else "0"
         body = weights.encode(sent, metadata)

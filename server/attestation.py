@@ -1,4 +1,4 @@
-"""Device attestation at enrollment (PROTOCOL.md, revisions 1.4 and 1.8): the operator's verifier.
+"""Device attestation at enrollment (PROTOCOL.md, "POST /v1/devices"): the operator's verifier.
 
 The enrollment key ships inside every copy of the app, so anyone can enroll as many devices
 as the rate limits allow. What ties an enrollment to a genuine install on a genuine phone is
@@ -46,7 +46,7 @@ log = logging.getLogger("fedper.server")
 
 def load_verifier(spec: str) -> Verifier | None:
     """The function named ``module:function``, or None for an empty spec. It must take three
-    arguments (token, platform, nonce): a revision 1.4 verifier of two cannot check the nonce."""
+    arguments (token, platform, nonce): a verifier of two (token, platform) cannot check the nonce."""
     if not spec:
         return None
     module_name, _, name = spec.partition(":")
@@ -111,7 +111,7 @@ class _Job:
 class AttestationService:
     """The verifier, the nonces it checks tokens against, and the threads it runs on.
 
-    A flood of fake tokens from some addresses must not keep a new phone out (issue 50): each
+    A flood of fake tokens from some addresses must not keep a new phone out: each
     address has at most ``per_address`` verifications waiting or running, and an address that
     has not enrolled in the window (a new phone, ``first``) is served before the others.
     """

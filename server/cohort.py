@@ -1,5 +1,5 @@
-"""Cohort selection and pace steering (PROTOCOL.md, revision 1.2, "Cohorts"; revision 1.4,
-"Check-in window").
+"""Cohort selection and pace steering (PROTOCOL.md, "Cohorts" and "Check-in window and
+participation").
 
 A round has ``ServerConfig.slots`` slots (ceil(cohort size x over-selection)). ``GET /v1/task``
 gives them to the first devices that ask; a slot is held until its device's update is accepted
@@ -69,7 +69,8 @@ class Cohort:
         among those that checked in (those that reported in the previous round only after all
         others; under DP each on its own coin). The check-ins are read and the draw made with no
         database lock held; one short transaction then writes the drawn slots and marks the round
-        drawn (issue 50: 100,000 check-ins were drawn in 769 ms under the write lock)."""
+        drawn (drawing 100,000 check-ins takes some 0.8 s, too long to hold the write lock:
+        bench/checkin_scale.py)."""
         with self._draw_lock:
             if self.db.drawn_round() == number:
                 return

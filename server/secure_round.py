@@ -1,7 +1,7 @@
-"""Secure rounds on the server (docs/SECAGG.md; PROTOCOL.md revision 1.6): the open round's
-SecAgg+ session, begun at the draw, every accepted message stored before it is answered, and
-replayed from the database after a restart; which stage a round is in; and the round's sum of
-weighted deltas at the end.
+"""Secure rounds on the server (docs/SECAGG.md; PROTOCOL.md, "Secure aggregation"): the open
+round's SecAgg+ session, begun at the draw, every accepted message stored before it is answered,
+and replayed from the database after a restart; which stage a round is in; and the round's sum
+of weighted deltas at the end.
 
 A stage ends at its time (fixed at the draw) or as soon as every device that could still take
 part in it has: the key stage when the whole cohort advertised, the share stage when every device
@@ -265,8 +265,8 @@ class SecureRounds:
 
 
 class SessionBrokenError(RuntimeError):
-    """A stored session that no longer replays (a masked input's file lost, a message an earlier
-    revision stored): its round cannot go on and is abandoned."""
+    """A stored session that no longer replays (a masked input's file lost, a message in a layout
+    this server does not read): its round cannot go on and is abandoned."""
 
 
 def _index(stage: str) -> int:
@@ -302,7 +302,7 @@ class MaskedBody:
 
     @classmethod
     def parse(cls, body: bytes) -> MaskedBody:
-        if not body.startswith(b"{"):  # revision 1.6 recorded the file alone
+        if not body.startswith(b"{"):  # a server of protocol revision 1.6 recorded the file alone
             return cls(body.decode(), [])
         data = json.loads(body)
         return cls(str(data["file"]), [str(d) for d in data["unopened"]])

@@ -61,7 +61,7 @@ class StartupError(FedperError, RuntimeError):
 
 def _open_database(path: Path, config: ServerConfig, disk: DiskRoom) -> Database:
     """The database, or, when it cannot be opened for writing on a disk without room, the same
-    database read-only (the server starts draining, PROTOCOL.md revision 1.4)."""
+    database read-only (the server starts draining, PROTOCOL.md, "Errors")."""
     try:
         return Database(path, config.db_busy_timeout)
     except StorageError as exc:

@@ -115,7 +115,7 @@ class StoredUpdate:
     base_version: int
     file: str | None
     metrics: dict[str, float]
-    unclipped: bool | None = None  # under DP (revision 1.5): the delta was within the clip before clipping
+    unclipped: bool | None = None  # under DP: the delta was within the clip before clipping
 
 
 class StorageError(Exception):

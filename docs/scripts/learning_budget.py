@@ -8,7 +8,8 @@ every evaluation point, the majority baseline, and FedPer's and FedAvg's accurac
 Usage: [ATEN_CPU_CAPABILITY=default|avx2] .venv/bin/python docs/scripts/learning_budget.py
        [--seeds 0,1,2] [--rounds 15] [--at 12] [--clients 5] [--lr 0.05]   (about 100 s per seed)
 
-The test's setting before issue 25: --clients 10 --lr 0.01 --rounds 5 --at 5 --seeds 0.
+The setting docs/TESTING.md ("What it measured") starts from: --clients 10 --lr 0.01 --rounds 5
+--at 5 --seeds 0.
 """
 
 from __future__ import annotations

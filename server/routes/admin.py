@@ -33,7 +33,7 @@ router = APIRouter()
 
 @router.post(Route.ADMIN_DEVICES, status_code=201, response_model=Provisioned, responses=ERRORS)
 async def provision(request: Request, _op: Operator, state: State) -> Provisioned:
-    """Revision 1.8: enroll ``count`` devices in one transaction, for an operator provisioning a
+    """Enroll ``count`` devices in one transaction, for an operator provisioning a
     fleet (their tokens go to the devices by the operator's own channel)."""
     raw = await read_small(request, 4096, state.config.request_body_timeout)
     try:
@@ -68,7 +68,7 @@ def stop(_op: Operator, state: State) -> Stopped:
 
 @router.post(Route.ADMIN_ROLLBACK, response_model=RolledBack, responses=ERRORS)
 def rollback(version: int, _op: Operator, state: State) -> RolledBack:
-    """Reopen the run from model version ``version`` (revision 1.4; docs/SERVER.md, Rollback)."""
+    """Reopen the run from model version ``version`` (docs/SERVER.md, "Publish checks and rollback")."""
     new_version, number = state.rounds.rollback(version)
     return RolledBack(rolled_back_to=version, model_version=new_version, round=number)
 

@@ -81,7 +81,7 @@ async def enroll(request: Request, state: State) -> Enrolled:
 
 @router.get(Route.TASK, response_model=Task, responses={204: {"description": "no task now"}, **ERRORS})
 def task(request: Request, device_id: DeviceId, state: State) -> Response:
-    """The open round's task, or 204 with a Retry-After (PROTOCOL.md: cohorts and pace steering)."""
+    """The open round's task, or 204 with a Retry-After (PROTOCOL.md, "Cohorts": pace steering)."""
     capabilities = {c.strip() for c in request.headers.get(Header.CAPABILITIES, "").split(",")}
     found = state.tasks.task(device_id, capabilities)
     if isinstance(found, Wait):

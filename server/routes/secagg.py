@@ -1,4 +1,4 @@
-"""A secure round's stages (PROTOCOL.md revision 1.6, docs/SECAGG.md): a device POSTs its part
+"""A secure round's stages (PROTOCOL.md, "Secure aggregation"; docs/SECAGG.md): a device POSTs its part
 of a stage and GETs what the server relays to it once the stage before is over (204 until then)."""
 
 from __future__ import annotations
