@@ -47,8 +47,8 @@ from fedper.device_runtime.runtime_config import RuntimeConfig
 from fedper.models import ModelConfig
 from fedper.results import RunRecorder
 from fedper.trainer import Trainer, to_torch
-from tests.recording_transport import RecordingTransport
-from tests.server_support import ENROLL, FakeClock, InProcessServer, admin, decode_update, round_info, serve
+from tests.support.recording_transport import RecordingTransport
+from tests.support.server_support import ENROLL, FakeClock, InProcessServer, admin, decode_update, round_info, serve
 
 # Three clients of the digits, two classes each: small, strongly non-IID, real images.
 DATA = DataConfig(dataset="digits", partition="classes", num_clients=3, classes_per_client=2, seed=0)

@@ -20,7 +20,7 @@ from fedper.device_runtime.fleet_config import FleetConfig
 from fedper.device_runtime.runtime_config import RuntimeConfig
 from fedper.ray_cluster import INSTALL_HINT, LOCAL_OBJECT_STORE_BYTES
 from fedper.results import ClientRecord
-from tests.server_support import ENROLL, admin, serve
+from tests.support.server_support import ENROLL, admin, serve
 
 ray = pytest.importorskip("ray")
 

@@ -19,7 +19,7 @@ import httpx
 import pytest
 
 from fedper.server.process import free_port
-from tests.server_support import ENROLL, admin, serve
+from tests.support.server_support import ENROLL, admin, serve
 
 pytest.importorskip("ray")
 RAY = str(Path(sys.executable).with_name("ray"))

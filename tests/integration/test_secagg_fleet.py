@@ -25,9 +25,9 @@ from fedper.device_runtime.device_storage import DeviceStorage
 from fedper.device_runtime.emulation import EmulatedDevice, Faults
 from fedper.device_runtime.local_data import share
 from fedper.device_runtime.secure_round import SecureRound
-from tests.recording_proxy import Exchange, RecordingProxy
-from tests.recording_transport import RecordingTransport
-from tests.server_support import ENROLL, admin, serve
+from tests.support.recording_proxy import Exchange, RecordingProxy
+from tests.support.recording_transport import RecordingTransport
+from tests.support.server_support import ENROLL, admin, serve
 
 DEVICES, DROPPING = 20, 3
 DATA = DataConfig(dataset="digits", partition="iid", num_clients=DEVICES, seed=0)

@@ -1,4 +1,4 @@
-"""An independent device implementation of secure aggregation (tests/secagg_independent_device.py,
+"""An independent device implementation of secure aggregation (tests/support/secagg_independent_device.py,
 written from docs/SECAGG.md, docs/PROTOCOL.md, docs/protocol.schema.json and
 docs/secagg_vectors.json, importing nothing of ``fedper``): it reproduces every device-side
 known-answer vector, and five such devices, one of which drops after sharing its keys, complete a
@@ -20,10 +20,10 @@ import httpx
 import numpy as np
 import pytest
 
-from tests import secagg_independent_device as dev
-from tests.server_support import ENROLL, admin, serve
+from tests.support import secagg_independent_device as dev
+from tests.support.server_support import ENROLL, admin, serve
 
-VECTORS = Path(__file__).resolve().parent.parent / "docs" / "secagg_vectors.json"
+VECTORS = Path(__file__).resolve().parents[2] / "docs" / "secagg_vectors.json"
 
 
 def _hex(text: str) -> bytes:

@@ -15,8 +15,8 @@ from fedper.device_runtime.client import ProtocolClient
 from fedper.device_runtime.device import Device, DeviceOptions
 from fedper.device_runtime.device_storage import DeviceStorage
 from fedper.device_runtime.local_data import share
-from tests.server_support import ENROLL, round_info, serve
-from tests.source_tree import copy_tracked
+from tests.support.server_support import ENROLL, round_info, serve
+from tests.support.source_tree import copy_tracked
 
 TRAINING_STACK = ("torch", "torchvision", "executorch", "matplotlib", "onnx", "onnxruntime", "sklearn", "skimage")
 

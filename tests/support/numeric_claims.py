@@ -1,7 +1,7 @@
 """A numeric test's claims: a measured value against its bound, asserted and recorded.
 
 Each claim is written into the JUnit report as a property (``claim:<name>``), so ``make
-test-portable`` (tests/portable.py) can show, for every kernel set and thread count, how far the
+test-portable`` (tests/support/portable.py) can show, for every kernel set and thread count, how far the
 run cleared each bound: the margin a threshold was set with is measured, not remembered.
 """
 

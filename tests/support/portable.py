@@ -5,10 +5,10 @@ A float result depends on which kernels computed it: ATen's vectorized kernels
 instruction set from the CPU), and the thread count (how sums are split). Another machine runs
 other kernels, so a numeric test (marker ``numeric``) must pass under each. This runs them under
 each kernel set the CPU can execute, at each thread count, then prints every recorded claim
-(tests/numeric_claims.py) beside its bound: the smallest margin over all runs is the room the
+(tests/support/numeric_claims.py) beside its bound: the smallest margin over all runs is the room the
 threshold was set with.
 
-    python -m tests.portable [--threads 1,2] [--sets default,avx2] [--out DIR] [pytest args]
+    python -m tests.support.portable [--threads 1,2] [--sets default,avx2] [--out DIR] [pytest args]
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.numeric_claims import PROPERTY_PREFIX
+from tests.support.numeric_claims import PROPERTY_PREFIX
 
 
 def _cpu_has(feature: str) -> Callable[[], bool]:

@@ -19,7 +19,7 @@ from fedper.common.manifest import Manifest
 from fedper.common.protocol import ErrorCode, Header
 from fedper.common.secagg.device_session import Advertisement, DeviceSession
 from fedper.common.secagg.fixed_point import FixedPoint
-from tests.server_support import FakeClock, InProcessServer, admin, enroll, round_info
+from tests.support.server_support import FakeClock, InProcessServer, admin, enroll, round_info
 
 CAN = {Header.CAPABILITIES: Header.SECAGG}
 WINDOW, STAGE, TIMEOUT = 5, 10, 120

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from fedper.common import manifest, protocol
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[3]
 JAVA = ROOT / "android_demo" / "core" / "src" / "main" / "java" / "org" / "fedper" / "core"
 
 

@@ -21,7 +21,7 @@ import pytest
 from fedper.cli import parse_arguments
 from fedper.common.config_cli import CommandOptions
 
-RECORD = json.loads((Path(__file__).parent / "data" / "cli_options.json").read_text())
+RECORD = json.loads((Path(__file__).resolve().parents[2] / "data" / "cli_options.json").read_text())
 
 
 def _plain(value: Any) -> Any:

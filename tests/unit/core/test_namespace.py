@@ -15,7 +15,7 @@ import sys
 import zipfile
 from pathlib import Path
 
-from tests.source_tree import ROOT, copy_tracked, tracked
+from tests.support.source_tree import ROOT, copy_tracked, tracked
 
 LINKS = {"server": "server", "device_runtime": "device_runtime", "export": "export", "_recipes": "recipes"}
 BARE = set(LINKS.values())

@@ -25,7 +25,7 @@ from fedper.models import ModelConfig, build_model, exchanged_names, exchanged_s
 from fedper.models.heads import OrdinalHead, classifier
 from fedper.models.mobilenet_v1 import ConvBN
 from fedper.models.staged import Stage, StagedModel
-from tests.test_onnx_contract import java_run_check
+from tests.unit.export.test_onnx_contract import java_run_check
 
 F64 = {"rtol": 1e-7, "atol": 1e-7}
 

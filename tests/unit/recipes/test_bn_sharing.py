@@ -9,9 +9,9 @@ import pytest
 from fedper._recipes import bn_sharing
 from fedper._recipes.bn_sharing import EXPERIMENTS, table, write_into
 from fedper.common.errors import FedperError
-from tests.run_files import write_run
+from tests.support.run_files import write_run
 
-DOCS = Path(__file__).resolve().parents[1] / "docs"
+DOCS = Path(__file__).resolve().parents[3] / "docs"
 
 
 def _fake_run(path: Path, per_client: list[float], clipped: int = 0) -> Path:

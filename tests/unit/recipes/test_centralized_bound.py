@@ -1,4 +1,4 @@
-"""The centralized upper bound's training loop (its ordinal head: tests/test_ordinal_head.py)."""
+"""The centralized upper bound's training loop (its ordinal head: tests/unit/core/test_ordinal_head.py)."""
 
 from __future__ import annotations
 

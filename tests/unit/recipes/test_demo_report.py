@@ -24,7 +24,7 @@ from fedper.plots import ACCURACY_PLOT, CLIENT_PLOT, NEW_USERS_PLOT
 from fedper.pretrained import PACKAGED_CARD
 from fedper.results import ClientRecord, RunRecorder
 from fedper.run_results import DemoSummary, Export, PretrainedBase, RunResults, load_results, parse_results
-from tests.schema_strategies import from_schema
+from tests.support.schema_strategies import from_schema
 
 # A demo run's results as the schema allows them: any shape a run could write, the demo's part
 # always there (the page is drawn for demo runs).

@@ -12,9 +12,9 @@ from fedper._recipes.doc_block import write_block
 from fedper._recipes.dp_suite import COHORT, ROUNDS, TARGETS, USERS, delta, experiments, noise_for, table
 from fedper.common.dp.accountant import epsilon
 from fedper.common.errors import FedperError
-from tests.run_files import write_run
+from tests.support.run_files import write_run
 
-DOCS = Path(__file__).resolve().parents[1] / "docs"
+DOCS = Path(__file__).resolve().parents[3] / "docs"
 
 
 def test_each_noise_multiplier_is_the_smallest_to_a_hundredth_within_its_epsilon() -> None:

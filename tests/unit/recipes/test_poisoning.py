@@ -8,7 +8,7 @@ from fedper._recipes.simulation import SimulationConfig, run
 from fedper.common.robust_aggregate import BATCHNORM_VARIANCE, group_norms
 from fedper.common.train_config import TrainConfig
 from fedper.data import DataConfig
-from tests.run_files import write_run
+from tests.support.run_files import write_run
 
 DATA = DataConfig(dataset="digits", num_clients=3, classes_per_client=4, seed=1)
 

@@ -9,7 +9,7 @@ import pytest
 from fedper._recipes import results_suite
 from fedper._recipes.results_suite import EXPERIMENTS, tables, write_into
 from fedper.common.errors import FedperError
-from tests.run_files import write_run
+from tests.support.run_files import write_run
 
 
 def _fake_run(path: Path, per_client: dict[str, list[float]], **parts: object) -> Path:

@@ -16,8 +16,8 @@ from fedper._recipes.simulate_command import new_users_table as simulate_new_use
 from fedper._recipes.simulate_command import run_table
 from fedper.common.errors import FedperError
 from fedper.run_results import RunResults, load_results, parse_results
-from tests.run_files import write_run
-from tests.schema_strategies import from_schema
+from tests.support.run_files import write_run
+from tests.support.schema_strategies import from_schema
 
 RUNS = from_schema(RunResults.model_json_schema()).map(lambda doc: parse_results(doc, "generated"))
 

@@ -14,7 +14,7 @@ import pytest
 
 from fedper.common.protocol import MAX_PROVISION, ErrorCode
 from fedper.server.cohort import MAX_CHECKIN_SPREAD
-from tests.server_support import FakeClock, InProcessServer, admin, enroll, open_in_process
+from tests.support.server_support import FakeClock, InProcessServer, admin, enroll, open_in_process
 
 pytestmark = pytest.mark.usefixtures("server_secrets")
 

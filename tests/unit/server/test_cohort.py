@@ -27,7 +27,7 @@ from fedper.server.errors import answer
 from fedper.server.refusals import RefusalError
 from fedper.server.state import open_state
 from fedper.server.upload_validation import Upload
-from tests.server_support import (
+from tests.support.server_support import (
     ADMIN,
     ENROLL,
     FakeClock,

@@ -14,7 +14,7 @@ import pytest
 from fedper.common.manifest import read_manifest
 from fedper.server.state import ServerState
 from fedper.server.upload_validation import Upload
-from tests.server_support import FakeClock, base_like, open_in_process
+from tests.support.server_support import FakeClock, base_like, open_in_process
 
 SYBILS = [f"sybil-{i}" for i in range(7)]
 HONEST = [f"honest-{i:02d}" for i in range(20)]

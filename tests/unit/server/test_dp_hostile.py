@@ -17,7 +17,7 @@ from fedper.common.dp.config import DPConfig
 from fedper.common.dp.mechanism import CLIP_RANGE, noised_mean
 from fedper.common.manifest import read_manifest
 from fedper.common.protocol import ErrorCode, Metadata
-from tests.server_support import FakeClock, InProcessServer, admin, ask, enroll, round_info, update_body
+from tests.support.server_support import FakeClock, InProcessServer, admin, ask, enroll, round_info, update_body
 
 pytestmark = pytest.mark.usefixtures("server_secrets")
 WINDOW, TIMEOUT = 10, 60

@@ -1,7 +1,7 @@
 """One hostile device in a secure round (issue 49): each finding as a test. The round publishes the
 honest devices' result (within the documented bound) or is abandoned with its reason recorded, and
 the next round opens and publishes; no answer is a 5xx. In process, over the routes, on a test's
-clock (tests/secure_round_driver.py)."""
+clock (tests/support/secure_round_driver.py)."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ import pytest
 from fedper.common.manifest import Manifest
 from fedper.common.protocol import ErrorCode
 from fedper.common.secagg import keys, shamir
-from tests.secure_round_driver import CAN, STAGE, WINDOW, Scene, SecureRoundDriver, b64
-from tests.server_support import InProcessServer, round_info
+from tests.support.secure_round_driver import CAN, STAGE, WINDOW, Scene, SecureRoundDriver, b64
+from tests.support.server_support import InProcessServer, round_info
 
 pytestmark = pytest.mark.usefixtures("server_secrets")
 
@@ -322,7 +322,7 @@ def test_a_stored_clip_that_is_not_a_positive_number_is_refused_not_a_500(dp_sce
 
 def test_a_key_is_checked_as_devices_check_it() -> None:
     """The door's check is the devices' own (keys.check_public), on the vectors' refused keys."""
-    vectors = json.loads((Path(__file__).resolve().parents[1] / "docs" / "secagg_vectors.json").read_text())
+    vectors = json.loads((Path(__file__).resolve().parents[3] / "docs" / "secagg_vectors.json").read_text())
     for case in vectors["keys"]["invalid_public_keys"]:
         with pytest.raises(keys.ChannelError):
             keys.check_public(bytes.fromhex(case["key"]))

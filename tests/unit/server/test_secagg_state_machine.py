@@ -30,8 +30,8 @@ from fedper.common.protocol import ErrorCode
 from fedper.common.secagg import shamir
 from fedper.common.secagg.device_session import SEALED_BYTES, RequestRefusedError
 from fedper.common.secagg.fixed_point import FixedPoint
-from tests.secure_round_driver import Scene, SecureRoundDriver, b64
-from tests.server_support import round_info
+from tests.support.secure_round_driver import Scene, SecureRoundDriver, b64
+from tests.support.server_support import round_info
 
 STAGES = ("keys", "shares", "masked", "unmask")
 COUNTS: collections.Counter[str] = collections.Counter()  # what the examples covered, printed at the end

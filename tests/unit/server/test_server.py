@@ -15,7 +15,7 @@ import pytest
 
 from fedper.common import weights
 from fedper.common.errors import ConfigError
-from tests.server_support import (
+from tests.support.server_support import (
     ENROLL,
     FakeClock,
     InProcessServer,
@@ -324,7 +324,7 @@ def test_a_round_that_would_not_fit_at_close_is_refused_at_start(server_artifact
     fit in --aggregation-memory is refused when the server starts, not at a close. The mean
     (with the default coordinate clip, spilled to a file) folds one at a time: any cohort."""
     from fedper.server.state import open_state
-    from tests.server_support import serve_config
+    from tests.support.server_support import serve_config
 
     options = {"target_clients": 2000, "min_clients": 1, "round_timeout": 0, "aggregation_memory": 64}
     with pytest.raises(ConfigError) as refused:

@@ -24,7 +24,7 @@ from fedper.common.manifest import Manifest, read_manifest
 from fedper.server.config import ServerConfig
 from fedper.server.state import open_state
 from fedper.server.upload_validation import Upload
-from tests.server_support import ADMIN, ENROLL, InProcessServer, ask, base_like, enroll, update_body
+from tests.support.server_support import ADMIN, ENROLL, InProcessServer, ask, base_like, enroll, update_body
 
 Update = tuple[dict[str, np.ndarray], int]
 

@@ -23,7 +23,7 @@ from fedper.common.manifest import read_manifest
 from fedper.common.protocol import ErrorCode, Metadata
 from fedper.server.refusals import UnacceptableError
 from fedper.server.upload_validation import validate
-from tests.server_support import (
+from tests.support.server_support import (
     FakeClock,
     InProcessServer,
     admin,

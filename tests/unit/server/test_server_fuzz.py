@@ -21,7 +21,7 @@ from fedper.common.manifest import read_manifest
 from fedper.server.app import create_app
 from fedper.server.config import ServerConfig
 from fedper.server.state import ServerState, open_state
-from tests.server_support import ADMIN, ENROLL, base_like, update_body
+from tests.support.server_support import ADMIN, ENROLL, base_like, update_body
 
 STALE = 7  # the fuzzed device's valid body claims this base version; round 1 trains version 0
 FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

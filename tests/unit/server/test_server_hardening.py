@@ -19,7 +19,7 @@ import pytest
 from safetensors.numpy import load as st_load
 
 from fedper.common import weights
-from tests.server_support import InProcessServer, admin, ask, base_like, enroll, round_info, serve, update_body
+from tests.support.server_support import InProcessServer, admin, ask, base_like, enroll, round_info, serve, update_body
 
 
 def _post(http: httpx.Client, body: bytes, headers: dict, number: int = 1) -> httpx.Response:
@@ -395,7 +395,7 @@ def test_the_app_is_built_without_torch(server_artifacts, tmp_path):
     )
     env = {"FEDPER_ADMIN_TOKEN": "x" * 40, "FEDPER_ENROLLMENT_KEY": "k", "PATH": "/usr/bin"}
     out = subprocess.run([sys.executable, "-c", code, str(server_artifacts), str(tmp_path / "d")], env=env,
-                         capture_output=True, text=True, cwd=Path(__file__).parent.parent)  # fmt: skip
+                         capture_output=True, text=True, cwd=Path(__file__).resolve().parents[3])  # fmt: skip
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout) == []
 

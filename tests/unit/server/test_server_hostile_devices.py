@@ -26,7 +26,7 @@ from fedper.server.log_throttle import RepeatedLogFilter
 from fedper.server.rate_limit import address_key
 from fedper.server.refusals import UnacceptableError
 from fedper.server.upload_validation import check_metadata
-from tests.server_support import (
+from tests.support.server_support import (
     ENROLL,
     InProcessServer,
     admin,
@@ -483,7 +483,7 @@ async def _nonce(c) -> str:  # type: ignore[no-untyped-def]
 def test_attestation_is_checked_by_the_operators_verifier_against_the_servers_nonce(server_artifacts, tmp_path):
     """Revision 1.8: a token binds a nonce the server issued, taken once. Issue 50's findings: the
     same genuine token enrolled 25 devices (nothing stopped a replay)."""
-    state = open_in_process(server_artifacts, tmp_path / "data", attestation="tests.attestation_double:verify")
+    state = open_in_process(server_artifacts, tmp_path / "data", attestation="tests.support.attestation_double:verify")
 
     async def scenario() -> None:
         async with http_in_process(state) as c:
@@ -521,7 +521,9 @@ def test_the_python_device_enrolls_through_a_challenge(server_artifacts, tmp_pat
     has it bound into the token, and enrolls with both; without, the server refuses it."""
     from fedper.device_runtime.client import ProtocolClient, RefusedError
 
-    with InProcessServer(server_artifacts, tmp_path / "data", attestation="tests.attestation_double:verify") as srv:
+    with InProcessServer(
+        server_artifacts, tmp_path / "data", attestation="tests.support.attestation_double:verify"
+    ) as srv:
 
         def client() -> ProtocolClient:  # the device's own client, its requests sent to the app in process
             made = ProtocolClient(str(srv.http.base_url))
@@ -550,7 +552,9 @@ def test_the_python_device_enrolls_through_a_challenge(server_artifacts, tmp_pat
 def test_a_verifier_that_forgets_the_no_token_case_cannot_let_one_through(server_artifacts, tmp_path):
     """Issue 50's finding: SERVER.md said the server refuses an enrollment without a token, but
     only the verifier decided, and one that forgot the case answered 201."""
-    state = open_in_process(server_artifacts, tmp_path / "data", attestation="tests.attestation_double:forgetful")
+    state = open_in_process(
+        server_artifacts, tmp_path / "data", attestation="tests.support.attestation_double:forgetful"
+    )
 
     async def scenario() -> None:
         async with http_in_process(state) as c:
@@ -570,11 +574,11 @@ def test_a_hung_verifier_costs_enrollments_not_the_rounds(server_artifacts, tmp_
     concurrent enrollments against a 5 s verifier made an honest /v1/task time out twice. Now it
     runs on its own bounded pool: with every verifier call hung, tasks are answered, enrollments
     beyond the pool and its queue get 503 at once, and a verifier call past its timeout 503."""
-    from tests import attestation_double
+    from tests.support import attestation_double
 
     attestation_double.RELEASE.clear()
     attestation_double.CALLS.clear()
-    state = open_in_process(server_artifacts, tmp_path / "data", attestation="tests.attestation_double:slow",
+    state = open_in_process(server_artifacts, tmp_path / "data", attestation="tests.support.attestation_double:slow",
                             attestation_workers=2, attestation_queue=3, attestation_timeout=30,
                             attestation_per_address=100, enroll_per_minute=10**6,
                             max_requests_per_address=0)  # fmt: skip
@@ -608,10 +612,10 @@ def test_a_flood_of_fake_tokens_cannot_keep_a_new_phone_from_the_verifier(server
     """Issue 50's finding, at the verifier: a flood of fake tokens from some addresses filled its
     queue. Each address now has at most --attestation-per-address verifications waiting or
     running (more: 429), and an address with no enrollment in the window is served first."""
-    from tests import attestation_double
+    from tests.support import attestation_double
 
     attestation_double.ANSWERED.clear()
-    state = open_in_process(server_artifacts, tmp_path / "data", attestation="tests.attestation_double:sluggish",
+    state = open_in_process(server_artifacts, tmp_path / "data", attestation="tests.support.attestation_double:sluggish",
                             attestation_workers=2, attestation_queue=40, max_requests_per_address=0)  # fmt: skip
 
     async def flood(address: str) -> list[int]:
@@ -647,10 +651,10 @@ def test_a_flood_of_fake_tokens_cannot_keep_a_new_phone_from_the_verifier(server
 
 
 def test_a_verifier_past_its_timeout_answers_503(server_artifacts, tmp_path):
-    from tests import attestation_double
+    from tests.support import attestation_double
 
     attestation_double.RELEASE.clear()
-    state = open_in_process(server_artifacts, tmp_path / "data", attestation="tests.attestation_double:slow",
+    state = open_in_process(server_artifacts, tmp_path / "data", attestation="tests.support.attestation_double:slow",
                             attestation_timeout=0.2)  # fmt: skip
 
     async def scenario() -> None:
@@ -671,8 +675,8 @@ def test_a_bad_attestation_spec_is_a_clear_error(server_artifacts, tmp_path):
     from fedper.common.errors import ConfigError
 
     for spec, said in (("nomodule", "module:function"), ("no.such.module:f", "cannot import"),
-                       ("tests.attestation_double:nothing", "no function"),
-                       ("tests.attestation_double:legacy", "must take \\(token, platform, nonce\\)")):  # fmt: skip
+                       ("tests.support.attestation_double:nothing", "no function"),
+                       ("tests.support.attestation_double:legacy", "must take \\(token, platform, nonce\\)")):  # fmt: skip
         with pytest.raises(ConfigError, match=said):
             open_in_process(server_artifacts, tmp_path / spec.replace(":", "_"), attestation=spec)
 

@@ -19,7 +19,7 @@ from fedper.server.errors import answer
 from fedper.server.refusals import UnacceptableError
 from fedper.server.state import open_state
 from fedper.server.upload_validation import Upload, validate
-from tests.server_support import round_mode, update_body
+from tests.support.server_support import round_mode, update_body
 
 PLAIN = AggregationConfig(clip_factor=0, weight_cap=0, coordinate_clip=0)
 Tensors = dict[str, np.ndarray]

@@ -19,7 +19,7 @@ from fedper.server.publish_check import PublishConfig
 from fedper.server.refusals import UnknownVersionError
 from fedper.server.state import ServerState
 from fedper.server.upload_validation import Upload
-from tests.server_support import open_in_process, serve
+from tests.support.server_support import open_in_process, serve
 
 PLAIN = AggregationConfig(clip_factor=0, weight_cap=0)
 

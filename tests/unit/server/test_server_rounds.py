@@ -18,7 +18,7 @@ from fedper.server.refusals import DeviceRevokedError, RoundNotOpenError, RunFin
 from fedper.server.rounds import RoundManager, Staged
 from fedper.server.state import ServerState, open_state
 from fedper.server.upload_validation import Upload
-from tests.server_support import FakeClock, base_like
+from tests.support.server_support import FakeClock, base_like
 
 pytestmark = pytest.mark.usefixtures("server_secrets")
 

@@ -18,7 +18,7 @@ from fedper.common.manifest import Manifest
 from fedper.common.protocol import ErrorCode, Header
 from fedper.common.secagg.device_session import Advertisement, DeviceSession
 from fedper.common.secagg.fixed_point import FixedPoint
-from tests.server_support import FakeClock, InProcessServer, admin, enroll, round_info
+from tests.support.server_support import FakeClock, InProcessServer, admin, enroll, round_info
 
 pytestmark = pytest.mark.usefixtures("server_secrets")
 WINDOW, STAGE, TIMEOUT = 5, 10, 120
@@ -238,7 +238,7 @@ def test_whatever_a_device_sends_a_stage_is_a_4xx_or_accepted_never_a_5xx(
 
 @pytest.fixture(scope="module")
 def secure_server(server_artifacts: Path, tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
-    from tests.server_support import ADMIN, ENROLL
+    from tests.support.server_support import ADMIN, ENROLL
 
     mp = pytest.MonkeyPatch()
     mp.setenv("FEDPER_ADMIN_TOKEN", ADMIN)

@@ -18,9 +18,9 @@ from fedper.server import migrations
 from fedper.server.config import ServerConfig
 from fedper.server.privacy import ServerPrivacy
 from fedper.server.storage import Database, RoundState, RunState, StorageError
-from tests.server_support import open_in_process, round_mode
+from tests.support.server_support import open_in_process, round_mode
 
-SCHEMAS = Path(__file__).parent / "data" / "legacy_schemas"
+SCHEMAS = Path(__file__).resolve().parents[2] / "data" / "legacy_schemas"
 LAYOUTS = range(1, 10)  # the version number each earlier layout maps to
 
 
