@@ -63,7 +63,7 @@ def parity(out: Path, batch: int) -> None:
     after a first step at batch 32. The reference is float64: where a gradient nearly cancels,
     eager float32 is itself far off (17% on one BatchNorm channel at batch 17), so each tensor's
     error (largest absolute difference over the tensor's largest float64 gradient) is compared
-    with eager float32's, as ``tests/test_export.py`` does: "bad" tensors are those more than 3x
+    with eager float32's, as ``tests/unit/export/test_export.py`` does: "bad" tensors are those more than 3x
     eager float32's error plus 1e-3. Also the largest difference from eager float32 (what this
     benchmark reported before it had the float64 reference)."""
     import copy

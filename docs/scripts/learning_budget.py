@@ -1,4 +1,4 @@
-"""When FedPer takes off in tests/test_simulation.py's learning run: docs/TESTING.md.
+"""When FedPer takes off in tests/unit/recipes/test_simulation.py's learning run: docs/TESTING.md.
 
 The test's setting (digits, 5 clients of 2 classes each, kp=2, lr 0.05, one local epoch a round,
 one thread) for each seed given, with more rounds than the test's 12: FedPer's mean accuracy at

@@ -181,7 +181,7 @@ class Enrolled(_Body):
     token: str
 
 
-# TrainConfig's fields, each optional on the wire (tests/test_cli.py holds the two to the same names
+# TrainConfig's fields, each optional on the wire (tests/unit/core/test_cli.py holds the two to the same names
 # and types). A comment, not the docstring: the schema carries the docstring.
 class TaskConfig(_Body):
     """Overrides the manifest's training defaults key by key (an absent key keeps the default)."""
