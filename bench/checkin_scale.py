@@ -47,7 +47,7 @@ def _populate(db: Path, devices: int) -> list[str]:
     tokens = [f"bench-token-{i:06d}-{random.Random(i).getrandbits(64):016x}" for i in range(devices)]
     database = Database(db)
     try:
-        database.add_devices([(f"d-bench{i:06d}", hashlib.sha256(t.encode()).hexdigest()) for i, t in enumerate(tokens)],
+        database.devices.add_many([(f"d-bench{i:06d}", hashlib.sha256(t.encode()).hexdigest()) for i, t in enumerate(tokens)],
                              "bench")  # fmt: skip
     finally:
         database.close()

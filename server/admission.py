@@ -60,7 +60,7 @@ class Admission:
         ctx = self.ctx
         if ctx.finished():
             raise RunFinishedError()
-        if ctx.db.has_update(number, device_id):
+        if ctx.db.rounds.has_update(number, device_id):
             raise AlreadyReportedError(f"this device already has an accepted update in round {number}")
         current = ctx.open_round(number)
         if ctx.secure is not None:
@@ -94,7 +94,7 @@ class Admission:
         ctx = self.ctx
         try:
             with ctx.lock:
-                if ctx.db.device_revoked(staged.device_id):
+                if ctx.db.devices.revoked(staged.device_id):
                     raise DeviceRevokedError("this device has been revoked")
                 self._check_conflicts(staged.device_id, staged.round, staged.upload)
                 now = ctx.clock()
@@ -104,7 +104,7 @@ class Admission:
                     update = StoredUpdate(staged.round, staged.device_id, u.num_samples, u.base_version, relative,
                                           u.metrics, u.unclipped)  # fmt: skip
                     with ctx.db.transaction() as tx:
-                        ctx.db.insert_update(tx, update, now)
+                        ctx.db.rounds.insert_update(tx, update, now)
                 finally:
                     ctx.refresh()
                 received = ctx.snapshot.received
@@ -120,19 +120,19 @@ class Admission:
         """Take a (revoked) device's update and slot out of the open round; True if it had an update."""
         ctx = self.ctx
         with ctx.lock:
-            current = ctx.db.latest_round()
+            current = ctx.db.rounds.latest()
             assert current is not None
             if current.state != RoundState.OPEN:
                 return False
-            if not ctx.db.has_update(current.round, device_id):
+            if not ctx.db.rounds.has_update(current.round, device_id):
                 with ctx.db.transaction() as tx:
-                    ctx.db.delete_slot(tx, current.round, device_id)  # free for another device
+                    ctx.db.cohort.delete_slot(tx, current.round, device_id)  # free for another device
                 return False
-            files = [u.file for u in ctx.db.updates(current.round) if u.device_id == device_id]
+            files = [u.file for u in ctx.db.rounds.updates(current.round) if u.device_id == device_id]
             try:
                 with ctx.db.transaction() as tx:
-                    ctx.db.delete_update(tx, current.round, device_id)
-                    ctx.db.delete_slot(tx, current.round, device_id)  # free for another device
+                    ctx.db.rounds.delete_update(tx, current.round, device_id)
+                    ctx.db.cohort.delete_slot(tx, current.round, device_id)  # free for another device
             finally:
                 ctx.refresh()
             for file in files:

@@ -59,7 +59,7 @@ def _bearer(request: Request) -> str:
 
 def caller(request: Request, state: State) -> Caller:
     token = _bearer(request)
-    row = state.db.device_by_token_hash(token_hash(token))
+    row = state.db.devices.by_token_hash(token_hash(token))
     if row is not None and not row.revoked and same_secret(row.token_hash, token_hash(token)):
         return Caller("device", row.id)
     if same_secret(token, state.secrets.admin_token):

@@ -55,11 +55,11 @@ class Closing:
             if ctx.strategy.decide(RoundProgress(snap.received, due)).action == "wait":
                 return
         with ctx.lock:
-            current = ctx.db.latest_round()
+            current = ctx.db.rounds.latest()
             if current is None or current.state != RoundState.OPEN or ctx.finished():
                 return
             due = current.deadline is not None and now >= current.deadline
-            progress = RoundProgress(ctx.db.count_updates(current.round), due)
+            progress = RoundProgress(ctx.db.rounds.count_updates(current.round), due)
             if ctx.secure is not None:
                 try:
                     stage = ctx.secure.stage(current.round, now)
@@ -96,7 +96,7 @@ class Closing:
 
     def abandon_failed(self, number: int, why: str, noised: RoundResult | None = None) -> None:
         """Abandon a round that cannot be closed (if it is still open), counted as not published."""
-        current = self.ctx.db.round(number)
+        current = self.ctx.db.rounds.get(number)
         if current is None or current.state != RoundState.OPEN:
             return
         self._refuse(number, current.model_version, why[:500], noised)
@@ -110,10 +110,10 @@ class Closing:
         as after a restart: whether it closes is decided again (a later upload, the deadline).
         """
         ctx, start = self.ctx, time.perf_counter()
-        current = ctx.db.round(number)
+        current = ctx.db.rounds.get(number)
         assert current is not None and current.state == RoundState.OPEN
         version = current.model_version
-        updates = ctx.db.updates(number)
+        updates = ctx.db.rounds.updates(number)
         round_base = ctx.models.base(version)
         mode = ctx.round_mode()
         private = mode.private is not None
@@ -168,22 +168,22 @@ class Closing:
     ) -> None:
         """Write the next version, record it and open the next round (or finish the run)."""
         ctx = self.ctx
-        version = ctx.db.latest_version() + 1
+        version = ctx.db.versions.latest() + 1
         target, sha256 = ctx.models.write(version, result.base)
-        finished = ctx.db.count_closed_rounds() + 1 >= ctx.config.rounds
+        finished = ctx.db.rounds.count_closed() + 1 >= ctx.config.rounds
         steps = [*steps, publish_check.step_norm(result.base, round_base)][-publish_check.HISTORY :]
         now = ctx.clock()
         try:
             with ctx.db.transaction() as tx:
-                ctx.db.insert_version(tx, version, sha256, target.name, now, number)
-                ctx.db.end_round(tx, number, RoundState.CLOSED, now, version, round_metrics(updates))
+                ctx.db.versions.insert(tx, version, sha256, target.name, now, number)
+                ctx.db.rounds.end(tx, number, RoundState.CLOSED, now, version, round_metrics(updates))
                 ctx.db.set_recent_steps(tx, steps)
                 if ctx.privacy is not None and result.dp is not None and not ctx.privacy.record(tx, result):
                     finished = True  # the next round would take epsilon above --target-epsilon
                 if finished:
                     ctx.db.set_run_state(tx, RunState.FINISHED)
                 else:
-                    ctx.db.open_round(tx, number + 1, version, now, ctx.deadline(now))
+                    ctx.db.rounds.open(tx, number + 1, version, now, ctx.deadline(now))
         finally:
             ctx.refresh()
         ctx.store.remove_round(number)
@@ -209,7 +209,7 @@ class Closing:
         cannot be read or that the loader refuses is quarantined and its row removed, so the
         round's count is recomputed and that device may upload again."""
         keyed = []
-        for update in self.ctx.db.updates(number):
+        for update in self.ctx.db.rounds.updates(number):
             try:
                 if update.file is None:
                     raise FileNotFoundError("no file recorded")
@@ -229,7 +229,7 @@ class Closing:
         if update.file is not None:
             self.ctx.store.quarantine(update.file, str(exc))
         with self.ctx.db.transaction() as tx:
-            self.ctx.db.delete_update(tx, update.round, update.device_id)
+            self.ctx.db.rounds.delete_update(tx, update.round, update.device_id)
         log.warning(json.dumps({"event": "update_dropped", "round": update.round, "device": update.device_id,
                                 "reason": str(exc)[:300]}))  # fmt: skip
 
@@ -259,14 +259,14 @@ class Closing:
         if not keep:
             return
         with ctx.lock:
-            latest = ctx.db.latest_version()
+            latest = ctx.db.versions.latest()
             training = ctx.snapshot.model_version
-            doomed = [v for v in ctx.db.versions() if v != 0 and v != training and v <= latest - keep]
+            doomed = [v for v in ctx.db.versions.files() if v != 0 and v != training and v <= latest - keep]
             if not doomed:
                 return
             with ctx.db.transaction() as tx:
                 for v in doomed:
-                    ctx.db.delete_version(tx, v)
+                    ctx.db.versions.delete(tx, v)
         ctx.models.forget(doomed)
         log.info(json.dumps({"event": "versions_pruned", "versions": doomed}))
 
@@ -294,11 +294,11 @@ class Closing:
         now = ctx.clock()
         try:
             with ctx.db.transaction() as tx:
-                ctx.db.end_round(tx, number, RoundState.ABANDONED, now, reason=reason)
+                ctx.db.rounds.end(tx, number, RoundState.ABANDONED, now, reason=reason)
                 if ctx.privacy is not None and noised is not None and not ctx.privacy.record(tx, noised):
                     ctx.db.set_run_state(tx, RunState.FINISHED)
                 else:
-                    ctx.db.open_round(tx, number + 1, version, now, ctx.deadline(now))
+                    ctx.db.rounds.open(tx, number + 1, version, now, ctx.deadline(now))
         finally:
             ctx.refresh()
         ctx.store.remove_round(number)

@@ -70,7 +70,7 @@ class Enrollment:
         if self.attestation is not None:
             await self.attestation.verify(enrolling.attestation, enrolling.platform, enrolling.nonce, address, first)
         device_id, token = f"d-{secrets.token_hex(8)}", new_token()
-        await to_thread.run_sync(self.db.add_device, device_id, token_hash(token), enrolling.platform)
+        await to_thread.run_sync(self.db.devices.add, device_id, token_hash(token), enrolling.platform)
         log.info(json.dumps({"event": "device_enrolled", "device": device_id, "platform": enrolling.platform}))
         await to_thread.run_sync(self.rounds.enrolled)
         return Enrolled(device_id=device_id, token=token)

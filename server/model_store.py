@@ -32,7 +32,7 @@ class ModelStore:
 
     def file(self, version: int) -> tuple[Path, str] | None:
         """Where version ``version`` is and its sha256, if it is recorded."""
-        row = self.db.model_version(version)
+        row = self.db.versions.get(version)
         if row is None:
             return None
         return self.dir / row.file, row.sha256
@@ -68,7 +68,7 @@ class ModelStore:
     def last_step(self, version: int) -> Tensors | None:
         """The published step that made ``version`` (its base minus its parent's), where centered
         clipping starts; None (clip around the base) for version 0 or a pruned parent."""
-        parent = self.db.parent_version(version)
+        parent = self.db.versions.parent(version)
         found = self.file(version)
         parent_file = self.file(parent) if parent is not None else None
         if found is None or parent_file is None:
@@ -85,7 +85,7 @@ class ModelStore:
     def remove_unrecorded(self) -> None:
         """At start: temp files of writes a crash interrupted (``.v1.safetensors.*.tmp``), version
         files written but never recorded, and files of versions pruned before a crash."""
-        recorded = {self.dir / file for file in self.db.versions().values()}
+        recorded = {self.dir / file for file in self.db.versions.files().values()}
         for path in list(self.dir.iterdir()):
             if path not in recorded and (path.name.endswith(".tmp") or path.suffix == ".safetensors"):
                 self._files.remove(path)

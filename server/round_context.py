@@ -66,7 +66,7 @@ class RoundContext:
         self.strategy: Strategy = round_strategy(
             config.aggregation, config.privacy, Quorum(config.min_clients, config.target_clients),
             expected_cohort=config.cohort, sampling_probability=config.privacy.dp_sampling_probability,
-            population=db.count_devices, secure_words=words if config.secure.secagg else None,
+            population=db.devices.count, secure_words=words if config.secure.secagg else None,
             max_update_norm=config.max_update_norm,
         )  # fmt: skip
         private = self.strategy.private
@@ -97,7 +97,7 @@ class RoundContext:
 
     def refresh(self) -> None:
         """The snapshot, read from the database (called after every commit, also after failures)."""
-        current = self.db.latest_round()
+        current = self.db.rounds.latest()
         assert current is not None
         self.snapshot = Snapshot(
             finished=self.finished(),
@@ -105,8 +105,8 @@ class RoundContext:
             state=current.state,
             model_version=current.model_version,
             deadline=current.deadline,
-            received=self.db.count_updates(current.round) if current.state == RoundState.OPEN else 0,
-            rounds_closed=self.db.count_closed_rounds(),
+            received=self.db.rounds.count_updates(current.round) if current.state == RoundState.OPEN else 0,
+            rounds_closed=self.db.rounds.count_closed(),
             opened_at=current.opened_at,
         )
 
@@ -114,7 +114,7 @@ class RoundContext:
         """Round ``number`` if it is the open one; else why not (410, 409 ``round_not_open``)."""
         if self.finished():
             raise RunFinishedError()
-        current = self.db.latest_round()
+        current = self.db.rounds.latest()
         assert current is not None
         if number != current.round or current.state != RoundState.OPEN:
             raise RoundNotOpenError(f"round {number} is not open (the open round is {current.round})")

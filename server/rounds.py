@@ -155,7 +155,7 @@ class RoundManager:
 
     def round_base(self, number: int) -> dict[str, np.ndarray]:
         """The base that round ``number`` trains (float64, for the update bound)."""
-        info = self.db.round(number)
+        info = self.db.rounds.get(number)
         if info is None:
             raise KeyError(number)
         return self.ctx.models.base(info.model_version)
@@ -164,14 +164,14 @@ class RoundManager:
         return self.ctx.models.file(version)
 
     def round_info(self, number: int) -> RoundInfo | None:
-        r = self.db.round(number)
+        r = self.db.rounds.get(number)
         if r is None:
             return None
-        updates = self.db.updates(number)
+        updates = self.db.rounds.updates(number)
         metrics = r.metrics if r.metrics is not None else round_metrics(updates)
         received = len(updates)
         if self.secure is not None and r.state == RoundState.OPEN:  # a secure round's updates are masked inputs
-            received = sum(stage == "masked" for stage, _, _ in self.db.secagg_messages(number))
+            received = sum(stage == "masked" for stage, _, _ in self.db.secagg.messages(number))
         return RoundInfo(
             round=r.round,
             state=r.state,  # type: ignore[arg-type]

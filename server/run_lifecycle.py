@@ -39,22 +39,22 @@ class RunLifecycle:
             return
         ctx.models.dir.mkdir(parents=True, exist_ok=True)
         with ctx.lock:
-            if ctx.db.model_version(0) is None:
+            if ctx.db.versions.get(0) is None:
                 target, sha256 = ctx.models.write_initial(initial_base)
                 now = ctx.clock()
-                waiting = ctx.db.count_devices() < ctx.config.start_devices  # no clock until they come
+                waiting = ctx.db.devices.count() < ctx.config.start_devices  # no clock until they come
                 with ctx.db.transaction() as tx:
-                    ctx.db.insert_version(tx, 0, sha256, target.name, now, None)
-                    ctx.db.open_round(tx, 1, 0, now, None if waiting else ctx.deadline(now))
+                    ctx.db.versions.insert(tx, 0, sha256, target.name, now, None)
+                    ctx.db.rounds.open(tx, 1, 0, now, None if waiting else ctx.deadline(now))
                     ctx.db.set_run_state(tx, RunState.WAITING if waiting else RunState.RUNNING)
                 log.info(json.dumps({"event": "round_opened", "round": 1, "model_version": 0}))
-            current = ctx.db.latest_round()
+            current = ctx.db.rounds.latest()
             assert current is not None
             open_round = current.round if current.state == RoundState.OPEN and not ctx.finished() else None
             if open_round is not None:
                 for _ in self.closing.stored(open_round):  # quarantines what the loader refuses
                     pass
-            referenced = {u.file for u in ctx.db.updates(open_round)} if open_round is not None else set()
+            referenced = {u.file for u in ctx.db.rounds.updates(open_round)} if open_round is not None else set()
             if ctx.secure is not None and open_round is not None:
                 referenced |= ctx.secure.referenced(open_round)
             ctx.store.remove_leftovers(open_round, {f for f in referenced if f is not None})
@@ -66,7 +66,7 @@ class RunLifecycle:
     def enrolled(self) -> None:
         """After an enrollment: start round 1's clock once ``--start-devices`` devices have enrolled."""
         ctx = self.ctx
-        if ctx.db.run_state() != RunState.WAITING or ctx.db.count_devices() < ctx.config.start_devices:
+        if ctx.db.run_state() != RunState.WAITING or ctx.db.devices.count() < ctx.config.start_devices:
             return
         with ctx.lock:
             if ctx.db.run_state() != RunState.WAITING:
@@ -74,11 +74,11 @@ class RunLifecycle:
             now = ctx.clock()
             try:
                 with ctx.db.transaction() as tx:
-                    ctx.db.start_round_clock(tx, 1, now, ctx.deadline(now))
+                    ctx.db.rounds.start_clock(tx, 1, now, ctx.deadline(now))
                     ctx.db.set_run_state(tx, RunState.RUNNING)
             finally:
                 ctx.refresh()
-        log.info(json.dumps({"event": "round_clock_started", "round": 1, "devices": ctx.db.count_devices()}))
+        log.info(json.dumps({"event": "round_clock_started", "round": 1, "devices": ctx.db.devices.count()}))
 
     def tick(self) -> None:
         """Apply the clock: first enter or leave draining (the disk), then let the closing decide."""
@@ -121,13 +121,13 @@ class RunLifecycle:
         """Finish the run now (operator): the open round is recorded as stopped, not aggregated."""
         ctx = self.ctx
         with ctx.lock:
-            current = ctx.db.latest_round()
+            current = ctx.db.rounds.latest()
             assert current is not None
             stopped = current.state == RoundState.OPEN and not ctx.finished()
             try:
                 with ctx.db.transaction() as tx:
                     if stopped:
-                        ctx.db.end_round(tx, current.round, RoundState.STOPPED, ctx.clock())
+                        ctx.db.rounds.end(tx, current.round, RoundState.STOPPED, ctx.clock())
                     ctx.db.set_run_state(tx, RunState.FINISHED)
             finally:
                 ctx.refresh()
@@ -153,19 +153,19 @@ class RunLifecycle:
                     f"rounds; one more would exceed --target-epsilon {spent.target_epsilon}. A rollback does not give "
                     "back what was published: the run stays finished"
                 )
-            version = ctx.db.latest_version() + 1
+            version = ctx.db.versions.latest() + 1
             target = ctx.models.copy(found[0], version)
-            current = ctx.db.latest_round()
+            current = ctx.db.rounds.latest()
             assert current is not None
             now = ctx.clock()
             try:
                 with ctx.db.transaction() as tx:
-                    ctx.db.insert_version(tx, version, found[1], target.name, now, None)
-                    ctx.db.mark_rolled_back(tx, to, current.round if current.state == RoundState.OPEN else None)
+                    ctx.db.versions.insert(tx, version, found[1], target.name, now, None)
+                    ctx.db.rounds.mark_rolled_back(tx, to, current.round if current.state == RoundState.OPEN else None)
                     if current.state == RoundState.OPEN:
-                        ctx.db.end_round(tx, current.round, RoundState.ABANDONED, now, reason="rolled back")
+                        ctx.db.rounds.end(tx, current.round, RoundState.ABANDONED, now, reason="rolled back")
                     ctx.db.set_run_state(tx, RunState.RUNNING)
-                    ctx.db.open_round(tx, current.round + 1, version, now, ctx.deadline(now))
+                    ctx.db.rounds.open(tx, current.round + 1, version, now, ctx.deadline(now))
             finally:
                 ctx.refresh()
             ctx.store.remove_round(current.round)

@@ -87,13 +87,13 @@ class SecureRounds:
         row = SecAggSession(number, secrets.token_hex(16), {d: sorted(v) for d, v in graph.items()},
                             self.settings.threshold(len(cohort)), clip, 1 if dp else self.settings.secagg_weight_cap,
                             ends, flags=1 if dp else 0)  # fmt: skip
-        self.db.put_secagg_session(tx, row)
+        self.db.secagg.put_session(tx, row)
         self._cached = None
         return row
 
     def task(self, number: int) -> SecAggTask | None:
         """What a task of round ``number`` tells a drawn device (None: the round has no session)."""
-        row = self.db.secagg_session(number)
+        row = self.db.secagg.session(number)
         if row is None:
             return None
         k = len(next(iter(row.graph.values())))
@@ -111,7 +111,7 @@ class SecureRounds:
 
     def session(self, number: int) -> tuple[SecAggSession, ServerSession] | None:
         """Round ``number``'s row and session, replayed from the stored messages when not cached."""
-        row = self.db.secagg_session(number)
+        row = self.db.secagg.session(number)
         if row is None:
             return None
         if self._cached is not None and self._cached[0] == number:
@@ -127,7 +127,7 @@ class SecureRounds:
             lambda device: read_masked(self.masked_path(number, device)),
         )
         try:
-            for stage, device, body in self.db.secagg_messages(number):
+            for stage, device, body in self.db.secagg.messages(number):
                 apply(session, stage, device, body, self.folder)
         except (StageError, OSError, ValueError, KeyError, TypeError) as e:
             raise SessionBrokenError(f"round {number}'s stored secure session does not replay: {e}") from e
@@ -172,7 +172,7 @@ class SecureRounds:
 
     def referenced(self, number: int) -> set[str]:
         """The masked inputs' files of round ``number`` (relative to the updates folder)."""
-        return {MaskedBody.parse(body).file for stage, _, body in self.db.secagg_messages(number) if stage == "masked"}
+        return {MaskedBody.parse(body).file for stage, _, body in self.db.secagg.messages(number) if stage == "masked"}
 
     # --- a device's requests (the caller holds the rounds' lock) ---------------------------
 
@@ -220,7 +220,7 @@ class SecureRounds:
             raise SecureMessageError(f"{stage}: {e}") from e
         try:
             with self.db.transaction() as tx:
-                self.db.put_secagg_message(tx, number, stage, device, stored, now)
+                self.db.secagg.put_message(tx, number, stage, device, stored, now)
         except BaseException:
             self._cached = None  # the session is ahead of the database: rebuild it from there
             raise
@@ -257,7 +257,7 @@ class SecureRounds:
         """Seconds a device waits before it asks again: until the current stage's end, but at most
         POLL_SECONDS (a stage ends early once everyone who can has sent, and the next stage's
         time starts then: a device that slept to the end could miss a short one)."""
-        row = self.db.secagg_session(number)
+        row = self.db.secagg.session(number)
         current = self.stage(number, now)
         if row is None or current in (None, DONE):
             return 1

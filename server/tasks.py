@@ -40,7 +40,7 @@ class Tasks:
                 "this server aggregates securely (protocol revision 1.7, docs/SECAGG.md) and this device did not say "
                 f"it can take part ({Header.CAPABILITIES}: {Header.SECAGG}); it gets no task"
             )
-        done = self.db.has_update(snap.round, device_id)
+        done = self.db.rounds.has_update(snap.round, device_id)
         if rounds.secure is not None and rounds.secure.took_part(snap.round, device_id):
             done = True  # one session per device and round: its keys are the ones it advertised
         slot = None if done else rounds.assign(snap.round, device_id)

@@ -45,7 +45,7 @@ async def provision(request: Request, _op: Operator, state: State) -> Provisione
 
 def _provision(body: ProvisionRequest, state: ServerState) -> Provisioned:
     devices = [(f"d-{secrets.token_hex(8)}", new_token()) for _ in range(body.count)]
-    state.db.add_devices([(d, token_hash(t)) for d, t in devices], body.platform)
+    state.db.devices.add_many([(d, token_hash(t)) for d, t in devices], body.platform)
     log.info(json.dumps({"event": "devices_provisioned", "count": body.count, "platform": body.platform}))
     state.rounds.enrolled()
     return Provisioned(devices=[Enrolled(device_id=d, token=t) for d, t in devices])
@@ -53,7 +53,7 @@ def _provision(body: ProvisionRequest, state: ServerState) -> Provisioned:
 
 @router.post(Route.ADMIN_REVOKE, response_model=Revoked, responses=ERRORS)
 def revoke(device_id: str, _op: Operator, state: State) -> Revoked:
-    if not state.db.revoke_device(device_id):
+    if not state.db.devices.revoke(device_id):
         raise NotFoundError(f"device {device_id[:80]!r}")
     withdrawn = state.rounds.withdraw(device_id)
     log.info(json.dumps({"event": "device_revoked", "device": device_id, "update_withdrawn": withdrawn}))
@@ -75,6 +75,6 @@ def rollback(version: int, _op: Operator, state: State) -> RolledBack:
 
 @router.get(Route.ADMIN_LATEST_BASE, responses={200: {"content": {OCTETS: {}}}, **ERRORS})
 def latest_base(request: Request, _op: Operator, state: State) -> Response:
-    found = state.rounds.version_file(state.db.latest_version())
+    found = state.rounds.version_file(state.db.versions.latest())
     assert found is not None
     return file_response(found[0], found[1], request, state)

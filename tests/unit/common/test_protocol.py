@@ -105,8 +105,8 @@ def test_every_server_error_code_is_in_the_enum() -> None:
 # class attribute. Each is checked to be what it says, so a new protocol literal cannot hide here.
 NOT_PROTOCOL = {
     ("fedper/results.py", "num_samples"): "metrics.csv's column",
-    ("server/storage.py", "num_samples"): "the updates table's column",
-    ("server/storage.py", "base_version"): "the updates table's column",
+    ("server/storage/rounds.py", "num_samples"): "the updates table's column",
+    ("server/storage/rounds.py", "base_version"): "the updates table's column",
     ("server/http_protocol.py", "header_timeout"): "the HTTP layer's attribute (the code is ErrorCode's)",
 }
 

@@ -62,14 +62,14 @@ def test_the_draw_holds_no_write_lock_while_it_is_made(
         state.rounds.cohort._rng = held
         devices = [f"d-{i}" for i in range(20)]
         for d in devices:
-            state.db.add_device(d, f"hash-{d}", "test")
+            state.db.devices.add(d, f"hash-{d}", "test")
             assert state.rounds.assign(1, d) is None  # checked in
         clock.now += 10
         drawing = threading.Thread(target=state.rounds.assign, args=(1, devices[0]))
         caplog.set_level(logging.INFO, "fedper.server")
         drawing.start()
         assert held.entered.wait(10)
-        state.db.add_device("d-late", "hash-late", "test")  # a write while the draw is made: no wait
+        state.db.devices.add("d-late", "hash-late", "test")  # a write while the draw is made: no wait
         held.release.set()
         drawing.join(10)
         slots = [state.rounds.assign(1, d) for d in devices]

@@ -270,7 +270,7 @@ def test_no_arrival_order_over_assigns_slots_or_refuses_a_slot_holder(
         rounds, db = state.rounds, state.db
         ids = [f"d-{i}" for i in range(6)]
         for i in ids:
-            db.add_device(i, f"hash-{i}", "test")
+            db.devices.add(i, f"hash-{i}", "test")
         expiry: dict[tuple[int, str], float | None] = {}  # the slots handed out by tasks
         try:
             for kind, value in steps:
@@ -280,7 +280,7 @@ def test_no_arrival_order_over_assigns_slots_or_refuses_a_slot_holder(
                     continue
                 device = ids[int(value)]
                 if kind == "ask":
-                    slot = None if db.has_update(number, device) else rounds.assign(number, device)
+                    slot = None if db.rounds.has_update(number, device) else rounds.assign(number, device)
                     if slot is not None:
                         expiry[(number, device)] = slot.expires_at
                 else:
@@ -295,7 +295,7 @@ def test_no_arrival_order_over_assigns_slots_or_refuses_a_slot_holder(
                     else:
                         assert held, f"{device} uploaded without a slot and was accepted"
                 for n in range(1, rounds.snapshot.round + 1):
-                    assert db.count_updates(n) <= config.target_clients
-                assert db.count_held_slots(rounds.snapshot.round, clock.now) <= config.slots
+                    assert db.rounds.count_updates(n) <= config.target_clients
+                assert db.cohort.count_held(rounds.snapshot.round, clock.now) <= config.slots
         finally:
             db.close()

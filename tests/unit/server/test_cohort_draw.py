@@ -35,7 +35,7 @@ def _run(artifacts: Path, data: Path, rounds: int, **options: object) -> list[li
     manifest = read_manifest(artifacts)
     try:
         for device in SYBILS + HONEST:
-            state.db.add_device(device, f"hash-{device}", "test")
+            state.db.devices.add(device, f"hash-{device}", "test")
         held = []
         for number in range(1, rounds + 1):
             snap = state.rounds.snapshot

@@ -63,7 +63,7 @@ def test_keys_that_would_stop_the_round_are_refused_at_the_door_and_the_round_cl
         "non-canonical key": {"channel_key": own["channel_key"], "mask_key": b64((2**255 - 10).to_bytes(32, "little"))},
     }[attack]  # fmt: skip
     _refused(d.post_keys(scene.hostile, body))
-    assert not [m for m in scene.server.state.db.secagg_messages(d.number) if m[1] == scene.hostile]  # type: ignore[union-attr]
+    assert not [m for m in scene.server.state.db.secagg.messages(d.number) if m[1] == scene.hostile]  # type: ignore[union-attr]
     d.honest_round([*scene.honest[1:], victim], scene.deltas, scene.samples)
     d.wait_out("unmask")
     scene.tick()

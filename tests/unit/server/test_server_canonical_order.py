@@ -95,7 +95,7 @@ def _close_round(artifacts: Path, updates: Sequence[Update], arrival: Sequence[i
         state = open_state(config)
         try:
             for owner in owners:
-                state.db.add_device(f"d-{owner}", f"hash-{owner}", "test")
+                state.db.devices.add(f"d-{owner}", f"hash-{owner}", "test")
             for i in arrival:
                 tensors, n = updates[i]
                 state.rounds.assign(1, f"d-{owners[i]}")  # a device asks for its task first

@@ -236,9 +236,9 @@ def test_round_one_waits_for_start_devices_before_its_clock_runs(server_artifact
         assert all(ask(server.http, h).status_code == 204 for h in early)
         status = server.http.get("/v1/status").json()
         assert status["round"] == 1 and status["privacy"]["rounds"] == 0
-        assert server.state.db.round(1).deadline is None  # type: ignore[union-attr]
+        assert server.state.db.rounds.get(1).deadline is None  # type: ignore[union-attr]
         late = enroll(server.http)[1]
-        started = server.state.db.round(1)
+        started = server.state.db.rounds.get(1)
         assert started is not None and started.opened_at == clock.now and started.deadline == clock.now + TIMEOUT
         tasks = _drawn(server, clock, [*early, late])
         assert all(t is not None and t["round"] == 1 for t in tasks)

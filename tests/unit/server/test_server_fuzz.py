@@ -36,7 +36,7 @@ class Fuzzed:
     def fingerprint(self) -> tuple[Any, ...]:
         files = sorted(str(p.relative_to(self.data)) for d in ("tmp", "updates", "quarantine")
                        for p in (self.data / d).rglob("*"))  # fmt: skip
-        return self.state.rounds.snapshot, self.state.db.count_devices(), files
+        return self.state.rounds.snapshot, self.state.db.devices.count(), files
 
     def check(self, response: Any, allowed: set[int]) -> None:
         assert response.status_code < 500, (response.status_code, response.text[:300])
@@ -182,7 +182,7 @@ def test_provisioning_bodies(fuzzed: Fuzzed, body: bytes) -> None:
         return
     devices = r.json()["devices"]
     assert 1 <= len(devices) == json.loads(body)["count"] <= 10_000
-    assert fuzzed.state.db.count_devices() == before[1] + len(devices)
+    assert fuzzed.state.db.devices.count() == before[1] + len(devices)
     token = {"Authorization": f"Bearer {devices[-1]['token']}"}
     assert fuzzed.client.get("/v1/task", headers=token).status_code in {200, 204}
 
@@ -237,7 +237,7 @@ def test_whatever_is_accepted_loads_back(fuzzed: Fuzzed, dtype, metrics, num_sam
     assert fuzzed.client.get("/v1/task", headers=device).status_code == 200
     r = fuzzed.client.post("/v1/rounds/1/updates", content=body, headers=device)
     fuzzed.check(r, {202})
-    for update in fuzzed.state.db.updates(1):
+    for update in fuzzed.state.db.rounds.updates(1):
         assert update.file is not None
         fuzzed.state.rounds.store.load(update.file)  # the loader used at restart
 
@@ -248,7 +248,7 @@ def test_a_fault_of_the_server_is_a_json_500_with_a_logged_request_id(
     def broken() -> int:
         raise RuntimeError("database gone")
 
-    monkeypatch.setattr(fuzzed.state.db, "count_devices", broken)
+    monkeypatch.setattr(fuzzed.state.db.devices, "count", broken)
     with caplog.at_level("ERROR", logger="fedper.server"):
         r = fuzzed.client.get("/v1/status")
     assert r.status_code == 500

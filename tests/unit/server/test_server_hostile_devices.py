@@ -160,7 +160,7 @@ def test_status_counts_devices_in_memory(server_artifacts, tmp_path, monkeypatch
     """Before: every anonymous /v1/status ran COUNT(*) over the devices under the one lock."""
     data = tmp_path / "data"
     state = open_in_process(server_artifacts, data)
-    state.db.add_devices([(f"d-{i}", f"h-{i}") for i in range(50_000)], None)
+    state.db.devices.add_many([(f"d-{i}", f"h-{i}") for i in range(50_000)], None)
     state.db.close()
     state = open_in_process(server_artifacts, data)
     seen: list[str] = []
@@ -337,7 +337,7 @@ def test_deadlines_ignore_a_jump_of_the_wall_clock(server_artifacts, server_mani
     assert clock() == 1_000_000.0
     state = open_in_process(server_artifacts, tmp_path / "data", clock, round_timeout=600, target_clients=3)
     try:
-        state.db.add_device("d-1", "h-1", "test")
+        state.db.devices.add("d-1", "h-1", "test")
         from fedper.server.upload_validation import Upload
 
         state.rounds.assign(1, "d-1")
@@ -361,7 +361,7 @@ def test_keep_versions_prunes_old_versions(server_artifacts, server_manifest, tm
     data = tmp_path / "data"
     state = open_in_process(server_artifacts, data, target_clients=1, min_clients=1, keep_versions=2)
     try:
-        state.db.add_device("d-1", "h-1", "test")
+        state.db.devices.add("d-1", "h-1", "test")
         for number in range(1, 6):
             state.rounds.assign(number, "d-1")
             upload = Upload(base_like(server_manifest, seed=number), 10, number - 1, {})
@@ -468,8 +468,8 @@ def test_a_database_that_cannot_be_opened_for_writing_on_a_full_disk_is_served_r
         free[0] = 10**12
         state.rounds.tick()  # room again: the database is opened for writing
         assert not state.db.read_only and state.rounds.draining is None
-        state.db.add_device("d-1", "h-1", "test")
-        assert state.db.count_devices() == 1
+        state.db.devices.add("d-1", "h-1", "test")
+        assert state.db.devices.count() == 1
     finally:
         state.db.close()
 

@@ -48,7 +48,7 @@ def _round(artifacts: Path, data: Path, updates: list[tuple[Tensors, int]], aggr
     state = open_state(config)
     try:
         for i, (tensors, n) in enumerate(updates):
-            state.db.add_device(f"d-{i}", f"hash-{i}", "test")
+            state.db.devices.add(f"d-{i}", f"hash-{i}", "test")
             state.rounds.assign(1, f"d-{i}")
             state.rounds.commit(state.rounds.stage(f"d-{i}", 1, Upload(tensors, n, 0, {"accuracy": 0.5})))
         assert state.rounds.snapshot.model_version == 1
@@ -146,7 +146,7 @@ def test_centered_clipping_on_the_server_starts_from_the_step_that_made_the_roun
                              ((n, base[n] + 50 * (far[n] - base[n])) for n in base)}, 100))  # fmt: skip
             for i, (tensors, n) in enumerate(updates):
                 device = f"d-{rnd}-{i}"
-                state.db.add_device(device, f"hash-{device}", "test")
+                state.db.devices.add(device, f"hash-{device}", "test")
                 state.rounds.assign(rnd, device)
                 state.rounds.commit(state.rounds.stage(device, rnd, Upload(tensors, n, rnd - 1, {"accuracy": 0.5})))
             published.append(weights.load(tmp_path / "models" / f"v{rnd}.safetensors"))

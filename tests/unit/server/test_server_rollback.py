@@ -35,7 +35,7 @@ def _step(state: ServerState, number: int, scale: float = 0.01, shift: float = 0
         moved = value + scale * rng.standard_normal(value.shape).astype(np.float32) + shift
         tensors[name] = np.abs(moved) if name.endswith(".running_var") else moved
     device = f"d-{number}"
-    state.db.add_device(device, f"hash-{device}", "test")
+    state.db.devices.add(device, f"hash-{device}", "test")
     state.rounds.assign(number, device)
     version = state.rounds.snapshot.model_version
     state.rounds.commit(state.rounds.stage(device, number, Upload(tensors, 10, version, {})))
@@ -56,7 +56,7 @@ def test_an_exploding_step_is_not_published(server_artifacts, tmp_path):
             _step(state, 4, shift=100.0)  # one device, plain FedAvg: the round moves 1e4 x as far
             snap = state.rounds.snapshot
             assert snap.round == 5 and (snap.model_version == 4) == published
-            assert state.db.round(4).state == ("closed" if published else "abandoned")  # type: ignore[union-attr]
+            assert state.db.rounds.get(4).state == ("closed" if published else "abandoned")  # type: ignore[union-attr]
             assert state.rounds.rounds_refused == (0 if published else 1)
             _step(state, 5)  # the run goes on
             assert state.rounds.snapshot.round == 6
@@ -87,7 +87,7 @@ def test_a_non_finite_aggregate_is_not_published_nor_retried_forever(server_arti
     try:
         _step(state, 1)
         snap = state.rounds.snapshot
-        assert (snap.round, snap.model_version) == (2, 0) and state.db.round(1).state == "abandoned"  # type: ignore[union-attr]
+        assert (snap.round, snap.model_version) == (2, 0) and state.db.rounds.get(1).state == "abandoned"  # type: ignore[union-attr]
     finally:
         state.db.close()
 
@@ -106,10 +106,10 @@ def test_rollback_goes_on_from_a_copy_of_the_version(server_artifacts, tmp_path)
         with pytest.raises(UnknownVersionError):
             state.rounds.rollback(99)
         _step(state, 4)  # trains version 4 = version 1
-        assert state.rounds.snapshot.finished and state.db.latest_version() == 5
+        assert state.rounds.snapshot.finished and state.db.versions.latest() == 5
         state.rounds.rollback(2)  # from a finished run
         state.rounds.rollback(0)  # with round 5 open: it is abandoned
-        assert state.db.round(5).state == "abandoned"  # type: ignore[union-attr]
+        assert state.db.rounds.get(5).state == "abandoned"  # type: ignore[union-attr]
         assert state.rounds.snapshot.round == 6 and state.rounds.snapshot.model_version == 7
         v0 = weights.load(data / "models" / "v0.safetensors")
         v7 = weights.load(data / "models" / "v7.safetensors")
@@ -142,7 +142,7 @@ def test_a_rollback_does_not_lock_out_the_devices_whose_updates_it_threw_away(se
     try:
         devices = [f"d-{i}" for i in range(3)]
         for device in devices:
-            state.db.add_device(device, f"hash-{device}", "test")
+            state.db.devices.add(device, f"hash-{device}", "test")
         base = {k: v.astype(np.float32) for k, v in state.rounds.round_base(1).items()}
         for device in devices:
             assert state.rounds.assign(1, device) is not None
@@ -150,7 +150,7 @@ def test_a_rollback_does_not_lock_out_the_devices_whose_updates_it_threw_away(se
         assert state.rounds.snapshot.model_version == 1 and state.rounds.snapshot.round == 2
         assert state.rounds.assign(2, devices[0]) is None  # one participation each: used up
         state.rounds.rollback(0)
-        assert state.db.round(1).rolled_back  # type: ignore[union-attr]
+        assert state.db.rounds.get(1).rolled_back  # type: ignore[union-attr]
         number = state.rounds.snapshot.round
         for device in devices:
             assert state.rounds.assign(number, device) is not None, device  # the thrown-away round does not count

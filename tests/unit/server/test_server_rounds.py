@@ -41,7 +41,7 @@ def _stage(rounds: RoundManager, device_id: str, number: int, upload: Upload) ->
 def _devices(state: ServerState, count: int) -> list[str]:
     ids = [f"d-{i:04d}" for i in range(count)]
     for i in ids:
-        state.db.add_device(i, f"hash-{i}", "test")
+        state.db.devices.add(i, f"hash-{i}", "test")
     return ids
 
 
@@ -98,16 +98,16 @@ def test_a_failing_close_keeps_memory_equal_to_the_database_and_is_retried(serve
     a, b = _devices(state, 2)
     rounds = state.rounds
     rounds.commit(_stage(rounds, a, 1, _upload(server_artifacts, 0, n=1)))
-    original = state.db.insert_version
+    original = state.db.versions.insert
 
     def disk_full(*args: object, **kwargs: object) -> None:
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(state.db, "insert_version", disk_full)
+    monkeypatch.setattr(state.db.versions, "insert", disk_full)
     assert rounds.commit(_stage(rounds, b, 1, _upload(server_artifacts, 1, n=3))) == 2  # stored: its 202 stands
     assert rounds.snapshot.round == 1 and rounds.snapshot.state == "open" and rounds.snapshot.received == 2
-    assert state.db.latest_round().state == "open"  # type: ignore[union-attr]
-    monkeypatch.setattr(state.db, "insert_version", original)
+    assert state.db.rounds.latest().state == "open"  # type: ignore[union-attr]
+    monkeypatch.setattr(state.db.versions, "insert", original)
     rounds.tick()  # retried
     assert rounds.snapshot.round == 2 and rounds.snapshot.model_version == 1
     v1 = weights.load(data / "models" / "v1.safetensors")
@@ -128,14 +128,14 @@ def test_deadlines_follow_the_injected_clock(server_artifacts, tmp_path):
     assert rounds.snapshot.round == 1
     clock.now += 0.1
     rounds.tick()  # 1 < min_clients: abandoned, a new round on the same version
-    assert state.db.round(1).state == "abandoned"  # type: ignore[union-attr]
+    assert state.db.rounds.get(1).state == "abandoned"  # type: ignore[union-attr]
     assert (rounds.snapshot.round, rounds.snapshot.model_version) == (2, 0)
     assert rounds.snapshot.deadline == clock.now + 60
     for device, seed in ((b, 1), (c, 2)):
         rounds.commit(_stage(rounds, device, 2, _upload(server_artifacts, seed)))
     clock.now += 60
     rounds.tick()
-    assert state.db.round(2).state == "closed" and rounds.snapshot.model_version == 1  # type: ignore[union-attr]
+    assert state.db.rounds.get(2).state == "closed" and rounds.snapshot.model_version == 1  # type: ignore[union-attr]
     assert _files(data) == []
 
 
@@ -146,14 +146,14 @@ def test_withdrawal_of_a_revoked_device_and_stop(server_artifacts, tmp_path):
     rounds = state.rounds
     rounds.commit(_stage(rounds, a, 1, _upload(server_artifacts, 0, n=5)))
     staged_b = _stage(rounds, b, 1, _upload(server_artifacts, 1, n=7))
-    assert state.db.revoke_device(b) and state.db.revoke_device(a)
+    assert state.db.devices.revoke(b) and state.db.devices.revoke(a)
     assert rounds.withdraw(a) and not rounds.withdraw(b)
     with pytest.raises(DeviceRevokedError):
         rounds.commit(staged_b)  # revoked between its checks and its commit
     assert rounds.snapshot.received == 0 and _files(data) == []
     rounds.commit(_stage(rounds, c, 1, _upload(server_artifacts, 2)))
     rounds.stop()
-    assert state.db.round(1).state == "stopped" and rounds.snapshot.finished  # type: ignore[union-attr]
+    assert state.db.rounds.get(1).state == "stopped" and rounds.snapshot.finished  # type: ignore[union-attr]
     with pytest.raises(RunFinishedError):
         _stage(rounds, c, 1, _upload(server_artifacts, 2))
     assert _files(data) == []

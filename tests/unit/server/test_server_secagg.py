@@ -228,12 +228,12 @@ def test_whatever_a_device_sends_a_stage_is_a_4xx_or_accepted_never_a_5xx(
         st.fixed_dictionaries({f: JSONISH | st.binary(max_size=40).map(_b64) for f in fields}).map(
             lambda v: json.dumps(v).encode()),
     ))  # fmt: skip
-    before = server.state.db.secagg_messages(1)
+    before = server.state.db.secagg.messages(1)
     r = server.http.post(f"/v1/rounds/1/secagg/{stage}", headers=headers, content=body)
     assert r.status_code < 500, r.text
     if r.status_code != 202:
         assert 400 <= r.status_code < 500 and r.json()["code"] and r.json()["message"], r.text
-        assert server.state.db.secagg_messages(1) == before
+        assert server.state.db.secagg.messages(1) == before
 
 
 @pytest.fixture(scope="module")

@@ -14,10 +14,9 @@ import pytest
 from fedper.common.dp.config import DPConfig
 from fedper.common.dp.state import DPState
 from fedper.common.manifest import MANIFEST_FILE, read_manifest, sha256_file
-from fedper.server import migrations
 from fedper.server.config import ServerConfig
 from fedper.server.privacy import ServerPrivacy
-from fedper.server.storage import Database, RoundState, RunState, StorageError
+from fedper.server.storage import Database, RoundState, RunState, StorageError, migrations
 from tests.support.server_support import open_in_process, round_mode
 
 SCHEMAS = Path(__file__).resolve().parents[2] / "data" / "legacy_schemas"
@@ -64,20 +63,20 @@ def _legacy(path: Path, layout: int, manifest_sha: str = "0" * 64, base_sha: str
 
 def _assert_upgraded(db: Database, layout: int) -> None:
     assert db.schema_version() == migrations.VERSION
-    assert db.count_devices() == 2
-    assert db.device_by_token_hash("h-1") is not None and not db.device_revoked("d-1") and db.device_revoked("d-2")
-    closed, opened = db.round(1), db.round(2)
+    assert db.devices.count() == 2
+    assert db.devices.by_token_hash("h-1") is not None and not db.devices.revoked("d-1") and db.devices.revoked("d-2")
+    closed, opened = db.rounds.get(1), db.rounds.get(2)
     assert closed is not None and closed.state == RoundState.CLOSED and closed.metrics == {"loss": 0.5}
     assert closed.result_version == 1 and closed.reason is None and not closed.rolled_back
     assert opened is not None and opened.state == RoundState.OPEN and opened.model_version == 1
-    [update] = db.updates(1)
+    [update] = db.rounds.updates(1)
     assert (update.device_id, update.num_samples, update.unclipped) == ("d-1", 10, True if layout >= 5 else None)
-    assert db.versions() == {0: "v0.safetensors", 1: "v1.safetensors"} and db.parent_version(1) == 0
-    assert (db.slot(2, "d-1") is not None) == (layout >= 3)
-    assert db.checkins(2) == (["d-2"] if layout >= 4 else [])
-    session = db.secagg_session(2)
+    assert db.versions.files() == {0: "v0.safetensors", 1: "v1.safetensors"} and db.versions.parent(1) == 0
+    assert (db.cohort.slot(2, "d-1") is not None) == (layout >= 3)
+    assert db.cohort.checkins(2) == (["d-2"] if layout >= 4 else [])
+    session = db.secagg.session(2)
     assert (session is not None and session.flags == 0 and session.graph == {"d-1": []}) == (layout >= 6)
-    assert db.secagg_messages(2) == ([("keys", "d-1", b"\x01\x02")] if layout >= 6 else [])
+    assert db.secagg.messages(2) == ([("keys", "d-1", b"\x01\x02")] if layout >= 6 else [])
     assert db.run_state() == RunState.RUNNING
     assert db.recent_steps() == ([0.5, 0.25] if layout >= 4 else [])
     assert db.dp_state() == (DPState(0.75, 3, 1e-05) if layout >= 5 else DPState())
@@ -109,7 +108,7 @@ def test_each_earlier_layout_is_upgraded_with_its_rows_and_a_server_starts_on_it
         if state.rounds.privacy is not None:
             assert state.rounds.privacy.clip() == 0.75 and state.rounds.privacy.spent().rounds == 3
         state.rounds.stop()  # a layout-1 table could not hold a stopped round
-        assert state.db.round(2) is not None and state.db.round(2).state == RoundState.STOPPED  # type: ignore[union-attr]
+        assert state.db.rounds.get(2) is not None and state.db.rounds.get(2).state == RoundState.STOPPED  # type: ignore[union-attr]
         assert state.db.run_state() == RunState.FINISHED
     finally:
         state.db.close()
