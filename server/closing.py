@@ -27,7 +27,7 @@ from fedper.server import publish_check
 from fedper.server.disk_room import out_of_space
 from fedper.server.round_context import RoundContext
 from fedper.server.secure_round import DONE
-from fedper.server.storage import RoundState, RunState, StoredUpdate
+from fedper.server.storage import RoundState, RunState, StoredUpdate, Transaction
 
 log = logging.getLogger("fedper.server")
 
@@ -178,12 +178,7 @@ class Closing:
                 ctx.db.versions.insert(tx, version, sha256, target.name, now, number)
                 ctx.db.rounds.end(tx, number, RoundState.CLOSED, now, version, round_metrics(updates))
                 ctx.db.set_recent_steps(tx, steps)
-                if ctx.privacy is not None and result.dp is not None and not ctx.privacy.record(tx, result):
-                    finished = True  # the next round would take epsilon above --target-epsilon
-                if finished:
-                    ctx.db.set_run_state(tx, RunState.FINISHED)
-                else:
-                    ctx.db.rounds.open(tx, number + 1, version, now, ctx.deadline(now))
+                finished = self._next_round(tx, number, version, now, result, finished)
         finally:
             ctx.refresh()
         ctx.store.remove_round(number)
@@ -295,14 +290,26 @@ class Closing:
         try:
             with ctx.db.transaction() as tx:
                 ctx.db.rounds.end(tx, number, RoundState.ABANDONED, now, reason=reason)
-                if ctx.privacy is not None and noised is not None and not ctx.privacy.record(tx, noised):
-                    ctx.db.set_run_state(tx, RunState.FINISHED)
-                else:
-                    ctx.db.rounds.open(tx, number + 1, version, now, ctx.deadline(now))
+                self._next_round(tx, number, version, now, noised)
         finally:
             ctx.refresh()
         ctx.store.remove_round(number)
         log.info(json.dumps({"event": "round_abandoned", "round": number, "model_version": version, "reason": reason}))
+
+    def _next_round(
+        self, tx: Transaction, number: int, version: int, now: float, noised: RoundResult | None, finished: bool = False
+    ) -> bool:
+        """In the transaction that ends round ``number``: count a noised round against the budget,
+        then finish the run (``finished``, or the budget spent) or open the next round on
+        ``version``. Whether the run finished."""
+        ctx = self.ctx
+        if ctx.privacy is not None and noised is not None and noised.dp is not None:
+            finished = not ctx.privacy.record(tx, noised) or finished
+        if finished:
+            ctx.db.set_run_state(tx, RunState.FINISHED)
+        else:
+            ctx.db.rounds.open(tx, number + 1, version, now, ctx.deadline(now))
+        return finished
 
 
 def round_metrics(updates: list[StoredUpdate]) -> dict[str, dict[str, float]]:
