@@ -63,7 +63,7 @@ test: $(INSTALLED)
 # threads; then each test's claims beside their bounds (test-portable/claims.md). README, "Development".
 PORTABLE ?=
 test-portable: $(INSTALLED)
-	$(BIN)/python -m tests.portable --out test-portable $(PORTABLE)
+	$(BIN)/python -m tests.support.portable --out test-portable $(PORTABLE)
 
 # Every table of docs/RESULTS.md, on 3 seeds, written into it (runs reused from runs/results).
 results: $(INSTALLED)

@@ -1,4 +1,4 @@
-"""100,000 devices checking in to one round of a real ``fedper serve`` (issue 50's scale finding).
+"""100,000 devices checking in to one round of a real ``fedper serve``: the draw and the returns.
 
 The devices are written into the server's database before it starts (the same rows enrollment
 writes; the check-in is measured, not the enrollment), and the server runs with a check-in
@@ -25,7 +25,6 @@ import asyncio
 import hashlib
 import json
 import random
-import sqlite3
 import statistics
 import tempfile
 import time
@@ -36,24 +35,22 @@ import numpy as np
 
 from bench.common import write_results
 from fedper.server.process import ServerProcess
+from fedper.server.storage import Database
 
 ADMIN, ENROLL = "bench-admin-token-0123456789abcdefghij", "bench-enroll"
 
 
-DEVICES_TABLE = """CREATE TABLE IF NOT EXISTS devices (id TEXT PRIMARY KEY, token_hash TEXT NOT NULL UNIQUE,
-    platform TEXT, created_at REAL NOT NULL, revoked INTEGER NOT NULL DEFAULT 0)"""  # server/storage.py's
-
-
 def _populate(db: Path, devices: int) -> list[str]:
     """``devices`` enrolled devices written into a new database before the server first opens it
-    (it adds its other tables, and opens round 1 as it starts): their tokens."""
+    (the server opens round 1 as it starts): their tokens."""
     db.parent.mkdir(parents=True, exist_ok=True)
     tokens = [f"bench-token-{i:06d}-{random.Random(i).getrandbits(64):016x}" for i in range(devices)]
-    now = time.time()
-    rows = ((f"d-bench{i:06d}", hashlib.sha256(t.encode()).hexdigest(), "bench", now) for i, t in enumerate(tokens))
-    with sqlite3.connect(db) as conn:
-        conn.execute(DEVICES_TABLE)
-        conn.executemany("INSERT INTO devices (id, token_hash, platform, created_at) VALUES (?, ?, ?, ?)", rows)
+    database = Database(db)
+    try:
+        database.devices.add_many([(f"d-bench{i:06d}", hashlib.sha256(t.encode()).hexdigest()) for i, t in enumerate(tokens)],
+                             "bench")  # fmt: skip
+    finally:
+        database.close()
     return tokens
 
 
@@ -127,7 +124,7 @@ async def _fleet(url: str, tokens: list[str], args: argparse.Namespace, opened: 
         "returns": {**_pct([latency for _, latency, _ in returns]),
                     "busiest_second": max(per_second.values(), default=0),
                     "drawn": sum(1 for _, _, s in returns if s == 200),
-                    "first_ms": 1000 * min(returns)[1] if returns else None,  # the old server drew in it
+                    "first_ms": 1000 * min(returns)[1] if returns else None,  # the draw is made in its request
                     "seconds_after_window_until_last_answer": last - window_end},
         "status": _pct(status_latencies), "request_errors": errors,
     }  # fmt: skip

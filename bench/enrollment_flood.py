@@ -1,4 +1,4 @@
-"""An enrollment flood against a slow attestation verifier (issue 50), on a real ``fedper serve``.
+"""An enrollment flood against a slow attestation verifier, on a real ``fedper serve``.
 
 The server runs the documented defaults with ``--attestation bench.slow_attestation:verify``, a
 verifier taking ``--verifier-seconds`` (5) per token. An honest, enrolled device asks for its

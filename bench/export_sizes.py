@@ -11,6 +11,7 @@ from pathlib import Path
 
 from bench.common import write_results
 from fedper.export.pipeline import ExportConfig, run_export
+from fedper.models import ModelConfig
 
 
 def main() -> None:
@@ -24,7 +25,7 @@ def main() -> None:
         for size in (int(s) for s in args.sizes.split(",")):
             with tempfile.TemporaryDirectory() as tmp:
                 kwargs = {"variant": args.variant} if args.variant else {}
-                config = ExportConfig(alpha=alpha, input_size=size, out=Path(tmp) / "a", **kwargs)
+                config = ExportConfig(model=ModelConfig(alpha=alpha, input_size=size), out=Path(tmp) / "a", **kwargs)
                 report = run_export(config)
                 row = {
                     "alpha": alpha,

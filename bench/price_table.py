@@ -1,7 +1,9 @@
-"""The price of issue 29's choices: export time, planned memory and step time at 1 and 2 threads,
-for each model size, before and after, measured in one run on one machine; and its targets.
+"""The price of the export's choices (docs/EXPORT.md: one XNNPACK delegate per run of consecutive
+ops, shortcuts in the delegation, more ops in XNNPACK): export time, planned memory and step time
+at 1 and 2 threads, for each model size, before and after, measured in one run on one machine;
+and the targets.
 
-"Before" is the training program of another commit (default ``39bb1a0``, main before issue 29),
+"Before" is the training program of another commit (default ``39bb1a0``, an export without them),
 exported by that commit's own code in a git worktree; "after" is this tree's. Per model size (width
 0.25 and 1.0, 32 and 224 px), each in a fresh process:
 
@@ -58,7 +60,7 @@ state = model.state_dict()
 print(json.dumps({"export_s": seconds}))
 """
 
-# The issue's targets: (what, where, test).
+# The targets: (what, where, test).
 TARGET_EXPORT_S = {(0.25, 32): 45.0, (1.0, 224): 180.0}
 TARGET_MEMORY_RATIO = 2.0
 TARGET_STEP_RATIO = 1.0
@@ -128,7 +130,7 @@ def measure(trees: dict[str, Path], alpha: float, size: int, batch: int, steps: 
 
 
 def targets(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Each of the issue's targets (but the demo's) against the "after" program of the same run."""
+    """Each target (but the demo's) against the "after" program of the same run."""
     checks: list[dict[str, Any]] = []
     for row in rows:
         key, after = (row["alpha"], row["input_size"]), row["after"]

@@ -167,7 +167,7 @@ def per_upload_phases(workdir: Path, uploads: int = 20) -> dict[str, dict[str, f
     state = open_state(config)
     times: dict[str, list[float]] = {"check": [], "write_canonical": [], "commit": []}
     for i in range(uploads):
-        state.db.add_device(f"d-{i}", f"hash-{i}", None)
+        state.db.devices.add(f"d-{i}", f"hash-{i}", None)
         state.rounds.assign(1, f"d-{i}")  # its task: a slot in the round's cohort
         path = workdir / "body.safetensors"
         path.write_bytes(body)

@@ -7,7 +7,7 @@ steps; a step is forward + backward + SGD with momentum. Both engines get the sa
 count (torch's threads; ExecuTorch's pool). Variants of the training program:
 
 - ``xnnpack``: the default export (fast graph, matrix products delegated to XNNPACK);
-- ``fast``: the fast graph on ExecuTorch's kernel library alone (the export before issue 16);
+- ``fast``: the fast graph on ExecuTorch's kernel library alone (no delegate);
 - ``plain``: the stock ``nn.Conv2d`` graph (seconds per step; for comparison only).
 
 Also: the batch-1 inference program, ms per image.

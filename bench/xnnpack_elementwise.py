@@ -1,4 +1,4 @@
-"""An experiment for issue 16, not the default export: more element-wise ops to XNNPACK.
+"""An experiment, not the default export: more element-wise ops to XNNPACK.
 
 The default export delegates the matrix products and ``add``/``sub``/``mul`` to XNNPACK
 (``export.executorch_lowering.delegate_to_xnnpack``); the element-wise kernels of ExecuTorch's
@@ -31,7 +31,7 @@ import torch
 
 from bench.common import run_child, write_results
 
-# Beyond the default's (``XNNPACK_CONFIGS``, which since issue 29 has ``relu`` and ``clamp`` too).
+# Beyond the default's (``XNNPACK_CONFIGS``, which has ``relu`` and ``clamp`` too).
 ELEMENTWISE = ["DivConfig", "HardtanhConfig", "SquareRootConfig", "ReciprocalSquareRootConfig"]
 ALPHA, SIZE, BATCH = 0.25, 32, 32
 
@@ -63,7 +63,7 @@ def parity(out: Path, batch: int) -> None:
     after a first step at batch 32. The reference is float64: where a gradient nearly cancels,
     eager float32 is itself far off (17% on one BatchNorm channel at batch 17), so each tensor's
     error (largest absolute difference over the tensor's largest float64 gradient) is compared
-    with eager float32's, as ``tests/test_export.py`` does: "bad" tensors are those more than 3x
+    with eager float32's, as ``tests/unit/export/test_export.py`` does: "bad" tensors are those more than 3x
     eager float32's error plus 1e-3. Also the largest difference from eager float32 (what this
     benchmark reported before it had the float64 reference)."""
     import copy

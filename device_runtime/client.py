@@ -44,8 +44,8 @@ class RefusedError(FedperError):
 
 
 class NotInCohortError(FedperError):
-    """``409 not_in_cohort`` (revision 1.2): we hold no unexpired slot of the round (ours
-    expired, or we never had one). Not a failure: wait ``retry_after`` and ask for a task again."""
+    """``409 not_in_cohort``: we hold no unexpired slot of the round (ours expired, or we never
+    had one). Not a failure: wait ``retry_after`` and ask for a task again."""
 
     def __init__(self, retry_after: float, message: str):
         super().__init__(message)
@@ -62,7 +62,8 @@ class NoTask:
 
 
 class ProtocolClient:
-    """One device's connection to the server. ``transport`` lets tests record or break requests."""
+    """One device's connection to the server. ``transport`` lets an emulated fleet break requests
+    (:class:`~device_runtime.emulation.FlakyTransport`) and tests record or reroute them."""
 
     def __init__(
         self,
@@ -95,8 +96,8 @@ class ProtocolClient:
             if response.status_code >= 500:
                 raise TransientError(f"{response.status_code} from {path}")
             if response.status_code == 409 and self._refused(response).code == ErrorCode.UPLOAD_IN_PROGRESS:
-                # Revision 1.4: our previous attempt (its connection lost on our side) is still
-                # arriving at the server: wait, and send again (then 202 or duplicate_update).
+                # Our previous attempt (its connection lost on our side) is still arriving at the
+                # server: wait, and send again (then 202 or duplicate_update).
                 raise TransientError(f"an earlier upload to {path} is still arriving")
             return response
 
@@ -113,8 +114,8 @@ class ProtocolClient:
     # --- endpoints ----------------------------------------------------------------------
 
     def enroll(self, enrollment_key: str, platform: str = "python", attest: Attest | None = None) -> tuple[str, str]:
-        """Enroll; ``attest`` (revision 1.8), for a server that verifies attestation, turns the
-        server's nonce into the platform's token binding it: every attempt takes a new nonce."""
+        """Enroll; ``attest``, for a server that verifies attestation, turns the server's nonce
+        into the platform's token binding it: every attempt takes a new nonce."""
 
         def attempt() -> httpx.Response:
             request = EnrollmentRequest(enrollment_key=enrollment_key, platform=platform)
@@ -142,7 +143,7 @@ class ProtocolClient:
         return enrolled.device_id, enrolled.token
 
     def task(self) -> Task | NoTask:
-        """The open round's task; this device says it can take part in secure rounds (revision 1.6)."""
+        """The open round's task; this device says it can take part in secure rounds."""
         r = self._request("GET", Route.TASK, headers=self._headers({Header.CAPABILITIES: Header.SECAGG}))
         if r.status_code == 410:
             raise RunFinishedError()
@@ -196,7 +197,7 @@ class ProtocolClient:
             raise NotInCohortError(_retry_after(r), refused.message)
         raise refused
 
-    # --- a secure round's stages (revision 1.6, docs/SECAGG.md) ---------------------------
+    # --- a secure round's stages (docs/SECAGG.md) ---------------------------------------
 
     def secagg_send(
         self,
@@ -208,7 +209,7 @@ class ProtocolClient:
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         """This device's part of a stage; a repeat of what the server already has is done too;
-        sent again after ``Retry-After`` while the stage has not begun (revision 1.7)."""
+        sent again after ``Retry-After`` while the stage has not begun."""
         media = Header.JSON if json_body else Header.OCTET_STREAM
         while True:
             r = self._request("POST", route.format(round_number=round_number), content=body,

@@ -7,6 +7,8 @@ once the server accepted the base (202 or ``duplicate_update``). A 401 enrolls a
 run. The head never leaves this object except into the device's own storage.
 When the run is finished (410), a device that trained evaluates once more with the newest
 model version's base and its final head: the run's final point (:mod:`fedper.results`).
+What a board runs, no more: an emulated fleet's faults (dropout, stragglers, a flaky network)
+are wrappers around it (:mod:`device_runtime.emulation`).
 """
 
 from __future__ import annotations
@@ -14,16 +16,15 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-import random
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
-from fedper.client_round import Client, ClientRound, score_held, train_held
+from fedper.client_round import Client, ClientRound, Trained, score_held, train_held
 from fedper.common import weights
 from fedper.common.dp.clipping import clip_delta
 from fedper.common.errors import FedperError
@@ -33,7 +34,6 @@ from fedper.common.train_config import TrainConfig
 from fedper.device_runtime.client import NoTask, NotInCohortError, ProtocolClient, RefusedError, RunFinishedError
 from fedper.device_runtime.device_storage import DeviceStorage
 from fedper.device_runtime.events import (
-    Dropped,
     Evaluated,
     Event,
     FinalEvaluated,
@@ -60,16 +60,47 @@ class ManifestConflictError(FedperError):
 
 
 @dataclass(frozen=True)
+class ScoredRound:
+    """A round once evaluated: what it trains from, and how well that scored."""
+
+    task: Task
+    manifest: Manifest
+    trainer: Trainer
+    client: Client
+    base: dict[str, np.ndarray]
+    head: dict[str, np.ndarray]
+    accuracy: float | None
+    secure: SecureRound | None  # a secure round's session, its keys shared
+
+
+@dataclass(frozen=True)
+class TrainedRound:
+    """A round once trained, its head staged: what is left is to send it."""
+
+    scored: ScoredRound
+    trained: Trained
+
+
+@dataclass(frozen=True)
 class DeviceOptions:
     engine: Engine = "executorch"
     # Which exported inference model scores the local test split (ExecuTorch engine only).
     evaluator: Evaluator = "onnx"
     seed: int = 0
     client_id: int = 0
-    dropout: float = 0.0  # chance per round of quitting mid-round (after evaluating)
-    straggler: float = 0.0  # chance per round of waiting ``straggler_delay`` before uploading
-    straggler_delay: float = 0.0
     max_idle_wait: float = 5.0  # cap on Retry-After waits
+
+
+class RoundPlan(Protocol):
+    """How a device goes through a round's phases: a board evaluates, trains and sends
+    (:func:`plain_round`); an emulated fleet composes faults between them (``emulation.py``)."""
+
+    def __call__(self, device: Device, task: Task) -> RoundReport: ...
+
+
+def plain_round(device: Device, task: Task) -> RoundReport:
+    """Evaluate, train, send: what a board runs."""
+    return device.send(device.train(device.evaluate(task)))
 
 
 class Device:
@@ -84,13 +115,15 @@ class Device:
         compute_lock: Any = None,
         sleep: Callable[[float], None] = time.sleep,
         trainer_for: TrainerFactory | None = None,
+        plan: RoundPlan = plain_round,
     ):
         self.client, self.storage, self.options = client, storage, options
         self._data_for = data
         self._enrollment_key = enrollment_key
-        self._emit = on_event or (lambda _event: None)
+        self.emit: Event = on_event or (lambda _event: None)
         self._lock = compute_lock
-        self._sleep = sleep
+        self.sleep = sleep
+        self._plan = plan
         self._trainer_for: TrainerFactory = trainer_for if trainer_for is not None else self._own_trainer
         self._trainers: dict[str, tuple[Manifest, Trainer, Client]] = {}
         self._skip_round: int | None = None
@@ -132,7 +165,7 @@ class Device:
                 break
             except TransientError as exc:
                 log.warning("device %s: %s; waiting", self.device_id, exc)
-                self._sleep(self.options.max_idle_wait)
+                self.sleep(self.options.max_idle_wait)
                 continue
             except RefusedError as exc:
                 if exc.status != 401 or reenrolled:
@@ -141,7 +174,7 @@ class Device:
                 continue
             if isinstance(task, NoTask) or task.round == self._skip_round:
                 wait = task.retry_after if isinstance(task, NoTask) else self.options.max_idle_wait
-                self._sleep(min(wait, self.options.max_idle_wait))
+                self.sleep(min(wait, self.options.max_idle_wait))
                 continue
             try:
                 report = self.run_round(task)
@@ -151,13 +184,13 @@ class Device:
             except TransientError as exc:
                 log.warning("device %s: round %d failed: %s", self.device_id, task.round, exc)
                 continue
-            except SecureRoundRefusedError as exc:  # revision 1.6: the round cannot be taken part in safely
+            except SecureRoundRefusedError as exc:  # the round cannot be taken part in safely
                 log.warning("device %s: out of secure round %d: %s", self.device_id, task.round, exc)
                 self._skip_round = task.round
                 continue
             except NotInCohortError as exc:  # our slot expired: not a failure
                 log.info("device %s: not in round %d's cohort; asking again", self.device_id, task.round)
-                self._sleep(min(exc.retry_after, self.options.max_idle_wait))
+                self.sleep(min(exc.retry_after, self.options.max_idle_wait))
                 continue
             except RefusedError as exc:
                 if exc.code in (ErrorCode.ROUND_NOT_OPEN, ErrorCode.STALE_BASE_VERSION, ErrorCode.SECAGG_STAGE_CLOSED):
@@ -178,7 +211,7 @@ class Device:
 
     def _finish(self) -> None:
         self.evaluate_final()
-        self._emit(Finished())
+        self.emit(Finished())
 
     def evaluate_final(self) -> float | None:
         """Score the test split with the newest model version's base (``GET /v1/status``) and
@@ -196,14 +229,21 @@ class Device:
             accuracy = score_held(trainer, (base, head), client)
         if accuracy is None:
             return None
-        self._emit(FinalEvaluated(status.round + 1, status.model_version, client.num_samples, accuracy))
+        self.emit(FinalEvaluated(status.round + 1, status.model_version, client.num_samples, accuracy))
         return accuracy
 
     def run_round(self, task: Task) -> RoundReport:
+        """One round of ``task``, as the device's round plan goes through its phases."""
+        return self._plan(self, task)
+
+    # --- a round's phases ----------------------------------------------------------------
+
+    def evaluate(self, task: Task) -> ScoredRound:
+        """What the round trains from (a secure round's keys shared first), scored on the test split."""
         secure = None
-        if task.secagg is not None:  # revision 1.6: keys and shares first (short stages), then the rest
+        if task.secagg is not None:  # keys and shares first (short stages), then the rest
             assert self.device_id is not None
-            secure = SecureRound(self.client, self.device_id, task.round, task.secagg, self._sleep,
+            secure = SecureRound(self.client, self.device_id, task.round, task.secagg, self.sleep,
                                  self.options.max_idle_wait)  # fmt: skip
             secure.share()
         manifest, trainer, client = self._prepare(task.manifest_sha256, task.manifest_url)
@@ -212,25 +252,31 @@ class Device:
         head = self.storage.load_head(sha)
         if head is None:  # first round: the exported initial head
             head = self._initial_head(sha, manifest)
-        rng = random.Random(hash((self.options.seed, self.options.client_id, task.round)))
         with self._compute():
             accuracy = score_held(trainer, (base, head), client)
-        self._emit(Evaluated(task.round, accuracy))
-        if rng.random() < self.options.dropout:
-            self._skip_round = task.round
-            self._emit(Dropped(task.round))
-            return RoundReport(task.round, task.model_version, client.num_samples, accuracy, None, None, False, None)
-        # What `fedper simulate` runs for client `client_id` in this round: the same batch order.
+        self.emit(Evaluated(task.round, accuracy))
+        return ScoredRound(task, manifest, trainer, client, base, head, accuracy, secure)
+
+    def train(self, scored: ScoredRound) -> TrainedRound:
+        """Train from what was scored, in the batch order ``fedper simulate`` uses for client
+        ``client_id`` in this round; the trained head is staged, not yet committed."""
+        task, manifest = scored.task, scored.manifest
         config = _train_config(manifest, task.config)
         this_round = ClientRound(self.options.client_id, task.round, self.options.seed, True, config,
                                  tuple(manifest.base_names), tuple(manifest.head_names))  # fmt: skip
-        self._emit(Training(task.round))
+        self.emit(Training(task.round))
         with self._compute():
-            trained = train_held(trainer, (base, head), this_round, client)
+            trained = train_held(scored.trainer, (scored.base, scored.head), this_round, scored.client)
+        # Committed once the server accepts the base.
+        self.storage.stage_head(task.manifest_sha256, trained.personal)
+        return TrainedRound(scored, trained)
+
+    def send(self, trained_round: TrainedRound) -> RoundReport:
+        """Upload the base (masked, in a secure round); commit the head once the server has it."""
+        scored, trained = trained_round.scored, trained_round.trained
+        task, manifest, client, base = scored.task, scored.manifest, scored.client, scored.base
+        sha, accuracy, secure = task.manifest_sha256, scored.accuracy, scored.secure
         loss, accuracy_after, update = trained.loss, trained.accuracy_after, trained.update
-        self.storage.stage_head(sha, trained.personal)  # committed once the server accepts the base
-        if rng.random() < self.options.straggler:
-            self._sleep(self.options.straggler_delay)
         metrics = {"accuracy": accuracy, "accuracy_after": accuracy_after, "train_loss": loss}
         metadata = {Metadata.NUM_SAMPLES: str(client.num_samples), Metadata.BASE_VERSION: str(task.model_version),
                     **metric_metadata(metrics)}  # fmt: skip
@@ -241,35 +287,42 @@ class Device:
             try:
                 secure.send_masked(words)
             except RefusedError as exc:
-                self._emit(Refused(task.round, exc.code))
+                self.emit(Refused(task.round, exc.code))
                 raise
             self.storage.commit_head(sha)
             secure.unmask()
             report = RoundReport(task.round, task.model_version, client.num_samples, accuracy, accuracy_after,
                                  None if np.isnan(loss) else loss, True, None)  # fmt: skip
-            self._emit(Uploaded(report))
+            self.emit(Uploaded(report))
             return report
         sent: weights.Tensors = update
-        if task.dp is not None:  # DP-FedAvg (revision 1.5): the server checks the clip, so clip exactly as it measures
+        if task.dp is not None:  # DP-FedAvg: the server checks the clip, so clip exactly as it measures
             clipped = clip_delta(weights.to_numpy(update), base, manifest.base_names, task.dp.clip_norm)
             sent, metadata[Metadata.UNCLIPPED] = clipped.tensors, "1" if clipped.unclipped else "0"
         body = weights.encode(sent, metadata)
         try:
             received = self.client.upload(task.round, body)
         except NotInCohortError:
-            self._emit(Refused(task.round, ErrorCode.NOT_IN_COHORT))
+            self.emit(Refused(task.round, ErrorCode.NOT_IN_COHORT))
             raise
         except RefusedError as exc:
-            self._emit(Refused(task.round, exc.code))
+            self.emit(Refused(task.round, exc.code))
             raise
         except TransientError:
-            self._emit(Refused(task.round, "upload failed"))
+            self.emit(Refused(task.round, "upload failed"))
             raise
         self.storage.commit_head(sha)  # 202, or duplicate_update: the server has this round's base
         report = RoundReport(task.round, task.model_version, client.num_samples, accuracy, accuracy_after,
                              None if np.isnan(loss) else loss, True, received)  # fmt: skip
-        self._emit(Uploaded(report))
+        self.emit(Uploaded(report))
         return report
+
+    def give_up(self, scored: ScoredRound) -> RoundReport:
+        """Leave the round after evaluating it (nothing sent); ask again only for the next one."""
+        task = scored.task
+        self._skip_round = task.round
+        return RoundReport(task.round, task.model_version, scored.client.num_samples, scored.accuracy,
+                           None, None, False, None)  # fmt: skip
 
     # --- what a round needs ----------------------------------------------------------------
 

@@ -86,8 +86,8 @@ def host_devices(
     from fedper.device_runtime.client import ProtocolClient
     from fedper.device_runtime.device import Device, DeviceOptions
     from fedper.device_runtime.device_storage import DeviceStorage
+    from fedper.device_runtime.emulation import Faults, FlakyTransport
     from fedper.device_runtime.local_data import LocalData
-    from fedper.device_runtime.network_faults import FlakyTransport
 
     fed = load_federated(data)
     lock = threading.Lock()
@@ -106,13 +106,11 @@ def host_devices(
             evaluator=fleet.runtime.evaluator,
             seed=data.seed,
             client_id=client_id,
-            dropout=fleet.dropout,
-            straggler=fleet.straggler,
-            straggler_delay=fleet.straggler_delay,
             max_idle_wait=fleet.max_idle_wait,
         )
+        faults = Faults(dropout=fleet.dropout, straggler=fleet.straggler, straggler_delay=fleet.straggler_delay)
         device = Device(client, DeviceStorage(device_dir(fleet.storage, client_id)), lambda _manifest: local,
-                        options, enrollment_key, emit, lock, trainer_for=trainers)  # fmt: skip
+                        options, enrollment_key, emit, lock, trainer_for=trainers, plan=faults)  # fmt: skip
         try:
             device.run()
         except Exception as exc:  # reported, not fatal for the other devices

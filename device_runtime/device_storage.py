@@ -97,9 +97,6 @@ class DeviceStorage:
         path = self.head_path(manifest_sha)
         return weights.load(path) if path.exists() else None
 
-    def save_head(self, manifest_sha: str, tensors: dict[str, Any]) -> None:
-        weights.save(self.head_path(manifest_sha), tensors)
-
     # A round's trained head is staged and committed only once the server accepted the round's
     # base: a round that runs again (its upload refused or lost) starts from the committed head,
     # so the same photos never train the head twice for one base update.

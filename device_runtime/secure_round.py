@@ -1,6 +1,6 @@
-"""A device's part in a secure round (PROTOCOL.md revision 1.6, docs/SECAGG.md): its keys and
-shares before it trains, its masked update after, and its answer to the unmasking. The update
-never leaves the device in the clear."""
+"""A device's part in a secure round (PROTOCOL.md, "Secure aggregation"; docs/SECAGG.md): its
+keys and shares before it trains, its masked update after, and its answer to the unmasking. The
+update never leaves the device in the clear."""
 
 from __future__ import annotations
 

@@ -162,12 +162,6 @@ class TrainingProgram:
     def get_bn_statistics(self) -> dict[str, torch.Tensor]:
         return {n: t.clone() for n, t in self._stats.items()}
 
-    def set_bn_statistics(self, stats: Mapping[str, torch.Tensor | np.ndarray]) -> None:
-        unknown = [n for n in stats if n not in self._stats]
-        if unknown:
-            raise KeyError(f"not a BatchNorm running statistic: {unknown[0]!r}")
-        self.set_tensors(stats)
-
     def _current_evaluator(self) -> ExecuTorchInference | OnnxInference:
         if self._evaluator is None:
             art = self.manifest.artifacts

@@ -127,7 +127,7 @@ def delegate_to_xnnpack(
     more of XNNPACK's partitioner configs (``bench/xnnpack_elementwise.py`` tries others).
     ``fast_partitioning``: with :func:`_only_the_xnnpack_passes_needed` and
     :func:`_consecutive_nodes_stay_in_place`, which give the same bytes in a fraction of the time
-    (``bench.export_time`` and ``tests/test_export_shortcuts.py`` compare)."""
+    (``bench.export_time`` and ``tests/unit/export/test_export_shortcuts.py`` compare)."""
     from executorch.backends.xnnpack.partition.config import generic_node_configs
     from executorch.backends.xnnpack.partition.config.gemm_configs import AddmmConfig, LinearConfig, MMConfig
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
@@ -296,7 +296,7 @@ def _only_the_xnnpack_passes_needed() -> Iterator[None]:
     SDPA, BatchNorm, conv1d, PReLU, clones, dim-order copies, channels-last layouts): most of
     the delegation's time. A partition with any other op (e.g. ``bench.xnnpack_elementwise``'s
     extra ops), or any tensor not in contiguous dim order (channels-last), gets all the passes. The
-    program is byte-identical (``tests/test_export_shortcuts.py``, ``bench.export_time``).
+    program is byte-identical (``tests/unit/export/test_export_shortcuts.py``, ``bench.export_time``).
     """
     import executorch.backends.xnnpack.xnnpack_preprocess as xnnpack_preprocess
     from executorch.backends.xnnpack import _passes

@@ -5,7 +5,7 @@ from __future__ import annotations
 import shutil
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from importlib.metadata import version
 from pathlib import Path
 from typing import Literal
@@ -45,8 +45,6 @@ from fedper.export.export_cache import ExportCache, default_cache_dir, program_k
 from fedper.export.onnx_export import ONNX_OPSET, export_onnx
 from fedper.export.training_graph import Variant, VariantChoice, resolve_variant, training_step
 from fedper.models import ModelConfig, StagedModel, build_model, exchanged_state, split
-from fedper.models.config import ModelName
-from fedper.models.heads import HeadKind
 from fedper.pretrained import INIT_HELP, checkpoint_path
 
 PROGRAM_ROLES = (
@@ -67,15 +65,9 @@ class ExportConfigError(ConfigError):
 class ExportConfig:
     """What to export; every setting has its command-line option of the same name."""
 
-    model: ModelName = option("mobilenet_v1", "model architecture")
-    alpha: float = option(0.25, "MobileNet-V1 width multiplier")
-    input_size: int = option(32, "input image side in pixels (32: CIFAR-style stem, 224: ImageNet)")
-    num_classes: int = option(10, "number of output classes (taken from --dataset when given)")
+    # --dataset, when given, sets the classes; the export has no linear base.
+    model: ModelConfig = nested(ModelConfig, skip=("base", "linear_base_kp"))
     kp: int = option(2, "personal layers from the top (0 = FedAvg, 1 = classifier, ...)")
-    head: HeadKind = option(
-        "softmax", "the classifier: softmax (a linear layer) or ordinal (one score and ordered cut points, for "
-        "ratings); both output one log-score per class",
-    )  # fmt: skip
     out: Path = option(Path("artifacts"), "output directory (replaced atomically)")
     weights: tuple[Path, ...] = option(
         (), "initial weights: safetensors file(s), e.g. a simulation's final base, or a server "
@@ -140,13 +132,7 @@ def run_export(
         variant: Variant = source.training_program.variant
     else:
         info = dataset_info(config.dataset) if config.dataset else None
-        mcfg = ModelConfig(
-            name=config.model,
-            num_classes=info.num_classes if info else config.num_classes,
-            alpha=config.alpha,
-            input_size=config.input_size,
-            head=config.head,
-        )
+        mcfg = replace(config.model, num_classes=info.num_classes) if info else config.model
         labels = list(info.labels) if info and info.labels else None
         norm = Normalization(
             mean=list(info.mean if info else DEFAULT_MEAN),
@@ -277,7 +263,7 @@ def load_initial_weights(
     if init is not None and (config.weights or config.from_dir is not None):
         raise ExportConfigError("--init starts a new model's base: it cannot be combined with --weights or --from")
     if init is not None:
-        base_source = init_base(model, read_checkpoint(init, config.model), config.kp)
+        base_source = init_base(model, read_checkpoint(init, config.model.name), config.kp)
         say(f"base from {config.init} ({base_source.layout} layout, {base_source.tensors} tensors, sha256 "
             f"{base_source.sha256[:12]}); head fresh")  # fmt: skip
     if config.weights:
@@ -305,6 +291,6 @@ def write_server_only_export(out: Path, alpha: float = 1.0, kp: int = 2, seed: i
     mcfg = ModelConfig(alpha=alpha, input_size=32)
     model = build_model(mcfg, seed=seed)
     norm = Normalization(mean=list(DEFAULT_MEAN), std=list(DEFAULT_STD))
-    config = ExportConfig(alpha=alpha, kp=kp, out=out)
+    config = ExportConfig(model=mcfg, kp=kp, out=out)
     write_manifest(out, write_weights_and_manifest(out, model, mcfg, config, "fast", norm, None, current_runtime()))
     return out

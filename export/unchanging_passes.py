@@ -9,7 +9,7 @@ rewrites none of them. Three of them never change the training graph: ``Normaliz
 ``LegalizePortableDimOrderPass`` (a few reductions and pools on a tensor that is not in contiguous
 dim order; every tensor of the step is contiguous). Together they were 31 s of a 209 s export
 (docs/PERFORMANCE.md). Each is skipped only when the graph holds nothing it rewrites, so the
-program's bytes are the same (``tests/test_export_shortcuts.py``, ``bench.export_time``).
+program's bytes are the same (``tests/unit/export/test_export_shortcuts.py``, ``bench.export_time``).
 """
 
 from __future__ import annotations

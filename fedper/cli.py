@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from collections.abc import Callable, Sequence
 from functools import partial
+from importlib import metadata
 
 from rich.console import Console
 from rich.text import Text
@@ -18,9 +20,15 @@ console = Console(stderr=True)
 Command = Callable[[argparse.Namespace], int]
 
 
-# The extra each command that needs the training stack comes with (pyproject.toml).
+# The extra each command that needs the training stack comes with; which packages an extra
+# installs, pyproject.toml says (read back from the installed package: extra_packages).
 NEEDS_EXTRA = {"simulate": "device", "export": "export", "device": "device", "fleet": "device", "demo": "all",
                "pretrain": "device", "report": "device", "probe-check": "device"}  # fmt: skip
+# A Requires-Dist line's name and extras, and its marker's extra (PEP 508). Read without
+# ``packaging``: neither the core nor the server extra installs it, and a server-only install is
+# where these lines are read.
+_REQUIREMENT = re.compile(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*(?:\[([^\]]*)\])?")
+_EXTRA_MARKER = re.compile(r"\bextra\s*==\s*['\"]([^'\"]+)['\"]")
 
 
 def build_parser(only_serve: bool = False) -> argparse.ArgumentParser:
@@ -65,6 +73,52 @@ def build_parser(only_serve: bool = False) -> argparse.ArgumentParser:
     return parser
 
 
+def _canonical(name: str) -> str:
+    """A distribution's name as package indexes compare it (PEP 503)."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def extra_packages() -> dict[str, frozenset[str]]:
+    """Each extra of the installed fedper and the distributions it installs: its own and those of
+    the fedper extras it names (``export = ["fedper[device]", ...]``), from the package metadata;
+    empty where fedper is not installed (a source tree on the path)."""
+    try:
+        dist = metadata.distribution("fedper")
+    except metadata.PackageNotFoundError:
+        return {}
+    own: dict[str, set[str]] = {extra: set() for extra in dist.metadata.get_all("Provides-Extra") or []}
+    names: dict[str, set[str]] = {extra: set() for extra in own}
+    for line in dist.requires or []:
+        requirement, _, marker = line.partition(";")
+        extra, parsed = _EXTRA_MARKER.search(marker), _REQUIREMENT.match(requirement)
+        if extra is None or parsed is None or extra[1] not in own:
+            continue
+        name, extras = parsed.groups()
+        if _canonical(name) == "fedper":
+            names[extra[1]] |= {e.strip() for e in (extras or "").split(",") if e.strip()}
+        else:
+            own[extra[1]].add(_canonical(name))
+
+    def installs(extra: str, seen: frozenset[str] = frozenset()) -> set[str]:
+        inner = [installs(e, seen | {extra}) for e in names[extra] if e in own and e not in seen]
+        return own[extra].union(*inner)
+
+    return {extra: frozenset(installs(extra)) for extra in own}
+
+
+def extra_to_install(command: str, missing: str) -> str:
+    """The extra ``fedper {command}`` asks for when module ``missing`` is not installed: its own,
+    unless that does not install ``missing`` (every command's modules are imported together, so
+    a module of another extra stops them all): then the smallest extra that installs both."""
+    own = NEEDS_EXTRA[command]
+    packages = extra_packages()
+    wanted = _canonical(missing.split(".")[0])
+    if own not in packages or wanted in packages[own]:
+        return own
+    both = [extra for extra, names in packages.items() if wanted in names and packages[own] <= names]
+    return min(both, key=lambda extra: (len(packages[extra]), extra), default=own)
+
+
 def _add_uninstalled(
     sub: argparse._SubParsersAction[argparse.ArgumentParser],
     missing: str,
@@ -72,7 +126,8 @@ def _add_uninstalled(
 ) -> None:
     """``serve`` and ``admin``, and in their place the commands whose modules import ``missing``:
     each accepts any arguments (``main`` does not refuse them) and fails with the extra to install."""
-    for name, extra in NEEDS_EXTRA.items():
+    for name in NEEDS_EXTRA:
+        extra = extra_to_install(name, missing)
         command = sub.add_parser(name, help=f"not installed: needs {missing} (pip install 'fedper[{extra}]')")
         message = f"`fedper {name}` needs {missing}, which is not installed: pip install 'fedper[{extra}]'"
         command.set_defaults(run=partial(_uninstalled, message), any_arguments=True)

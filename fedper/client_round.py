@@ -4,7 +4,7 @@ Load the model the client holds (the received base, its own personal tensors) an
 if it takes part, train it in the batch order this client gets in this round, score it again,
 and return its personal tensors and its base update. A pure function of those inputs, so the
 simulation can run its clients one after the other or as Ray tasks, and a fleet of devices
-over HTTP computes the same numbers (``tests/test_device_runtime.py``).
+over HTTP computes the same numbers (``tests/integration/test_device_runtime.py``).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 The same seed gives the same numbers only on the same kernel set: ATen picks vectorized
 kernels by CPU (``ATEN_CPU_CAPABILITY`` overrides it), oneDNN and MKL pick theirs, and the
 thread count splits sums. Even initial weights differ in the last bit: ATen's ``uniform_``
-rounds differently in its AVX2 variant (measured, issue 25). A results file says which it was.
+rounds differently in its AVX2 variant (measured: docs/TESTING.md). A results file says which it was.
 """
 
 from __future__ import annotations

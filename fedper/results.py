@@ -19,11 +19,15 @@ import math
 from collections import defaultdict
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fedper.common.atomic_write import atomic_write_text
+from fedper.common.config_cli import option_values
 from fedper.common.metrics import summarize
 from fedper.run_results import RESULTS_FILE, DemoSummary, RunResults, parse_results
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
 CSV_FIELDS = (
     "algorithm",
@@ -223,17 +227,10 @@ class RunRecorder:
         return results
 
 
-def config_json(config: Any) -> dict[str, Any]:
+def config_json(config: DataclassInstance) -> dict[str, Any]:
     """A config dataclass as it goes into results.json: flat, as on the command line (a nested
-    config's fields beside the holder's), paths as strings, tuples as lists."""
-    flat: dict[str, Any] = {}
-
-    def add(values: dict[str, Any]) -> None:
-        for k, v in values.items():
-            if isinstance(v, dict):
-                add(v)
-            else:
-                flat[k] = str(v) if isinstance(v, Path) else list(v) if isinstance(v, tuple) else v
-
-    add(asdict(config))
-    return flat
+    config's options beside the holder's, by option name), paths as strings, tuples as lists."""
+    return {
+        k: str(v) if isinstance(v, Path) else list(v) if isinstance(v, tuple) else v
+        for k, v in option_values(config).items()
+    }

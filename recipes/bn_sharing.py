@@ -1,6 +1,6 @@
 """``make bn-sharing``: the base's BatchNorm statistics shared and validated, or kept on the device.
 
-Issue 28 asks which serves FedPer better. With ``--bn shared`` (the default) every device sends
+Which serves FedPer better? With ``--bn shared`` (the default) every device sends
 its base's BatchNorm running statistics and the server aggregates them behind its checks: the
 statistics are clipped apart from the weights (3x the round's lower median distance) and an
 update with a negative variance is refused. With ``--bn local`` (FedBN, Li et al., ICLR 2021)

@@ -31,7 +31,6 @@ from fedper.device_runtime.fleet import run_fleet
 from fedper.device_runtime.fleet_config import FleetConfig
 from fedper.device_runtime.training_program import check_exported, median_step_ms
 from fedper.export.pipeline import ExportConfig, run_export
-from fedper.models import ModelConfig
 from fedper.pretrained import PACKAGED_BASE, PACKAGED_CARD, checkpoint_path
 from fedper.results import RunRecorder, config_json
 from fedper.run_results import (
@@ -50,7 +49,6 @@ from fedper.run_results import (
 from fedper.server.process import ServerProcess
 
 console = Console(stderr=True)
-DEMO_ALPHA, DEMO_INPUT_SIZE = 0.25, 32  # the exported model: MobileNet-V1 width, pixels
 
 
 def _server(artifacts: Path, data_dir: Path, log: Path, config: DemoConfig, keys: dict[str, str]) -> ServerProcess:
@@ -63,10 +61,10 @@ def _new_user_curves(config: DemoConfig, data: DataConfig, out: Path) -> dict[st
     for label in ("fedper", "fedavg"):
         versions = sorted((out / f"server-{label}" / "models").glob("v*.safetensors"), key=lambda p: int(p.stem[1:]))
         shutil.copyfile(versions[-1], out / label / FINAL_BASE)
-    mcfg = ModelConfig(num_classes=5, alpha=DEMO_ALPHA, input_size=DEMO_INPUT_SIZE, head=config.head)
     return new_user_curves(
-        load_federated(data), mcfg, config.kp, ("fedper", "fedavg"), out, config.training, config.fine_tune_steps,
-        config.seed, skip=("fedper: head+base",),  # the costliest variant; fedper simulate has it
+        load_federated(data), config.model, config.kp, ("fedper", "fedavg"), out, config.training,
+        config.fine_tune_steps, config.seed,
+        skip=("fedper: head+base",),  # the costliest variant; fedper simulate has it
     )  # fmt: skip
 
 
@@ -97,7 +95,7 @@ def demo_setup(config: DemoConfig) -> DemoSetup:
     return DemoSetup(
         devices=config.devices, rounds=config.rounds, local_epochs=config.training.local_epochs,
         batch_size=config.training.batch_size, learning_rate=config.training.learning_rate,
-        momentum=config.training.momentum, kp=config.kp, head=config.head, images_per_user=config.images_per_user,
+        momentum=config.training.momentum, kp=config.kp, head=config.model.head, images_per_user=config.images_per_user,
         engine=config.runtime.engine, workers=config.workers or os.cpu_count() or 1, seed=config.seed, dp=dp,
         secure=SecureSetup(
             neighbours=secure.neighbours(config.devices), threshold=secure.threshold(config.devices),
@@ -118,14 +116,15 @@ def run_demo(config: DemoConfig) -> RunResults:
     out.mkdir(parents=True, exist_ok=True)
     timings: dict[str, float] = {}
     start = time.perf_counter()
-    console.print(f"[bold]1/4[/] exporting MobileNet-V1 width 0.25 for aesthetic-synth into {out / 'artifacts'} ...")
+    console.print(
+        f"[bold]1/4[/] exporting MobileNet-V1 width {config.model.alpha:g} for aesthetic-synth into "
+        f"{out / 'artifacts'} ..."
+    )
     exported = run_export(
         ExportConfig(
-            alpha=DEMO_ALPHA,
-            input_size=DEMO_INPUT_SIZE,
+            model=config.model,
             dataset="aesthetic-synth",
             kp=config.kp,
-            head=config.head,
             out=out / "artifacts",
             seed=config.seed,
             init=config.init,

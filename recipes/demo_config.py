@@ -12,7 +12,7 @@ from fedper.common.errors import ConfigError
 from fedper.common.secagg.config import SecAggConfig
 from fedper.common.train_config import TrainConfig
 from fedper.device_runtime.runtime_config import RuntimeConfig
-from fedper.models.heads import HeadKind
+from fedper.models import ModelConfig
 from fedper.pretrained import INIT_HELP
 from fedper.server.config import ServerConfig
 
@@ -36,7 +36,11 @@ class DemoConfig:
     runtime: RuntimeConfig = nested(lambda: RuntimeConfig(threads=1))
     seed: int = option(0, "seed for data, initial weights and training order")
     init: Path = option(SYNTH_INIT, f"the base's version 0: {INIT_HELP}", metavar="PATH")
-    head: HeadKind = option(SYNTH_HEAD, "the personal classifier: softmax or ordinal (for ratings)")
+    # MobileNet-V1 width 0.25 at 32 pixels for aesthetic-synth's five ratings: only the head is an option.
+    model: ModelConfig = nested(
+        lambda: ModelConfig(num_classes=5, alpha=0.25, input_size=32, head=SYNTH_HEAD),
+        skip=("name", "num_classes", "alpha", "input_size", "base", "linear_base_kp"),
+    )
     kp: int = option(SYNTH_KP, "FedPer's personal layers from the top (FedAvg's fleet has none)")
     # Ten devices make a small cohort: the count's default noise (0.05 x 10) would be below z/2.
     privacy: DPConfig = nested(lambda: DPConfig(dp_count_stddev=1.0), "for both fleets' servers")

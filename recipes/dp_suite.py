@@ -1,7 +1,7 @@
 """``make dp-results``: accuracy against epsilon for FedPer and FedAvg under DP-FedAvg.
 
-Issue 31 asks whether keeping the head private makes FedPer degrade less under user-level DP
-than FedAvg, whose classifier is noised with the rest of its model. ``fedper simulate --dp``
+Does keeping the head private make FedPer degrade less under user-level DP than FedAvg, whose
+classifier is noised with the rest of its model? ``fedper simulate --dp``
 on aesthetic-synth (its preset: the pretrained base, the ordinal head, kp=1) with a population
 of USERS generated users, each drawn on its own coin of probability COHORT/USERS per round, for
 every target epsilon: the noise multiplier is the smallest (to 0.01) whose epsilon after ROUNDS

@@ -15,6 +15,7 @@ from pathlib import Path
 from fedper._recipes.simulation import SimulationConfig
 from fedper.common.config_cli import from_arguments, given, with_defaults
 from fedper.data import DataConfig
+from fedper.models.heads import HeadKind
 from fedper.pretrained import PRETRAINED
 
 # Flower's FedPer baseline at adap/flower fdef7afb1dca3030553be302366cfd285ed6632c.
@@ -37,7 +38,7 @@ SYNTH_LOCAL_EPOCHS = 3
 # training photos the heads are within a standard error, and the ordinal one has fewer
 # parameters per user (docs/RESULTS.md, "Choosing the head").
 SYNTH_INIT = Path(PRETRAINED)
-SYNTH_HEAD = "ordinal"
+SYNTH_HEAD: HeadKind = "ordinal"
 SYNTH_KP = 1
 
 PRESETS: dict[str, Preset] = {

@@ -33,7 +33,7 @@ from safetensors.torch import save as st_save
 
 from fedper.common import weights
 from fedper.common.atomic_write import atomic_write_bytes, atomic_write_text
-from fedper.common.config_cli import option
+from fedper.common.config_cli import nested, option
 from fedper.common.errors import ConfigError
 from fedper.data import pretext
 from fedper.data.dataset import to_tensor
@@ -56,6 +56,8 @@ EDIT_WEIGHT = 0.5
 # et al., AAAI 2020, plus the category), to measure what the looks add.
 Targets = Literal["all", "edits"]
 
+PRETEXT_OUTPUTS = len(pretext.REGRESSION_TARGETS) + len(pretext.CATEGORIES)  # the model's: one per target
+
 # (done, total, what): called as the run goes.
 ProgressFn = Callable[[int, int, str], None]
 
@@ -67,8 +69,11 @@ class PretrainConfig:
     out: Path = option(Path("pretrained"), "where the base, its model card and the resumable state go")
     images: int = option(20_000, "unrated composites to render (a tenth is held out to measure the pretext)")
     epochs: int = option(8, "passes over the training composites")
-    input_size: int = option(32, "image side in pixels (the generator renders at 64)")
-    alpha: float = option(0.25, "MobileNet-V1 width multiplier")
+    # MobileNet-V1 with one output per pretext target: of the model only the width and the input
+    # size (the generator renders at 64 pixels) are options.
+    model: ModelConfig = nested(
+        lambda: ModelConfig(num_classes=PRETEXT_OUTPUTS), skip=("name", "num_classes", "base", "linear_base_kp", "head")
+    )
     batch_size: int = option(128, "examples per step")
     learning_rate: float = option(4e-3, "peak AdamW learning rate (warm-up, then cosine decay)", flags=("--lr",))
     seed: int = option(0, "seed of the composites, the initial weights and the example order")
@@ -90,11 +95,6 @@ class PretrainConfig:
     @property
     def held_out(self) -> int:
         return max(1, int(self.images * HELD_OUT))
-
-
-def model_config(config: PretrainConfig) -> ModelConfig:
-    outputs = len(pretext.REGRESSION_TARGETS) + len(pretext.CATEGORIES)
-    return ModelConfig(num_classes=outputs, alpha=config.alpha, input_size=config.input_size)
 
 
 def _lr(config: PretrainConfig, step: int, total: int) -> float:
@@ -184,14 +184,15 @@ def run_pretrain(config: PretrainConfig, progress: ProgressFn | None = None) -> 
     start = time.perf_counter()
     info = dataset_info("aesthetic-synth")  # the normalization simulations and exports use
     chunks = []
+    size = config.model.input_size
     for first in range(0, config.images, RENDER_CHUNK):
-        chunks.append(pretext.render(config.seed, first, min(RENDER_CHUNK, config.images - first), config.input_size))
+        chunks.append(pretext.render(config.seed, first, min(RENDER_CHUNK, config.images - first), size))
         say(first + len(chunks[-1].categories), config.images, "rendering")
     x = to_tensor(np.concatenate([b.images for b in chunks]), info.mean, info.std)
     y = torch.from_numpy(np.concatenate([b.targets for b in chunks]))
     c = torch.from_numpy(np.concatenate([b.categories for b in chunks]))
     held = config.held_out
-    mcfg = model_config(config)
+    mcfg = config.model
     model = build_model(mcfg, seed=config.seed)
     opt = torch.optim.AdamW(model.parameters(), lr=config.learning_rate, weight_decay=1e-4)
     meta = _load_state(config.out, model, opt, config)
@@ -245,7 +246,7 @@ def _write_base_and_card(
             "seed_stream": f"[seed, {pretext.PRETEXT_STREAM}, example]: apart from every user's photos",
             "images": config.images,
             "held_out": config.held_out,
-            "image_size": config.input_size,
+            "image_size": config.model.input_size,
             "raters": "none: no rating, taste vector, user content mix or per-user feature enters pretraining",
         },
         "pretext": {

@@ -102,7 +102,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     model = model_config(sim, dataset_info(data.dataset).num_classes, data.image_size)
     seconds = measure_step(model, sim.training)
     print(
-        f"{sim.model} width {sim.alpha}, {data.image_size} px, batch {sim.training.batch_size}, "
+        f"{sim.model.name} width {sim.model.alpha}, {data.image_size} px, batch {sim.training.batch_size}, "
         f"{torch.get_num_threads()} thread(s): {step_time(seconds)} per eager training step "
         f"(mean of {TIMED_STEPS} after {WARMUP_STEPS} warm-up)"
     )

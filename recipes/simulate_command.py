@@ -34,9 +34,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 def describe(chosen: Setting) -> str:
     """The run's effective setting in one line, naming what the dataset's preset set."""
     sim, data, t = chosen.simulation, chosen.data, chosen.simulation.training
-    width = f" width {sim.alpha}" if sim.model == "mobilenet_v1" else ""
+    width = f" width {sim.model.alpha}" if sim.model.name == "mobilenet_v1" else ""
     text = (
-        f"{data.dataset}: {data.num_clients} clients, {data.image_size} px, {sim.model}{width}, kp {sim.kp}, "
+        f"{data.dataset}: {data.num_clients} clients, {data.image_size} px, {sim.model.name}{width}, kp {sim.kp}, "
         f"{sim.rounds} round{'s' if sim.rounds != 1 else ''} x {t.local_epochs} local epochs, "
         f"batch {t.batch_size}, lr {t.learning_rate}, momentum {t.momentum}; {', '.join(sim.algorithms)}"
     )

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 from typing import Any, Literal, Protocol
@@ -27,19 +27,17 @@ from fedper.checkpoints import Checkpoint, init_base, read_checkpoint
 from fedper.client_round import Client, ClientOutcome, ClientRound, client_round
 from fedper.common import weights
 from fedper.common.config_cli import nested, option
-from fedper.common.dp.accountant import PrivacyBudget, largest_cohort
-from fedper.common.dp.clipping import clip_delta, distance
+from fedper.common.dp.clipping import clip_delta
 from fedper.common.dp.config import DPConfig
-from fedper.common.dp.mechanism import DPReport, dp_aggregate
 from fedper.common.errors import ConfigError
-from fedper.common.robust_aggregate import AggregationConfig, refusal, robust_aggregate
+from fedper.common.robust_aggregate import AggregationConfig
+from fedper.common.strategy.modes import Strategy, round_strategy
+from fedper.common.strategy.round_strategy import Contribution, Quorum, RoundInputs, RoundProgress
 from fedper.common.train_config import TrainConfig
 from fedper.data import DataConfig, FederatedData, labelled_tensors, load_federated
 from fedper.eager_trainer import EagerTrainer
 from fedper.environment import numeric_environment
 from fedper.models import ModelConfig, StagedModel, build_model, exchanged_state, split
-from fedper.models.config import BaseKind, ModelName
-from fedper.models.heads import HeadKind
 from fedper.models.split import batchnorm_stat_names
 from fedper.pretrained import INIT_HELP, checkpoint_path
 from fedper.ray_cluster import RayConfig, ray_session
@@ -63,13 +61,8 @@ class SimulationConfig:
     bn: Literal["shared", "local"] = option(
         "shared", "base BatchNorm statistics: averaged (shared) or kept per client (local)"
     )
-    base: BaseKind = option("model", "'linear' replaces the base with one linear layer (the paper's ablation)")
-    model: ModelName = option("mobilenet_v1", "model")
-    alpha: float = option(0.25, "MobileNet-V1 width multiplier")
-    head: HeadKind = option(
-        "softmax", "the classifier: softmax (a linear layer) or ordinal (one score and ordered cut points per "
-        "client, for ratings)",
-    )  # fmt: skip
+    # The data sets the classes and the input size, --kp the linear base's layers.
+    model: ModelConfig = nested(ModelConfig, skip=("num_classes", "input_size", "linear_base_kp"))
     threads: int = option(0, "torch threads (0 = all cores)")
     backend: Literal["serial", "ray"] = option(
         "serial", "where the clients of a round train: one after the other in this process, or as Ray tasks (a "
@@ -93,7 +86,7 @@ class SimulationConfig:
         if self.fine_tune_steps < 1:
             raise ConfigError(f"--fine-tune-steps must be >= 1, got {self.fine_tune_steps}")
         self.privacy.require_mean(self.aggregation.aggregate)
-        if self.base == "linear" and checkpoint_path(self.init) is not None:
+        if self.model.base == "linear" and checkpoint_path(self.init) is not None:
             raise ConfigError(
                 "--base linear replaces every layer a checkpoint could start with one linear layer: "
                 f"--init {self.init} has nothing to load; give --init scratch"
@@ -111,15 +104,9 @@ TamperFn = Callable[[int, Arrays, int, Arrays], tuple[Arrays, int] | None]
 
 
 def model_config(sim: SimulationConfig, num_classes: int, input_size: int) -> ModelConfig:
-    return ModelConfig(
-        name=sim.model,
-        num_classes=num_classes,
-        alpha=sim.alpha,
-        input_size=input_size,
-        base=sim.base,
-        linear_base_kp=sim.kp if sim.base == "linear" else 0,
-        head=sim.head,
-    )
+    """The simulation's model for its data's classes and image size."""
+    linear_base_kp = sim.kp if sim.model.base == "linear" else 0
+    return replace(sim.model, num_classes=num_classes, input_size=input_size, linear_base_kp=linear_base_kp)
 
 
 def clients_per_round(sim: SimulationConfig, num_clients: int) -> int:
@@ -236,57 +223,59 @@ def _run_algorithm(
         rounds = RayRounds(ray, mcfg, seed, clients)
     rng = np.random.default_rng([seed, 20])
     n_train = clients_per_round(sim, len(clients))
-    private = _Private(sim.privacy, n_train, len(clients)) if sim.privacy.dp and shared else None
+    privacy = replace(sim.privacy, dp=sim.privacy.dp and bool(shared))
+    q = n_train / len(clients)
+    strategy = round_strategy(sim.aggregation, privacy, Quorum(1, n_train), expected_cohort=n_train,
+                              sampling_probability=q, population=partial(len, clients))  # fmt: skip
+    private = strategy.private
+    stopped_before: int | None = None
     last = 0
     last_step: Arrays | None = None  # the last published step: where centered clipping starts
     for rnd in range(1, sim.rounds + 1):
-        if private is not None and not private.budget.allows(rnd):
-            private.stopped_before = rnd
+        if not strategy.allows_next():
+            stopped_before = rnd
             break
         last = rnd
         if private is not None:  # each client on its own coin: what the accountant assumes
-            selected = set(np.flatnonzero(rng.random(len(clients)) < private.budget.sampling_probability).tolist())
+            selected = set(np.flatnonzero(rng.random(len(clients)) < private.sampling_probability).tolist())
         else:
             selected = set(rng.choice(len(clients), size=n_train, replace=False).tolist())
         tasks = [ClientRound(cid, rnd, seed, cid in selected, sim.training, shared, personal_names)
                  for cid in range(len(clients))]  # fmt: skip
-        updates: list[tuple[dict[str, np.ndarray], int]] = []
-        bits: list[bool] = []  # each update's unclipped bit, under DP
+        updates: list[Contribution] = []
         received = weights.to_numpy(global_shared)
         for task, client, outcome in zip(tasks, clients, rounds.run(tasks, global_shared, personal), strict=True):
             if outcome.personal is not None:
                 personal[task.client_id] = outcome.personal
             if shared and outcome.update is not None:  # in client order, as ever
-                sent: tuple[Arrays, int] | None = (weights.to_numpy(outcome.update), client.num_samples)
-                bit = True
-                if private is not None and sent is not None:  # the device clips before it sends
-                    clipped = clip_delta(sent[0], received, shared, private.clip)
-                    sent, bit = (clipped.tensors, sent[1]), clipped.unclipped
+                sent: Contribution | None = _sent(strategy, weights.to_numpy(outcome.update), client.num_samples,
+                                                  received, shared)  # fmt: skip
                 if tamper is not None and sent is not None:
-                    sent = tamper(task.client_id, *sent, received)
-                if sent is not None and _accepted(sent[0], received, shared, private):  # as the server decides
+                    tampered = tamper(task.client_id, dict(sent.tensors), sent.num_samples, received)
+                    sent = None if tampered is None else sent._replace(tensors=tampered[0], num_samples=tampered[1])
+                if sent is not None and strategy.refusal(sent.tensors, received, layout) is None:  # as the server does
                     updates.append(sent)
-                    bits.append(bit)
             if outcome.accuracy is not None:  # a client without test examples has no accuracy, as a device
                 recorder.add(ClientRecord(algorithm, rnd, task.client_id, client.num_samples, outcome.accuracy,
                                           outcome.accuracy_after, outcome.loss))  # fmt: skip
-        if private is not None:  # every round is published, however many took part
-            noise = np.random.default_rng([seed, 31, rnd])
-            contributions = [(u, bit) for (u, _), bit in zip(updates, bits, strict=True)]
-            noised, dp_report = dp_aggregate(layout, received, contributions, private.clip, sim.privacy, n_train, noise,
-                                             max_devices=private.max_devices)  # fmt: skip
-            global_shared = to_torch(noised)
-            recorder.aggregation[algorithm].append({"round": rnd, **private.record(dp_report, rnd)})
-        elif shared and updates:  # none (every one refused): the base stays, as an abandoned round's
-            aggregate, report = robust_aggregate(layout, received, partial(iter, updates), sim.aggregation,
-                                                 center=last_step)  # fmt: skip
-            last_step = {n: aggregate[n].astype(np.float64) - received[n] for n in aggregate}
-            global_shared = to_torch(aggregate)
-            recorder.aggregation[algorithm].append({"round": rnd, **report.to_dict()})
+        # Every round ends at its deadline here; one that publishes nothing leaves the base as it was.
+        if shared and strategy.decide(RoundProgress(len(updates), due=True)).action == "close":
+            noise = np.random.default_rng([seed, 31, rnd]) if private is not None else None
+            result = strategy.aggregate(RoundInputs(layout, received, partial(iter, updates), noise,
+                                                    partial(_same, last_step)))  # fmt: skip
+            assert not isinstance(result, str), result
+            strategy.record(result)
+            global_shared = to_torch(result.base)
+            if result.dp is not None and private is not None:
+                recorder.aggregation[algorithm].append({"round": rnd, **result.dp.to_dict(),
+                                                        "epsilon": private.epsilon()})  # fmt: skip
+            elif result.robust is not None:
+                last_step = {n: result.base[n].astype(np.float64) - received[n] for n in result.base}
+                recorder.aggregation[algorithm].append({"round": rnd, **result.robust.to_dict()})
         if progress is not None:
             progress(algorithm, rnd, sim.rounds)
     if private is not None:
-        recorder.privacy[algorithm] = private.summary(last)
+        recorder.privacy[algorithm] = {**private.budget().to_dict(last), "stopped_before_round": stopped_before}
     # The final point: final base + own final head, evaluated only.
     final = [ClientRound(cid, last + 1, seed, False, sim.training, shared, personal_names)
              for cid in range(len(clients))]  # fmt: skip
@@ -297,33 +286,19 @@ def _run_algorithm(
     _write_state(sim.out / algorithm, global_shared, personal)
 
 
-class _Private:
-    """An algorithm's DP state in a simulated run: its budget and the clip, which adaptive
-    clipping moves round by round."""
-
-    def __init__(self, config: DPConfig, expected_cohort: int, population: int) -> None:
-        q = expected_cohort / population
-        self.budget = PrivacyBudget(config.dp_noise_multiplier, q, config.delta(population), config.target_epsilon)
-        self.max_devices = largest_cohort(population, q)  # what the Poisson draw gives, but with probability 1e-9
-        self.clip = config.dp_clip
-        config.noise(expected_cohort)  # a count noise too small for z is refused before any training
-        self.stopped_before: int | None = None
-
-    def record(self, report: DPReport, rnd: int) -> dict[str, object]:
-        """The round's report with the epsilon spent so far; the next round's clip taken."""
-        self.clip = report.next_clip
-        return {**report.to_dict(), "epsilon": self.budget.reported(rnd)}
-
-    def summary(self, rounds: int) -> dict[str, object]:
-        return {**self.budget.to_dict(rounds), "stopped_before_round": self.stopped_before}
+def _same(value: Arrays | None) -> Arrays | None:
+    return value
 
 
-def _accepted(tensors: Arrays, received: Arrays, shared: tuple[str, ...], private: _Private | None) -> bool:
-    """Whether the server would accept these update tensors: finite, no negative BatchNorm
-    variance, and under DP a delta within the round's clip."""
-    if refusal(tensors) is not None:
-        return False
-    return private is None or distance(tensors, received, shared) <= private.clip
+def _sent(
+    strategy: Strategy, trained: Arrays, num_samples: int, received: Arrays, shared: tuple[str, ...]
+) -> Contribution:
+    """What a device sends: under DP its delta clipped to the round's clip, with its bit."""
+    clip = strategy.device_clip()
+    if clip is None:
+        return Contribution(trained, num_samples, True)
+    clipped = clip_delta(trained, received, shared, clip)
+    return Contribution(clipped.tensors, num_samples, clipped.unclipped)
 
 
 class ClientRounds(Protocol):

@@ -1,17 +1,17 @@
 """Requests in progress per client address: what one address holds open, the server's file
 descriptors and memory cannot run out for the others.
 
-Issue 50: some 21,000 slow enrollment bodies (a byte every 3 s) from a few addresses reached the
-server's 20,000 file descriptors, and no honest request was answered for 20 s. Each request's
-body now has a deadline (``--request-body-timeout``), and one address (an IPv6 /64) may have at
-most ``--max-requests-per-address`` requests in progress: the next gets ``429 rate_limited``
+Some 21,000 slow enrollment bodies (a byte every 3 s) from a few addresses filled a server's
+20,000 file descriptors in a measurement, and no honest request was answered for 20 s. So each
+request's body has a deadline (``--request-body-timeout``), and one address (an IPv6 /64) may
+have at most ``--max-requests-per-address`` requests in progress: the next gets ``429 rate_limited``
 before anything of it is read. A carrier NAT puts many phones behind one address; the limit is
 of requests in progress at once, which phones that each ask and upload in turn stay far below.
 
 An enrollment flood is mostly requests its address may no longer make (its challenges or
 enrollments for the minute are spent): ``refused_early`` answers those ``429`` here, before the
-router, the body or the JSON (0.5 ms of the server's CPU each through the route, issue 50's
-bench), so the flood costs the honest devices' requests less.
+router, the body or the JSON (0.5 ms of the server's CPU each through the route,
+bench/enrollment_flood.py), so the flood costs the honest devices' requests less.
 """
 
 from __future__ import annotations

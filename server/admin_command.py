@@ -1,8 +1,8 @@
 """``fedper admin``: the operator's calls to a running server (admin token), from a shell.
 
-``fedper admin rollback --to N`` reopens the run from model version N (PROTOCOL.md, revision
-1.4); ``fedper admin stop`` finishes it; ``fedper admin provision --count N --out FILE`` enrolls N
-devices at once and writes their ids and tokens (revision 1.8). The token comes from
+``fedper admin rollback --to N`` reopens the run from model version N (PROTOCOL.md, "Operator
+endpoints"); ``fedper admin stop`` finishes it; ``fedper admin provision --count N --out FILE``
+enrolls N devices at once and writes their ids and tokens. The token comes from
 FEDPER_ADMIN_TOKEN or from ``--data-dir``'s admin_token file (where the server keeps a generated one).
 """
 

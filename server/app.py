@@ -16,7 +16,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from fedper import __version__
-from fedper.common.protocol import ErrorCode, Header
+from fedper.common.protocol import ErrorCode
 from fedper.server.address_limit import PerAddressLimit
 from fedper.server.config import ServerConfig
 from fedper.server.errors import (
@@ -27,7 +27,7 @@ from fedper.server.errors import (
     protocol_error_handler,
     refusal_handler,
 )
-from fedper.server.refusals import RefusalError
+from fedper.server.refusals import RefusalError, ServerBusyError
 from fedper.server.routes import admin, devices, downloads, health, rounds, secagg
 from fedper.server.routes.devices import enrollment_spent
 from fedper.server.state import ServerState, open_state
@@ -74,9 +74,8 @@ def create_app(config: ServerConfig, state: ServerState | None = None) -> FastAP
     @app.exception_handler(DatabaseBusyError)
     async def database_busy(_r: Request, exc: DatabaseBusyError) -> JSONResponse:
         log.warning(json.dumps({"event": "database_busy", "error": str(exc)}))
-        message = "the server's database is busy; nothing was changed, retry later"
-        headers = {Header.RETRY_AFTER: str(config.retry_after)}
-        return JSONResponse({"code": ErrorCode.SERVER_BUSY, "message": message}, status_code=503, headers=headers)
+        busy = ServerBusyError("the server's database is busy; nothing was changed, retry later", config.retry_after)
+        return await refusal_handler(_r, busy)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_r: Request, exc: StarletteHTTPException) -> JSONResponse:

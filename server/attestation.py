@@ -1,4 +1,4 @@
-"""Device attestation at enrollment (PROTOCOL.md, revisions 1.4 and 1.8): the operator's verifier.
+"""Device attestation at enrollment (PROTOCOL.md, "POST /v1/devices"): the operator's verifier.
 
 The enrollment key ships inside every copy of the app, so anyone can enroll as many devices
 as the rate limits allow. What ties an enrollment to a genuine install on a genuine phone is
@@ -36,8 +36,7 @@ from dataclasses import dataclass, field
 from queue import PriorityQueue
 
 from fedper.common.errors import ConfigError
-from fedper.common.protocol import ErrorCode, Header
-from fedper.server.errors import ProtocolError, rate_limited
+from fedper.server.refusals import AttestationFailedError, RateLimitedError, ServerBusyError
 
 Verifier = Callable[[str, str | None, str], str | None]  # (token, platform, nonce) -> why refused, or None
 NONCE_SECONDS = 300  # how long a challenge's nonce may wait for its enrollment
@@ -47,7 +46,7 @@ log = logging.getLogger("fedper.server")
 
 def load_verifier(spec: str) -> Verifier | None:
     """The function named ``module:function``, or None for an empty spec. It must take three
-    arguments (token, platform, nonce): a revision 1.4 verifier of two cannot check the nonce."""
+    arguments (token, platform, nonce): a verifier of two (token, platform) cannot check the nonce."""
     if not spec:
         return None
     module_name, _, name = spec.partition(":")
@@ -112,7 +111,7 @@ class _Job:
 class AttestationService:
     """The verifier, the nonces it checks tokens against, and the threads it runs on.
 
-    A flood of fake tokens from some addresses must not keep a new phone out (issue 50): each
+    A flood of fake tokens from some addresses must not keep a new phone out: each
     address has at most ``per_address`` verifications waiting or running, and an address that
     has not enrolled in the window (a new phone, ``first``) is served before the others.
     """
@@ -131,8 +130,8 @@ class AttestationService:
         for thread in self._threads:
             thread.start()
 
-    def _busy(self, why: str) -> ProtocolError:
-        return ProtocolError(503, ErrorCode.SERVER_BUSY, why, {Header.RETRY_AFTER: str(self.retry_after)})
+    def _busy(self, why: str) -> ServerBusyError:
+        return ServerBusyError(why, self.retry_after)
 
     def _work(self) -> None:
         while True:
@@ -150,7 +149,7 @@ class AttestationService:
     def _admit(self, address: str, first: bool, call: Callable[[], str | None]) -> _Job:
         with self._lock:
             if self._held[address] >= self._per_address:
-                raise rate_limited(f"{self._per_address} attestations from this address are being verified; "
+                raise RateLimitedError(f"{self._per_address} attestations from this address are being verified; "
                                    "retry when they are done", math.ceil(self.timeout))  # fmt: skip
             if self._held.total() >= self._capacity:
                 raise self._busy("the attestation service has as many enrollments waiting as it takes; retry later")
@@ -178,10 +177,10 @@ class AttestationService:
         it has not enrolled in the window. Up to ``timeout`` seconds waiting for a thread, then
         up to ``timeout`` seconds for the verifier's answer."""
         if not token:
-            raise ProtocolError(403, ErrorCode.ATTESTATION_FAILED, "this server needs an attestation token")
+            raise AttestationFailedError("this server needs an attestation token")
         if nonce is None or not self.nonces.take(nonce):
-            raise ProtocolError(403, ErrorCode.ATTESTATION_FAILED, "the attestation needs a nonce of this server's "
-                                "(POST /v1/devices/challenge), fresh and not used before")  # fmt: skip
+            raise AttestationFailedError("the attestation needs a nonce of this server's (POST /v1/devices/challenge), "
+                                         "fresh and not used before")  # fmt: skip
         job = self._admit(address, first, lambda: self.verifier(token, platform, nonce))
         try:
             await asyncio.wait_for(asyncio.wrap_future(job.started), self.timeout)
@@ -202,7 +201,7 @@ class AttestationService:
             log.warning(json.dumps({"event": "attestation_unavailable", "error": str(exc)[:300]}))
             raise self._busy("the attestation could not be verified now; retry later") from exc
         if refused is not None:
-            raise ProtocolError(403, ErrorCode.ATTESTATION_FAILED, f"attestation refused: {refused}"[:300])
+            raise AttestationFailedError(f"attestation refused: {refused}"[:300])
 
     def close(self) -> None:
         for _ in self._threads:  # a thread inside a hung verifier stays there: they are daemons

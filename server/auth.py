@@ -20,8 +20,8 @@ from typing import Annotated, Literal
 from fastapi import Depends, Request
 
 from fedper.server.credentials import same_secret, token_hash
-from fedper.server.errors import forbidden, rate_limited, unauthorized
-from fedper.server.rate_limit import RateLimiter, address_key
+from fedper.server.rate_limit import address_key, failed_attempt
+from fedper.server.refusals import ForbiddenError, UnauthorizedError
 from fedper.server.state import ServerState
 
 
@@ -49,38 +49,23 @@ def limit_key(request: Request) -> str:
     return address_key(client_address(request))
 
 
-def check_not_throttled(request: Request, limiter: RateLimiter) -> None:
-    wait = limiter.blocked(limit_key(request))
-    if wait:
-        raise rate_limited("too many failed authentications from this address", wait)
-
-
-def failed(request: Request, limiter: RateLimiter, message: str) -> Exception:
-    """401, counted against the address; 429 instead once the address is over the limit."""
-    check_not_throttled(request, limiter)
-    limiter.record(limit_key(request))
-    return unauthorized(message)
-
-
 def _bearer(request: Request) -> str:
     header = request.headers.get("authorization", "")
     scheme, _, token = header.partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
-        raise unauthorized("send Authorization: Bearer <token>")
+        raise UnauthorizedError("send Authorization: Bearer <token>")
     return token.strip()
 
 
 def caller(request: Request, state: State) -> Caller:
     token = _bearer(request)
-    row = state.db.device_by_token_hash(token_hash(token))
+    row = state.db.devices.by_token_hash(token_hash(token))
     if row is not None and not row.revoked and same_secret(row.token_hash, token_hash(token)):
         return Caller("device", row.id)
     if same_secret(token, state.secrets.admin_token):
         return Caller("operator")
-    check_not_throttled(request, state.auth_failures)
-    if row is not None and row.revoked:
-        raise failed(request, state.auth_failures, "this device has been revoked")
-    raise failed(request, state.auth_failures, "unknown token")
+    why = "this device has been revoked" if row is not None and row.revoked else "unknown token"
+    raise failed_attempt(state.auth_failures, limit_key(request), why)
 
 
 AnyCaller = Annotated[Caller, Depends(caller)]
@@ -88,13 +73,13 @@ AnyCaller = Annotated[Caller, Depends(caller)]
 
 def device(who: AnyCaller) -> str:
     if who.role != "device" or who.device_id is None:
-        raise forbidden("this endpoint is for devices; the admin token cannot use it")
+        raise ForbiddenError("this endpoint is for devices; the admin token cannot use it")
     return who.device_id
 
 
 def operator(who: AnyCaller) -> Caller:
     if who.role != "operator":
-        raise forbidden("this endpoint needs the admin token")
+        raise ForbiddenError("this endpoint needs the admin token")
     return who
 
 

@@ -1,5 +1,5 @@
-"""Cohort selection and pace steering (PROTOCOL.md, revision 1.2, "Cohorts"; revision 1.4,
-"Check-in window").
+"""Cohort selection and pace steering (PROTOCOL.md, "Cohorts" and "Check-in window and
+participation").
 
 A round has ``ServerConfig.slots`` slots (ceil(cohort size x over-selection)). ``GET /v1/task``
 gives them to the first devices that ask; a slot is held until its device's update is accepted
@@ -32,24 +32,21 @@ import json
 import logging
 import math
 import random
-import sqlite3
 import threading
 import time
 from collections.abc import Callable
 
 from fedper.server.config import ServerConfig
-from fedper.server.storage import Database, RoundState, Slot
+from fedper.server.storage import Database, RoundState, RunState, Slot, Transaction
 
 log = logging.getLogger("fedper.server")
 
 MAX_RETRY_AFTER = 3600  # seconds; no device is told to wait longer than this
-WAITING_KEY = "waiting_for_devices"  # meta: "1" while round 1 waits for --start-devices enrollments
-DRAWN_KEY = "drawn_round"  # meta: the last round whose cohort was drawn at the end of its check-in window
 MAX_CHECKIN_SPREAD = 60  # seconds over which checked-in devices are told to come back for their slots
 
 
 # Called in the draw's transaction with the round, the devices drawn, the time and the deadline.
-OnDraw = Callable[[sqlite3.Connection, int, list[str], float, float | None], object]
+OnDraw = Callable[[Transaction, int, list[str], float, float | None], object]
 
 
 class Cohort:
@@ -65,43 +62,44 @@ class Cohort:
     def over_limit(self, number: int, device_id: str) -> bool:
         """Whether the device has used up its participations in the rounds before ``number``."""
         limit, rounds = self.config.max_participation, self.config.participation_rounds
-        return bool(limit) and self.db.participations(device_id, number - rounds) >= limit
+        return bool(limit) and self.db.cohort.participations(device_id, number - rounds) >= limit
 
     def draw(self, number: int, now: float) -> None:
         """Once a round's check-in window is over, give its free slots to devices drawn at random
         among those that checked in (those that reported in the previous round only after all
         others; under DP each on its own coin). The check-ins are read and the draw made with no
         database lock held; one short transaction then writes the drawn slots and marks the round
-        drawn (issue 50: 100,000 check-ins were drawn in 769 ms under the write lock)."""
+        drawn (drawing 100,000 check-ins takes some 0.8 s, too long to hold the write lock:
+        bench/checkin_scale.py)."""
         with self._draw_lock:
-            if self.db.get_meta(DRAWN_KEY) == str(number):
+            if self.db.drawn_round() == number:
                 return
             start = time.perf_counter()
-            current = self.db.round(number)
+            current = self.db.rounds.get(number)
             if current is None or current.state != RoundState.OPEN:
                 return
-            checked_in = self.db.checkins(number)
+            checked_in = self.db.cohort.checkins(number)
             if self.config.max_participation:
-                counts = self.db.participation_counts(number - self.config.participation_rounds)
+                counts = self.db.cohort.participation_counts(number - self.config.participation_rounds)
                 checked_in = [d for d in checked_in if counts.get(d, 0) < self.config.max_participation]
             if self.config.privacy.dp:  # each on its own coin, no cap: what the accountant assumes
                 q = self.config.privacy.dp_sampling_probability
                 drawn = [d for d in sorted(checked_in) if self._rng.random() < q]
             else:
-                previous = self.db.reporters(number - 1)
+                previous = self.db.cohort.reporters(number - 1)
                 self._rng.shuffle(checked_in)
                 checked_in.sort(key=lambda d: d in previous)  # stable: random within each group
-                free = self.config.slots - self.db.count_held_slots(number, now)
+                free = self.config.slots - self.db.cohort.count_held(number, now)
                 drawn = checked_in[: max(0, free)]
             slots = [Slot(number, d, now, self.expiry(now, current.deadline)) for d in drawn]
             computed = time.perf_counter()
-            with self.db.transaction() as conn:
-                if self.db.get_meta(DRAWN_KEY) == str(number):  # another process drew it meanwhile
+            with self.db.transaction() as tx:
+                if self.db.drawn_round() == number:  # another process drew it meanwhile
                     return
-                self.db.put_slots(conn, slots)
+                self.db.cohort.put_slots(tx, slots)
                 if self.on_draw is not None and checked_in:
-                    self.on_draw(conn, number, drawn, now, current.deadline)
-                self.db.set_meta(conn, DRAWN_KEY, str(number))
+                    self.on_draw(tx, number, drawn, now, current.deadline)
+                self.db.set_drawn_round(tx, number)
             log.info(json.dumps({"event": "cohort_drawn", "round": number, "checked_in": len(checked_in),
                                  "drawn": len(drawn), "seconds": round(time.perf_counter() - start, 3),
                                  "seconds_locked": round(time.perf_counter() - computed, 3)}))  # fmt: skip
@@ -119,10 +117,10 @@ class Cohort:
 
     def holds(self, number: int, device_id: str, now: float) -> bool:
         """Whether ``device_id`` holds an unexpired slot of round ``number``."""
-        return self._held(self.db.slot(number, device_id), now)
+        return self._held(self.db.cohort.slot(number, device_id), now)
 
     def has_room(self, number: int, now: float) -> bool:
-        return self.db.count_held_slots(number, now) < self.config.slots
+        return self.db.cohort.count_held(number, now) < self.config.slots
 
     def may_report(self, number: int, device_id: str, now: float) -> bool:
         """An upload is admitted only from a device that holds an unexpired slot: a device that
@@ -133,30 +131,30 @@ class Cohort:
         """The device's slot in open round ``number``: the one it holds, else a free one, else
         None (every slot is held, the round already has ``target_clients`` updates, or it is no
         longer open). One transaction: the check and the claim cannot be split by another device."""
-        opened = self.db.round(number)
-        waiting = number == 1 and self.db.get_meta(WAITING_KEY) == "1"  # for --start-devices
+        opened = self.db.rounds.get(number)
+        waiting = number == 1 and self.db.run_state() == RunState.WAITING  # for --start-devices
         window_over = opened is not None and not waiting and now >= self.window_end(opened.opened_at)
         if self.config.checkin_window and window_over:
             self.draw(number, now)  # before the transaction: the draw holds no write lock while it is made
-        with self.db.transaction() as conn:
-            current = self.db.round(number)
+        with self.db.transaction() as tx:
+            current = self.db.rounds.get(number)
             if current is None or current.state != RoundState.OPEN:
                 return None
-            held = self.db.slot(number, device_id)
+            held = self.db.cohort.slot(number, device_id)
             if held is not None and self._held(held, now):
                 return held  # the same task again; asking again does not extend the slot
             if self.over_limit(number, device_id):
                 return None
-            waiting = number == 1 and self.db.get_meta(WAITING_KEY) == "1"  # for --start-devices
+            waiting = number == 1 and self.db.run_state() == RunState.WAITING  # for --start-devices
             if now < self.window_end(current.opened_at) or waiting:
-                self.db.put_checkin(conn, number, device_id, now)
+                self.db.cohort.put_checkin(tx, number, device_id, now)
                 return None
             if self.config.privacy.dp or self.config.secure.secagg:  # the draw fixed the cohort
                 return None
-            if self.db.count_updates(number) >= self.config.target_clients or not self.has_room(number, now):
+            if self.db.rounds.count_updates(number) >= self.config.target_clients or not self.has_room(number, now):
                 return None
             slot = Slot(number, device_id, now, self.expiry(now, current.deadline))
-            self.db.put_slot(conn, slot)
+            self.db.cohort.put_slot(tx, slot)
             return slot
 
     def retry_after(self, number: int, opened_at: float, deadline: float | None, now: float) -> int:
@@ -173,8 +171,8 @@ class Cohort:
             wait = math.ceil(self.window_end(opened_at) - now)  # spread over a tenth of the rest of the round
             after = (deadline - self.window_end(opened_at)) / 10 if deadline is not None else idle
             return self._rng.randint(wait, wait + max(1, min(MAX_CHECKIN_SPREAD, math.ceil(after))))
-        expected = self.db.last_closed_round_seconds() or float(idle)
-        ends = [opened_at + expected, deadline, self.db.earliest_slot_expiry(number, now)]
+        expected = self.db.rounds.last_closed_seconds() or float(idle)
+        ends = [opened_at + expected, deadline, self.db.cohort.earliest_expiry(number, now)]
         end = min(t for t in ends if t is not None)
         lo = min(MAX_RETRY_AFTER, max(idle, math.ceil(end - now)))
         hi = min(MAX_RETRY_AFTER, lo + max(idle, math.ceil(expected)))

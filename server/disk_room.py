@@ -14,13 +14,17 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
+from fedper.server.storage import StorageFullError
+
 MIB = 1024 * 1024
 MARGIN = 64 * MIB  # SQLite's WAL, logs, request bodies of uploads being refused
 
 
 def out_of_space(exc: BaseException) -> bool:
-    """Whether ``exc`` (an OSError, or SQLite's error) says the disk is full."""
+    """Whether ``exc`` (an OSError, or the database's error) says the disk is full."""
     if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    if isinstance(exc, StorageFullError):
         return True
     text = str(exc).lower()
     return "database or disk is full" in text or "no space left" in text

@@ -18,10 +18,17 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from fedper.common.protocol import Error, ErrorCode, Header
 from fedper.server.refusals import (
     AlreadyReportedError,
+    AttestationFailedError,
+    BodyTimeoutError,
+    BodyTooLargeError,
+    CodedRefusalError,
     DeviceRevokedError,
-    DrainingError,
+    ForbiddenError,
+    MalformedError,
+    NotFoundError,
     NotInCohortError,
     PrivacyBudgetSpentError,
+    RateLimitedError,
     RefusalError,
     RoundNotOpenError,
     RunFinishedError,
@@ -30,8 +37,12 @@ from fedper.server.refusals import (
     SecureRoundError,
     SecureStageError,
     SecureStageNotOpenError,
+    ServerBusyError,
     StaleBaseError,
+    UnacceptableError,
+    UnauthorizedError,
     UnknownVersionError,
+    UploadInProgressError,
 )
 
 log = logging.getLogger("fedper.server")
@@ -50,66 +61,48 @@ class ClientDisconnectedError(Exception):
     """The client disconnected before its request body arrived: nobody to answer."""
 
 
-def unauthorized(message: str = "missing or unknown token") -> ProtocolError:
-    return ProtocolError(401, ErrorCode.UNAUTHORIZED, message)
-
-
-def forbidden(message: str) -> ProtocolError:
-    return ProtocolError(403, ErrorCode.FORBIDDEN, message)
-
-
-def not_found(what: str) -> ProtocolError:
-    return ProtocolError(404, ErrorCode.NOT_FOUND, f"{what} does not exist")
-
-
-def bad_request(code: str, message: str) -> ProtocolError:
-    return ProtocolError(400, code, message)
-
-
-def unprocessable(code: str, message: str) -> ProtocolError:
-    return ProtocolError(422, code, message)
-
-
-def conflict(code: str, message: str) -> ProtocolError:
-    return ProtocolError(409, code, message)
-
-
-def too_large(limit: int) -> ProtocolError:
-    return ProtocolError(413, ErrorCode.PAYLOAD_TOO_LARGE, f"the body is larger than {limit} bytes")
-
-
-def run_finished() -> ProtocolError:
-    return ProtocolError(410, ErrorCode.RUN_FINISHED, "the run is finished")
-
-
-def rate_limited(message: str, retry_after: int) -> ProtocolError:
-    return ProtocolError(429, ErrorCode.RATE_LIMITED, message, {Header.RETRY_AFTER: str(retry_after)})
-
-
-# The round state machine's refusals (server/refusals.py) as the protocol answers them.
-REFUSALS: dict[type[RefusalError], tuple[int, ErrorCode]] = {
+# Every domain refusal (server/refusals.py) as the protocol answers it; None: the refusal's own code.
+REFUSALS: dict[type[RefusalError], tuple[int, ErrorCode | None]] = {
+    MalformedError: (400, None),
+    UnauthorizedError: (401, ErrorCode.UNAUTHORIZED),
     DeviceRevokedError: (401, ErrorCode.UNAUTHORIZED),
+    ForbiddenError: (403, ErrorCode.FORBIDDEN),
+    AttestationFailedError: (403, ErrorCode.ATTESTATION_FAILED),
+    SecAggUnsupportedError: (403, ErrorCode.SECAGG_UNSUPPORTED),
+    NotFoundError: (404, ErrorCode.NOT_FOUND),
     UnknownVersionError: (404, ErrorCode.NOT_FOUND),
+    BodyTimeoutError: (408, ErrorCode.UPLOAD_TIMEOUT),
     AlreadyReportedError: (409, ErrorCode.DUPLICATE_UPDATE),
     RoundNotOpenError: (409, ErrorCode.ROUND_NOT_OPEN),
     NotInCohortError: (409, ErrorCode.NOT_IN_COHORT),
     StaleBaseError: (409, ErrorCode.STALE_BASE_VERSION),
-    RunFinishedError: (410, ErrorCode.RUN_FINISHED),
-    DrainingError: (503, ErrorCode.SERVER_BUSY),
-    SecAggUnsupportedError: (403, ErrorCode.SECAGG_UNSUPPORTED),
+    UploadInProgressError: (409, ErrorCode.UPLOAD_IN_PROGRESS),
     SecureStageError: (409, ErrorCode.SECAGG_STAGE_CLOSED),
     SecureStageNotOpenError: (409, ErrorCode.SECAGG_STAGE_NOT_OPEN),
     SecureRoundError: (409, ErrorCode.SECURE_ROUND),
-    SecureMessageError: (422, ErrorCode.BAD_SECAGG_MESSAGE),
     PrivacyBudgetSpentError: (409, ErrorCode.PRIVACY_BUDGET_SPENT),
+    RunFinishedError: (410, ErrorCode.RUN_FINISHED),
+    BodyTooLargeError: (413, ErrorCode.PAYLOAD_TOO_LARGE),
+    UnacceptableError: (422, None),
+    SecureMessageError: (422, ErrorCode.BAD_SECAGG_MESSAGE),
+    RateLimitedError: (429, ErrorCode.RATE_LIMITED),
+    ServerBusyError: (503, ErrorCode.SERVER_BUSY),
 }
 
 
 def answer(refusal: RefusalError) -> ProtocolError:
-    """The protocol's answer to a refusal of the round state machine."""
-    status, code = REFUSALS[type(refusal)]
+    """The protocol's answer to a refusal: the table's entry for its class or the nearest base."""
+    status, code = next(REFUSALS[kind] for kind in type(refusal).__mro__ if kind in REFUSALS)
+    if code is None:
+        assert isinstance(refusal, CodedRefusalError)
+        code = ErrorCode(refusal.code)
     headers = {Header.RETRY_AFTER: str(refusal.retry_after)} if refusal.retry_after is not None else None
     return ProtocolError(status, code, refusal.message, headers)
+
+
+def code_of(refusal: RefusalError) -> str:
+    """The protocol's error code for a refusal (what the metrics count it under)."""
+    return answer(refusal).code
 
 
 async def protocol_error_handler(_request: Request, exc: Exception) -> JSONResponse:

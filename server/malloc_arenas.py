@@ -5,7 +5,7 @@ an arena keeps much of what was freed in it. The server validates uploads in a p
 threads, each holding one body's tensors for a moment, so with the default its resident memory
 grows with how many threads ever held a body, not with the uploads in flight: 50 concurrent
 width-1.0 uploads (8 MB each) grew it by 95-202 MB here, and by 18-41 MB with 2 arenas
-(``tests/test_server.py::test_fifty_concurrent_width1_devices``). The operator's own
+(``tests/unit/server/test_server.py::test_fifty_concurrent_width1_devices``). The operator's own
 ``MALLOC_ARENA_MAX`` wins; elsewhere than glibc this does nothing.
 """
 

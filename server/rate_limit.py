@@ -15,6 +15,8 @@ import threading
 import time
 from collections import OrderedDict, deque
 
+from fedper.server.refusals import RateLimitedError, RefusalError, UnauthorizedError
+
 MAX_ADDRESSES = 100_000
 IPV6_PREFIX = 64
 
@@ -31,6 +33,15 @@ def address_key(host: str) -> str:
             return str(address.ipv4_mapped)
         return str(ipaddress.IPv6Network(f"{address}/{IPV6_PREFIX}", strict=False))
     return str(address)
+
+
+def failed_attempt(limiter: RateLimiter, address: str, message: str) -> RefusalError:
+    """A failed authentication from ``address``: 401, counted against it; 429 once it is over the limit."""
+    wait = limiter.blocked(address)
+    if wait:
+        return RateLimitedError("too many failed authentications from this address", wait)
+    limiter.record(address)
+    return UnauthorizedError(message)
 
 
 class RateLimiter:

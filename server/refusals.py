@@ -1,5 +1,6 @@
-"""Why the round state machine refuses a request, as domain errors: what happened, not how
-HTTP says it. :mod:`server.errors` maps each to its status and error code, in one table."""
+"""Why the server refuses a request, as domain errors: what happened, not how HTTP says it.
+Every module below the routes raises these; :mod:`server.errors` maps each to its status and
+error code, in one table."""
 
 from __future__ import annotations
 
@@ -11,6 +12,64 @@ class RefusalError(Exception):
         super().__init__(message)
         self.message = message
         self.retry_after = retry_after
+
+
+class CodedRefusalError(RefusalError):
+    """A refusal whose protocol code depends on what exactly was wrong (which check of a body)."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class MalformedError(CodedRefusalError):
+    """A body that cannot be read as the protocol's encoding."""
+
+
+class UnacceptableError(CodedRefusalError):
+    """A well-formed body with the wrong content."""
+
+
+class UnauthorizedError(RefusalError):
+    """A missing, unknown or revoked token, or a wrong enrollment key."""
+
+
+class ForbiddenError(RefusalError):
+    """A token of the wrong role for the endpoint."""
+
+
+class NotFoundError(RefusalError):
+    def __init__(self, what: str) -> None:
+        super().__init__(f"{what} does not exist")
+
+
+class ServerBusyError(RefusalError):
+    """The server cannot take the request now; the same request may succeed after ``retry_after``."""
+
+
+class DrainingError(ServerBusyError):
+    """The server takes no writes until its disk has room."""
+
+
+class RateLimitedError(RefusalError):
+    """Too many requests of this kind from this address (or from all together)."""
+
+
+class UploadInProgressError(RefusalError):
+    """The device is already sending an update."""
+
+
+class BodyTooLargeError(RefusalError):
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"the body is larger than {limit} bytes")
+
+
+class BodyTimeoutError(RefusalError):
+    """The body did not arrive in time, or too slowly."""
+
+
+class AttestationFailedError(RefusalError):
+    """The enrollment's attestation is missing or refused."""
 
 
 class RunFinishedError(RefusalError):
@@ -44,30 +103,25 @@ class UnknownVersionError(RefusalError):
     """No such model version (or its file is gone)."""
 
 
-class DrainingError(RefusalError):
-    """The server takes no writes until its disk has room."""
-
-
 class SecureStageError(RefusalError):
-    """Since revision 1.6: the secure round's stage this request belongs to is over, or this
-    device is no longer in it."""
+    """The secure round's stage this request belongs to is over, or this device is no longer in it."""
 
 
 class SecureStageNotOpenError(RefusalError):
-    """Since revision 1.7: the secure round's stage this request belongs to has not begun."""
+    """The secure round's stage this request belongs to has not begun."""
 
 
 class SecureMessageError(RefusalError):
-    """Since revision 1.6: a secure round's message that does not fit (docs/SECAGG.md)."""
+    """A secure round's message that does not fit (docs/SECAGG.md)."""
 
 
 class SecureRoundError(RefusalError):
-    """Since revision 1.6: a plain upload into a secure round."""
+    """A plain upload into a secure round."""
 
 
 class SecAggUnsupportedError(RefusalError):
-    """Since revision 1.6: the server runs secure rounds and the device cannot take part."""
+    """The server runs secure rounds and the device cannot take part."""
 
 
 class PrivacyBudgetSpentError(RefusalError):
-    """Since revision 1.7: a rollback would let a DP run publish past ``--target-epsilon``."""
+    """A rollback would let a DP run publish past ``--target-epsilon``."""

@@ -21,16 +21,38 @@ from fastapi import Request
 from starlette.requests import ClientDisconnect
 
 from fedper.common.protocol import ErrorCode
-from fedper.server.errors import ClientDisconnectedError, ProtocolError, too_large
+from fedper.server import strict_json
+from fedper.server.errors import ClientDisconnectedError
+from fedper.server.refusals import BodyTimeoutError, BodyTooLargeError, MalformedError
 from fedper.server.update_store import UpdateStore
 from fedper.server.upload_places import Place
 
 
-def _check_length(request: Request, limit: int) -> None:
-    """413 before anything is read or written, when the Content-Length says so."""
+def json_body(raw: bytes) -> object:
+    """A JSON body as the protocol reads JSON (:mod:`server.strict_json`), or a 400."""
+    try:
+        return strict_json.loads(raw)
+    except strict_json.JsonError as exc:
+        raise MalformedError(ErrorCode.MALFORMED_JSON, f"the body is not valid JSON: {exc}") from exc
+
+
+@dataclass(frozen=True)
+class Body:
+    """A request body as it arrives: its chunks, and the length its header announced (if any)."""
+
+    chunks: AsyncIterator[bytes]
+    length: int | None
+
+
+def body_of(request: Request) -> Body:
     length = request.headers.get("content-length")
-    if length is not None and length.isdigit() and int(length) > limit:
-        raise too_large(limit)
+    return Body(request.stream(), int(length) if length is not None and length.isdigit() else None)
+
+
+def _check_length(body: Body, limit: int) -> None:
+    """413 before anything is read or written, when the Content-Length says so."""
+    if body.length is not None and body.length > limit:
+        raise BodyTooLargeError(limit)
 
 
 @dataclass(frozen=True)
@@ -50,7 +72,7 @@ class BodyPace:
 
 
 async def _receive(
-    request: Request, limit: int, pace: BodyPace, sink: Callable[[bytes], object], place: Place | None = None
+    body: Body, limit: int, pace: BodyPace, sink: Callable[[bytes], object], place: Place | None = None
 ) -> None:
     """Hand the body to ``sink`` chunk by chunk: 413 past ``limit`` (chunked bodies too),
     408 past the deadline or behind the minimum rate, or when its ``place`` is cut for being slow
@@ -61,10 +83,10 @@ async def _receive(
         async with asyncio.timeout_at(start + pace.due(0)) as deadline:
             if place is not None:
                 place.deadline = deadline
-            async for chunk in request.stream():
+            async for chunk in body.chunks:
                 total += len(chunk)
                 if total > limit:
-                    raise too_large(limit)
+                    raise BodyTooLargeError(limit)
                 sink(chunk)
                 if place is not None:
                     place.received = total
@@ -79,27 +101,28 @@ async def _receive(
                        f"{pace.min_rate:g} bytes/s (after {pace.grace:g} s)")  # fmt: skip
         else:
             message = f"the body did not arrive within {pace.timeout:g} s"
-        raise ProtocolError(408, ErrorCode.UPLOAD_TIMEOUT, message) from exc
+        raise BodyTimeoutError(message) from exc
     except ClientDisconnect as exc:
         raise ClientDisconnectedError() from exc
 
 
 async def read_small(request: Request, limit: int, pace: BodyPace | float) -> bytes:
     """A body in memory (JSON, a secure round's message), within ``pace`` (or that many seconds)."""
-    _check_length(request, limit)
+    body = body_of(request)
+    _check_length(body, limit)
     chunks: list[bytes] = []
-    await _receive(request, limit, pace if isinstance(pace, BodyPace) else BodyPace(pace), chunks.append)
+    await _receive(body, limit, pace if isinstance(pace, BodyPace) else BodyPace(pace), chunks.append)
     return b"".join(chunks)
 
 
 @contextlib.asynccontextmanager
 async def streamed_to_file(
-    request: Request, limit: int, pace: BodyPace, store: UpdateStore, place: Place | None = None
+    body: Body, limit: int, pace: BodyPace, store: UpdateStore, place: Place | None = None
 ) -> AsyncIterator[Path]:
     """The body as a temporary file in ``tmp/``, removed when the block ends. Chunks go to the
     page cache as they arrive (microseconds each; no fsync: the body itself is never kept)."""
-    _check_length(request, limit)
+    _check_length(body, limit)
     with store.temp_file(".body") as (path, f):
-        await _receive(request, limit, pace, f.write, place)
+        await _receive(body, limit, pace, f.write, place)
         f.flush()
         yield path

@@ -1,7 +1,7 @@
-"""Secure rounds on the server (docs/SECAGG.md; PROTOCOL.md revision 1.6): the open round's
-SecAgg+ session, begun at the draw, every accepted message stored before it is answered, and
-replayed from the database after a restart; which stage a round is in; and the round's sum of
-weighted deltas at the end.
+"""Secure rounds on the server (docs/SECAGG.md; PROTOCOL.md, "Secure aggregation"): the open
+round's SecAgg+ session, begun at the draw, every accepted message stored before it is answered,
+and replayed from the database after a restart; which stage a round is in; and the round's sum
+of weighted deltas at the end.
 
 A stage ends at its time (fixed at the draw) or as soon as every device that could still take
 part in it has: the key stage when the whole cohort advertised, the share stage when every device
@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import math
 import secrets
-import sqlite3
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +39,7 @@ from fedper.common.secagg.device_session import Advertisement
 from fedper.common.secagg.fixed_point import FixedPoint
 from fedper.common.secagg.graph import neighbour_graph
 from fedper.common.secagg.server_session import DuplicateMessageError, ServerSession, StageError
+from fedper.common.strategy.round_strategy import SecureSum
 from fedper.server.clock import iso_time
 from fedper.server.refusals import (
     AlreadyReportedError,
@@ -48,7 +48,7 @@ from fedper.server.refusals import (
     SecureStageError,
     SecureStageNotOpenError,
 )
-from fedper.server.storage import Database, SecAggSession
+from fedper.server.storage import Database, SecAggSession, Transaction
 
 STAGES = ("keys", "shares", "masked", "unmask")
 DONE = "done"
@@ -72,7 +72,7 @@ class SecureRounds:
         self._cached: tuple[int, ServerSession] | None = None
 
     def begin(
-        self, conn: sqlite3.Connection, number: int, cohort: list[str], now: float, deadline: float | None
+        self, tx: Transaction, number: int, cohort: list[str], now: float, deadline: float | None
     ) -> SecAggSession | None:
         """At the draw: the round's fixed part, stored in the draw's transaction (None: fewer than
         two devices were drawn, and the round can have no secure sum)."""
@@ -87,13 +87,13 @@ class SecureRounds:
         row = SecAggSession(number, secrets.token_hex(16), {d: sorted(v) for d, v in graph.items()},
                             self.settings.threshold(len(cohort)), clip, 1 if dp else self.settings.secagg_weight_cap,
                             ends, flags=1 if dp else 0)  # fmt: skip
-        self.db.put_secagg_session(conn, row)
+        self.db.secagg.put_session(tx, row)
         self._cached = None
         return row
 
     def task(self, number: int) -> SecAggTask | None:
         """What a task of round ``number`` tells a drawn device (None: the round has no session)."""
-        row = self.db.secagg_session(number)
+        row = self.db.secagg.session(number)
         if row is None:
             return None
         k = len(next(iter(row.graph.values())))
@@ -111,7 +111,7 @@ class SecureRounds:
 
     def session(self, number: int) -> tuple[SecAggSession, ServerSession] | None:
         """Round ``number``'s row and session, replayed from the stored messages when not cached."""
-        row = self.db.secagg_session(number)
+        row = self.db.secagg.session(number)
         if row is None:
             return None
         if self._cached is not None and self._cached[0] == number:
@@ -127,7 +127,7 @@ class SecureRounds:
             lambda device: read_masked(self.masked_path(number, device)),
         )
         try:
-            for stage, device, body in self.db.secagg_messages(number):
+            for stage, device, body in self.db.secagg.messages(number):
                 apply(session, stage, device, body, self.folder)
         except (StageError, OSError, ValueError, KeyError, TypeError) as e:
             raise SessionBrokenError(f"round {number}'s stored secure session does not replay: {e}") from e
@@ -145,12 +145,9 @@ class SecureRounds:
                 return stage
         return DONE
 
-    def summed(
-        self, number: int, layout: list[tuple[str, tuple[int, ...]]]
-    ) -> tuple[dict[str, np.ndarray], int, list[int], FixedPoint, int] | None:
-        """The survivors' sum of weighted deltas by tensor (float64, in units of the weight cap),
-        their total weight, each flag's count, the encoding and how many survived; None when the
-        round has no session; RoundFailedError when the masks cannot be removed."""
+    def summed(self, number: int, layout: list[tuple[str, tuple[int, ...]]]) -> SecureSum | None:
+        """The survivors' unmasked sum (None when the round has no session); RoundFailedError
+        when the masks cannot be removed."""
         found = self.session(number)
         if found is None:
             return None
@@ -162,7 +159,7 @@ class SecureRounds:
             size = math.prod(shape)
             out[name] = summed[at : at + size].reshape(shape)
             at += size
-        return out, weight, flags, fixed, len(s.included())
+        return SecureSum(out, weight, flags, fixed, len(s.included()))
 
     def took_part(self, number: int, device: str) -> bool:
         """Whether the device advertised its keys in round ``number``'s session: it cannot take
@@ -175,7 +172,7 @@ class SecureRounds:
 
     def referenced(self, number: int) -> set[str]:
         """The masked inputs' files of round ``number`` (relative to the updates folder)."""
-        return {MaskedBody.parse(body).file for stage, _, body in self.db.secagg_messages(number) if stage == "masked"}
+        return {MaskedBody.parse(body).file for stage, _, body in self.db.secagg.messages(number) if stage == "masked"}
 
     # --- a device's requests (the caller holds the rounds' lock) ---------------------------
 
@@ -222,8 +219,8 @@ class SecureRounds:
                 path.unlink(missing_ok=True)
             raise SecureMessageError(f"{stage}: {e}") from e
         try:
-            with self.db.transaction() as conn:
-                self.db.put_secagg_message(conn, number, stage, device, stored, now)
+            with self.db.transaction() as tx:
+                self.db.secagg.put_message(tx, number, stage, device, stored, now)
         except BaseException:
             self._cached = None  # the session is ahead of the database: rebuild it from there
             raise
@@ -260,7 +257,7 @@ class SecureRounds:
         """Seconds a device waits before it asks again: until the current stage's end, but at most
         POLL_SECONDS (a stage ends early once everyone who can has sent, and the next stage's
         time starts then: a device that slept to the end could miss a short one)."""
-        row = self.db.secagg_session(number)
+        row = self.db.secagg.session(number)
         current = self.stage(number, now)
         if row is None or current in (None, DONE):
             return 1
@@ -268,8 +265,8 @@ class SecureRounds:
 
 
 class SessionBrokenError(RuntimeError):
-    """A stored session that no longer replays (a masked input's file lost, a message an earlier
-    revision stored): its round cannot go on and is abandoned."""
+    """A stored session that no longer replays (a masked input's file lost, a message in a layout
+    this server does not read): its round cannot go on and is abandoned."""
 
 
 def _index(stage: str) -> int:
@@ -305,7 +302,7 @@ class MaskedBody:
 
     @classmethod
     def parse(cls, body: bytes) -> MaskedBody:
-        if not body.startswith(b"{"):  # revision 1.6 recorded the file alone
+        if not body.startswith(b"{"):  # a server of protocol revision 1.6 recorded the file alone
             return cls(body.decode(), [])
         data = json.loads(body)
         return cls(str(data["file"]), [str(d) for d in data["unopened"]])

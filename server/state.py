@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-import sqlite3
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,11 +15,14 @@ from fedper.server.clock import SteadyClock
 from fedper.server.config import ServerConfig
 from fedper.server.credentials import Secrets, load_or_create
 from fedper.server.disk_room import DiskRoom, round_reserve
+from fedper.server.enrollment import Enrollment
 from fedper.server.metrics_registry import MetricsRegistry
 from fedper.server.rate_limit import RateLimiter
 from fedper.server.rounds import Clock, RoundManager
-from fedper.server.storage import Database
+from fedper.server.storage import Database, StorageError
+from fedper.server.tasks import Tasks
 from fedper.server.upload_places import UploadPlaces
+from fedper.server.uploads import Uploads
 
 log = logging.getLogger("fedper.server")
 
@@ -33,17 +35,12 @@ class ServerState:
     secrets: Secrets
     db: Database
     rounds: RoundManager
-    limiter: RateLimiter  # enrollments per address
-    enrollments: RateLimiter  # enrollments from all addresses together (with the one enrollment key)
-    # an address's first enrollment of the minute, when the global limit is spent: a quarter more,
-    # so that a flood from some addresses cannot lock a new phone out
-    first_enrollments: RateLimiter
-    challenges: RateLimiter  # attestation nonces per address
     auth_failures: RateLimiter  # wrong bearer tokens per address
-    key_failures: RateLimiter  # wrong enrollment keys per address
     metrics: MetricsRegistry
-    max_upload_bytes: int
     places: UploadPlaces  # for upload bodies in flight
+    uploads: Uploads
+    enrollment: Enrollment
+    tasks: Tasks
     attestation: AttestationService | None = None
 
     def artifact_path(self, name: str) -> Path | None:
@@ -64,17 +61,17 @@ class StartupError(FedperError, RuntimeError):
 
 def _open_database(path: Path, config: ServerConfig, disk: DiskRoom) -> Database:
     """The database, or, when it cannot be opened for writing on a disk without room, the same
-    database read-only (the server starts draining, PROTOCOL.md revision 1.4)."""
+    database read-only (the server starts draining, PROTOCOL.md, "Errors")."""
     try:
         return Database(path, config.db_busy_timeout)
-    except sqlite3.OperationalError as exc:
+    except StorageError as exc:
         short = disk.shortage()
         if short is None or not path.exists():
             raise StartupError(f"cannot open {path}: {exc}") from exc
         log.error(json.dumps({"event": "database_read_only", "reason": short, "error": str(exc)}))
         try:
             return Database(path, config.db_busy_timeout, read_only=True)
-        except sqlite3.Error as again:
+        except StorageError as again:
             raise StartupError(f"cannot open {path} even read-only ({again}); {short}") from again
 
 
@@ -100,8 +97,8 @@ def open_state(config: ServerConfig, clock: Clock | None = None, free: Callable[
         db.close()
         raise StartupError(f"{data_dir} is a new data directory on a disk too full to write: {disk.shortage()}")
     if known is None:
-        with db.transaction() as conn:
-            db.set_meta(conn, "manifest_sha256", manifest_sha)
+        with db.transaction() as tx:
+            db.set_meta(tx, "manifest_sha256", manifest_sha)
     elif known != manifest_sha:
         db.close()
         raise StartupError(
@@ -121,6 +118,24 @@ def open_state(config: ServerConfig, clock: Clock | None = None, free: Callable[
     v0 = rounds.version_file(0)
     assert v0 is not None
     limit = config.max_upload_bytes or 4 * v0[0].stat().st_size
+    metrics = MetricsRegistry()
+    places = UploadPlaces(config.max_inflight_uploads, config.busy_upload_rate, config.upload_rate_grace,
+                          config.retry_after)  # fmt: skip
+    attestation = None
+    if verifier is not None:
+        attestation = AttestationService(verifier, config.attestation_workers, config.attestation_queue,
+                                         config.attestation_timeout, config.retry_after,
+                                         config.attestation_per_address)  # fmt: skip
+    total = config.enroll_total_per_minute
+    enrollment = Enrollment(
+        secrets, db, rounds,
+        per_address=RateLimiter(config.enroll_per_minute),
+        everyone=RateLimiter(total or UNLIMITED),
+        first_of_address=RateLimiter(max(1, total // 4) if total else UNLIMITED),
+        challenges=RateLimiter(config.enroll_per_minute),
+        key_failures=RateLimiter(config.auth_failures_per_minute),
+        attestation=attestation,
+    )  # fmt: skip
     return ServerState(
         config=config,
         manifest=manifest,
@@ -128,27 +143,11 @@ def open_state(config: ServerConfig, clock: Clock | None = None, free: Callable[
         secrets=secrets,
         db=db,
         rounds=rounds,
-        limiter=RateLimiter(config.enroll_per_minute),
-        enrollments=RateLimiter(config.enroll_total_per_minute or UNLIMITED),
-        first_enrollments=RateLimiter(
-            max(1, config.enroll_total_per_minute // 4) if config.enroll_total_per_minute else UNLIMITED
-        ),
-        challenges=RateLimiter(config.enroll_per_minute),
         auth_failures=RateLimiter(config.auth_failures_per_minute),
-        key_failures=RateLimiter(config.auth_failures_per_minute),
-        metrics=MetricsRegistry(),
-        max_upload_bytes=limit,
-        places=UploadPlaces(
-            config.max_inflight_uploads, config.busy_upload_rate, config.upload_rate_grace, config.retry_after
-        ),
-        attestation=AttestationService(
-            verifier,
-            config.attestation_workers,
-            config.attestation_queue,
-            config.attestation_timeout,
-            config.retry_after,
-            config.attestation_per_address,
-        )
-        if verifier is not None
-        else None,
+        metrics=metrics,
+        places=places,
+        uploads=Uploads(config, manifest, rounds, places, metrics, limit),
+        enrollment=enrollment,
+        tasks=Tasks(config, db, rounds, manifest_sha),
+        attestation=attestation,
     )

@@ -17,8 +17,7 @@ import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from fedper.common.protocol import ErrorCode, Header
-from fedper.server.errors import ProtocolError, conflict
+from fedper.server.refusals import ServerBusyError, UploadInProgressError
 
 
 @dataclass
@@ -49,23 +48,20 @@ class UploadPlaces:
 
     @contextlib.contextmanager
     def take(self, device: str, round_number: int) -> Iterator[Place]:
-        """The device's place while its body arrives (the ProtocolErrors above when it gets none)."""
+        """The device's place while its body arrives (the refusals above when it gets none)."""
         if device in self.places:
-            raise conflict(
-                ErrorCode.UPLOAD_IN_PROGRESS, "this device is already sending an update; wait for its answer"
-            )
+            raise UploadInProgressError("this device is already sending an update; wait for its answer")
         if self._barred[0] != round_number:
             self._barred = (round_number, set())
         if device in self._barred[1]:
-            raise ProtocolError(503, ErrorCode.SERVER_BUSY, f"this device's upload of round {round_number} was cut "
-                                "for being too slow while other devices waited; it may upload in the next round",
-                                {Header.RETRY_AFTER: str(self.retry_after)})  # fmt: skip
+            message = (f"this device's upload of round {round_number} was cut for being too slow while other "
+                       "devices waited; it may upload in the next round")  # fmt: skip
+            raise ServerBusyError(message, self.retry_after)
         now = asyncio.get_running_loop().time()
         if len(self.places) >= self.limit:
             cut = self._cut_slow(now)
             wait = 1 if cut else self.retry_after
-            raise ProtocolError(503, ErrorCode.SERVER_BUSY, "the server is receiving as many uploads as it can; "
-                                "retry later", {Header.RETRY_AFTER: str(wait)})  # fmt: skip
+            raise ServerBusyError("the server is receiving as many uploads as it can; retry later", wait)
         place = Place(device, now)
         self.places[device] = place
         try:

@@ -21,12 +21,11 @@ from typing import Any
 import numpy as np
 from safetensors import SafetensorError, safe_open
 
-from fedper.common.dp.clipping import distance
 from fedper.common.manifest import Manifest
 from fedper.common.protocol import ErrorCode, Metadata
-from fedper.common.robust_aggregate import negative_variance
+from fedper.common.strategy.round_strategy import RoundStrategy
 from fedper.server import strict_json
-from fedper.server.errors import ProtocolError, bad_request, unprocessable
+from fedper.server.refusals import MalformedError, UnacceptableError
 
 MAX_HEADER_BYTES = 1 << 20  # a MobileNet or ResNet base needs ~10-20 KiB; parsing more costs memory
 DTYPE_SIZES = {
@@ -69,8 +68,8 @@ class _Entry:
     end: int
 
 
-def _malformed(message: str) -> ProtocolError:
-    return bad_request(ErrorCode.MALFORMED_SAFETENSORS, message)
+def _malformed(message: str) -> MalformedError:
+    return MalformedError(ErrorCode.MALFORMED_SAFETENSORS, message)
 
 
 def _is_int(value: Any) -> bool:
@@ -150,59 +149,51 @@ def validate(
     path: Path,
     manifest: Manifest,
     max_num_samples: int,
+    mode: RoundStrategy,
     round_base: Mapping[str, np.ndarray] | None = None,
-    max_update_norm: float = 0.0,
-    clip: float | None = None,
 ) -> Upload:
-    """The upload in ``path`` as float32 tensors and metadata, or a ProtocolError (400, then 422).
-
-    With ``max_update_norm`` > 0, the L2 distance from ``round_base`` over all base tensors
-    must not exceed it (422 ``update_out_of_bounds``). With a DP ``clip`` (revision 1.5), the
-    metadata must carry the device's bit and the delta from ``round_base``, measured as the
-    clipping contract defines it (:func:`fedper.common.dp.clipping.distance`, in the manifest's
-    order), must be within the clip (422 ``delta_above_clip``): a device's clipping is checked,
-    not trusted.
+    """The upload in ``path`` as float32 tensors and metadata, or a refusal: 400 for a body that
+    is not the protocol's safetensors, then 422 for the wrong content; last, what the round's
+    ``mode`` refuses (:meth:`RoundStrategy.refusal`: a non-finite value, a negative BatchNorm
+    variance, a distance from ``round_base`` above the bound, a DP delta above the clip: a
+    device's clipping is checked, not trusted). Under DP the metadata must carry the device's bit.
     """
     entries, metadata, data_offset = read_header(path)
     library_layout, library_metadata = _library_view(path)
     if library_layout != {e.name: (e.dtype, e.shape) for e in entries} or library_metadata != metadata:
         raise _malformed("the header reads differently to the safetensors library; send a plain safetensors file")
-    base = dict(manifest.layout("base"))
+    layout = manifest.layout("base")
+    base = dict(layout)
     names = {e.name for e in entries}
     personal = sorted(names & set(manifest.head_names))
     if personal:
-        raise unprocessable(
+        raise UnacceptableError(
             ErrorCode.PERSONAL_TENSOR_IN_UPLOAD,
             f"{len(personal)} personal (head) tensor(s) in the upload, e.g. {personal[0]!r}: "
             "only base tensors leave the device",
         )
     missing, extra = sorted(set(base) - names), sorted(names - set(base))
     if missing:
-        raise unprocessable(ErrorCode.MISSING_TENSOR, f"missing base tensor(s): {', '.join(missing[:3])}")
+        raise UnacceptableError(ErrorCode.MISSING_TENSOR, f"missing base tensor(s): {', '.join(missing[:3])}")
     if extra:
-        raise unprocessable(
+        raise UnacceptableError(
             ErrorCode.UNEXPECTED_TENSOR, f"unexpected tensor(s): {', '.join(e[:64] for e in extra[:3])}"
         )
     for e in entries:
         if e.shape != base[e.name]:
-            raise unprocessable(
+            raise UnacceptableError(
                 ErrorCode.WRONG_SHAPE, f"tensor {e.name!r} has shape {list(e.shape)}, expected {list(base[e.name])}"
             )
         if e.dtype not in ACCEPTED_DTYPES:
-            raise unprocessable(ErrorCode.WRONG_DTYPE, f"tensor {e.name!r} is {e.dtype}; send F32 or F16")
+            raise UnacceptableError(ErrorCode.WRONG_DTYPE, f"tensor {e.name!r} is {e.dtype}; send F32 or F16")
     num_samples, base_version, metrics = check_metadata(metadata, max_num_samples)
-    unclipped = _unclipped(metadata, clip is not None)
-    located = {e.name: (e, data_offset + e.start) for e in entries}
-    tensors = _load_tensors(path, located, round_base if max_update_norm > 0 else None, max_update_norm)
-    if clip is not None:
-        assert round_base is not None, "a DP round's uploads are checked against its base"
-        norm = distance(tensors, round_base, list(base))
-        if not norm <= clip:
-            raise unprocessable(
-                ErrorCode.DELTA_ABOVE_CLIP,
-                f"the base delta has L2 norm {norm:.9g}, above this round's clip_norm {clip!r}; clip it as "
-                'PROTOCOL.md, "Clipping the base delta", defines (the server measures it the same way)',
-            )
+    unclipped = _unclipped(metadata, mode.device_clip() is not None)
+    tensors = _load_tensors(path, {e.name: (e, data_offset + e.start) for e in entries})
+    if mode.needs_base() and round_base is None:
+        raise ValueError("this round mode measures updates against the round's base: pass it")
+    refused = mode.refusal(tensors, round_base or {}, layout)
+    if refused is not None:
+        raise UnacceptableError(refused.code, refused.message)
     return Upload(tensors, num_samples, base_version, metrics, unclipped)
 
 
@@ -212,10 +203,10 @@ def _unclipped(metadata: Mapping[str, str], private: bool) -> bool | None:
     if not private:
         if text is not None:
             message = f"{Metadata.UNCLIPPED} is only sent in a round whose task has dp"
-            raise unprocessable(ErrorCode.BAD_METADATA, message)
+            raise UnacceptableError(ErrorCode.BAD_METADATA, message)
         return None
     if text not in ("0", "1"):
-        raise unprocessable(
+        raise UnacceptableError(
             ErrorCode.BAD_METADATA,
             f'this round runs DP-FedAvg: {Metadata.UNCLIPPED} must be "1" (the delta was within clip_norm before '
             f'clipping) or "0", got {None if text is None else text[:16]!r}',
@@ -223,43 +214,18 @@ def _unclipped(metadata: Mapping[str, str], private: bool) -> bool | None:
     return text == "1"
 
 
-def _load_tensors(
-    path: Path,
-    located: dict[str, tuple[_Entry, int]],
-    round_base: Mapping[str, np.ndarray] | None,
-    max_update_norm: float,
-) -> dict[str, np.ndarray]:
+def _load_tensors(path: Path, located: dict[str, tuple[_Entry, int]]) -> dict[str, np.ndarray]:
     """The data section read once into one buffer (no mapping of the file: peak memory is about
-    one body), each tensor a view on it at the offset both readers agreed on."""
+    one body), each tensor a float32 view on it at the offset both readers agreed on."""
     start = min((offset for _, offset in located.values()), default=0)
     end = max((offset + entry.end - entry.start for entry, offset in located.values()), default=0)
     with path.open("rb") as f:
         f.seek(start)
         data = np.fromfile(f, dtype=np.uint8, count=end - start)
     tensors: dict[str, np.ndarray] = {}
-    squared = 0.0
     for name, (entry, offset) in located.items():
         raw = data[offset - start : offset - start + entry.end - entry.start].view(_NUMPY[entry.dtype])
-        arr = raw.astype(np.float32, copy=False).reshape(entry.shape)
-        # A float64 sum of float32 values cannot overflow, so it is finite exactly when every value is.
-        if not math.isfinite(float(np.sum(arr, dtype=np.float64))):
-            raise unprocessable(ErrorCode.NON_FINITE, f"tensor {name!r} contains NaN or Inf")
-        smallest = negative_variance(name, arr)
-        if smallest is not None:
-            raise unprocessable(
-                ErrorCode.UPDATE_OUT_OF_BOUNDS,
-                f"tensor {name!r} is a BatchNorm variance and must be >= 0; its smallest value is {smallest:.4g}",
-            )
-        if round_base is not None:
-            diff = arr.astype(np.float64) - round_base[name]
-            squared += float(np.dot(diff.ravel(), diff.ravel()))
-        tensors[name] = arr
-    if round_base is not None and math.sqrt(squared) > max_update_norm:
-        raise unprocessable(
-            ErrorCode.UPDATE_OUT_OF_BOUNDS,
-            f"the update is at L2 distance {math.sqrt(squared):.4g} from the round's base; "
-            f"this server accepts at most {max_update_norm:g}",
-        )
+        tensors[name] = raw.astype(np.float32, copy=False).reshape(entry.shape)
     return tensors
 
 
@@ -273,31 +239,33 @@ def check_metadata(metadata: Mapping[str, str], max_num_samples: int) -> tuple[i
     num_samples = integer(Metadata.NUM_SAMPLES)
     if num_samples is None or not 1 <= num_samples <= max_num_samples:
         shown = str(metadata.get(Metadata.NUM_SAMPLES))[:32]
-        raise unprocessable(
+        raise UnacceptableError(
             ErrorCode.NUM_SAMPLES_OUT_OF_RANGE, f"num_samples must be an integer in 1..{max_num_samples}, got {shown!r}"
         )
     base_version = integer(Metadata.BASE_VERSION)
     if base_version is None:
-        raise unprocessable(ErrorCode.BAD_METADATA, "base_version must be the integer model version you trained from")
+        message = "base_version must be the integer model version you trained from"
+        raise UnacceptableError(ErrorCode.BAD_METADATA, message)
     metrics: dict[str, float] = {}
     for key, text in metadata.items():
         if key in (Metadata.NUM_SAMPLES, Metadata.BASE_VERSION, Metadata.UNCLIPPED):
             continue
         if not key.startswith(Metadata.METRIC_PREFIX):
-            raise unprocessable(ErrorCode.BAD_METADATA, f"metadata key {key[:80]!r} is not allowed")
+            raise UnacceptableError(ErrorCode.BAD_METADATA, f"metadata key {key[:80]!r} is not allowed")
         name = key[len(Metadata.METRIC_PREFIX) :]
         if not METRIC_NAME.fullmatch(name):
-            raise unprocessable(ErrorCode.BAD_METADATA, f"metric name {name[:80]!r} must match [a-z0-9_]{{1,64}}")
+            raise UnacceptableError(ErrorCode.BAD_METADATA, f"metric name {name[:80]!r} must match [a-z0-9_]{{1,64}}")
         if len(text) > 40 or not METRIC_VALUE.fullmatch(text):
-            raise unprocessable(ErrorCode.BAD_METADATA, f"metric {name!r} is not a decimal number: {text[:40]!r}")
+            raise UnacceptableError(ErrorCode.BAD_METADATA, f"metric {name!r} is not a decimal number: {text[:40]!r}")
         value = float(text)
         if not abs(value) <= Metadata.MAX_METRIC_ABS:
-            raise unprocessable(ErrorCode.BAD_METADATA, f"metric {name!r} = {text} is outside [-1e9, 1e9]")
+            raise UnacceptableError(ErrorCode.BAD_METADATA, f"metric {name!r} = {text} is outside [-1e9, 1e9]")
         if FRACTION_METRIC.fullmatch(name) and not 0 <= value <= 1:
-            raise unprocessable(ErrorCode.BAD_METADATA, f"metric {name!r} = {text} is a fraction: it must be in [0, 1]")
+            message = f"metric {name!r} = {text} is a fraction: it must be in [0, 1]"
+            raise UnacceptableError(ErrorCode.BAD_METADATA, message)
         if NON_NEGATIVE_METRIC.fullmatch(name) and not value >= 0:
-            raise unprocessable(ErrorCode.BAD_METADATA, f"metric {name!r} = {text} is a loss: it must be >= 0")
+            raise UnacceptableError(ErrorCode.BAD_METADATA, f"metric {name!r} = {text} is a loss: it must be >= 0")
         metrics[name] = value
         if len(metrics) > Metadata.MAX_METRICS:
-            raise unprocessable(ErrorCode.BAD_METADATA, f"at most {Metadata.MAX_METRICS} metrics")
+            raise UnacceptableError(ErrorCode.BAD_METADATA, f"at most {Metadata.MAX_METRICS} metrics")
     return num_samples, base_version, metrics

@@ -15,7 +15,7 @@ import torch
 
 from fedper.common.manifest import Manifest, read_manifest
 from fedper.data import DataConfig, load_dataset, to_tensor
-from tests.numeric_claims import NumericClaims
+from tests.support.numeric_claims import NumericClaims
 
 _session_threads = 0  # torch's thread count for every test, set at configure
 
@@ -149,7 +149,7 @@ def server_artifacts(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture
 def claim(record_property: Callable[[str, object], None]) -> NumericClaims:
-    """Assert a numeric test's value against its bound and record both (tests/portable.py)."""
+    """Assert a numeric test's value against its bound and record both (tests/support/portable.py)."""
     return NumericClaims(record_property)
 
 
@@ -170,7 +170,7 @@ def server_manifest(server_artifacts: Path) -> Manifest:
 @pytest.fixture
 def server_secrets(monkeypatch: pytest.MonkeyPatch) -> None:
     """The server's secrets in the environment, as the in-process server tests open it."""
-    from tests.server_support import ADMIN, ENROLL
+    from tests.support.server_support import ADMIN, ENROLL
 
     monkeypatch.setenv("FEDPER_ADMIN_TOKEN", ADMIN)
     monkeypatch.setenv("FEDPER_ENROLLMENT_KEY", ENROLL)

@@ -3,7 +3,7 @@ app names the protocol's paths, codes, metadata keys, headers and JSON bodies' f
 the server does; and ``ManifestKeys.java`` from ``docs/manifest.schema.json``, the manifest's
 field names as the exporter writes them.
 
-Usage: python android_demo/core/generate_protocol.py   (tests/test_protocol.py fails when stale)
+Usage: python android_demo/core/generate_protocol.py   (tests/unit/common/test_protocol.py fails when stale)
 """
 
 from __future__ import annotations

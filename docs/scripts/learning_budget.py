@@ -1,4 +1,4 @@
-"""When FedPer takes off in tests/test_simulation.py's learning run: docs/TESTING.md.
+"""When FedPer takes off in tests/unit/recipes/test_simulation.py's learning run: docs/TESTING.md.
 
 The test's setting (digits, 5 clients of 2 classes each, kp=2, lr 0.05, one local epoch a round,
 one thread) for each seed given, with more rounds than the test's 12: FedPer's mean accuracy at
@@ -8,7 +8,8 @@ every evaluation point, the majority baseline, and FedPer's and FedAvg's accurac
 Usage: [ATEN_CPU_CAPABILITY=default|avx2] .venv/bin/python docs/scripts/learning_budget.py
        [--seeds 0,1,2] [--rounds 15] [--at 12] [--clients 5] [--lr 0.05]   (about 100 s per seed)
 
-The test's setting before issue 25: --clients 10 --lr 0.01 --rounds 5 --at 5 --seeds 0.
+The setting docs/TESTING.md ("What it measured") starts from: --clients 10 --lr 0.01 --rounds 5
+--at 5 --seeds 0.
 """
 
 from __future__ import annotations

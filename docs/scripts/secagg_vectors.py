@@ -5,7 +5,7 @@ the Python device, the Android core (SecAggVectorsTest) and any third party.
 Every random value (private keys, seeds, Shamir coefficients, nonces) is fixed: derived from
 SHA-256 of a label, and written into the file, so a reader needs none of this script. Run from the
 repository's root: ``.venv/bin/python docs/scripts/secagg_vectors.py`` (``--check``: exit 1 if the
-file differs from what the code gives now; tests/test_secagg_vectors.py does the same).
+file differs from what the code gives now; tests/unit/common/test_secagg_vectors.py does the same).
 """
 
 from __future__ import annotations

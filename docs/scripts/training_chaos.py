@@ -2,7 +2,7 @@
 are not compared".
 
 The test model (MobileNet-V1 width 0.25, 32 px, digits, seed 0) trained on the first 128 digits
-in batches of 32, as tests/test_export.py does. For the whole model and for the head alone (kp=2):
+in batches of 32, as tests/unit/export/test_export.py does. For the whole model and for the head alone (kp=2):
 how far eager float32 ends from eager float64, as a share of the distance the weights moved;
 and, in float64 only, how far two runs end apart whose weights differed by 1e-9 at the start
 (the median over tensors of each tensor's difference over its movement).

@@ -1,11 +1,11 @@
 """Command-line options from config dataclasses, parsed by tyro, so each setting lives in one place.
 
 A field's default, type and help (``field(metadata={"help": ...})``, which tyro reads) become an
-option named after the field (``local_epochs`` -> ``--local-epochs``); ``metadata["flags"]`` adds
-aliases, ``metadata["metavar"]`` names the value; a ``Literal`` type restricts the values (tyro
-lists them). A field made with :func:`nested` holds another config whose options join the
-command's own (same names, the holder's defaults), so a setting composed into several commands
-is defined once.
+option named after the field (``local_epochs`` -> ``--local-epochs``) or ``metadata["name"]``;
+``metadata["flags"]`` adds aliases, ``metadata["metavar"]`` names the value; a ``Literal`` type
+restricts the values (tyro lists them). A field made with :func:`nested` holds another config
+whose options join the command's own (same names, the holder's defaults, the fields the holder
+skips left out), so a setting composed into several commands is defined once.
 
 What is written here rather than taken from tyro, and why: a command's options are the fields of
 *several* configs with some left out (``skip``: ``fedper fleet`` has ``--devices``, not the data
@@ -39,14 +39,22 @@ _GIVEN = "_given_options"  # where the parsed namespace keeps the names of the o
 
 
 def option(default: Any, help: str, **extra: Any) -> Any:
-    """A dataclass field carrying its command-line help."""
+    """A dataclass field carrying its command-line help (``name=``: the option's name, where the
+    field's own would read wrong on the command line)."""
     return dataclasses.field(default=default, metadata={"help": help, **extra})
 
 
-def nested(factory: Callable[[], object], role: str = "") -> Any:
+def nested(factory: Callable[[], object], role: str = "", skip: tuple[str, ...] = ()) -> Any:
     """A dataclass field holding another config; ``factory`` gives the holder's defaults, ``role``
-    what the holder does with them (appended to each option's help)."""
-    return dataclasses.field(default_factory=factory, metadata={"nested": True, "role": role})
+    what the holder does with them (appended to each option's help), ``skip`` the fields that are
+    not options of the holder (it sets them itself: they keep ``factory``'s values)."""
+    return dataclasses.field(default_factory=factory, metadata={"nested": True, "role": role, "skip": skip})
+
+
+def _name(f: dataclasses.Field[Any]) -> str:
+    """The option (and parsed attribute) a field is."""
+    name: str = f.metadata.get("name", f.name)
+    return name
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,11 +128,12 @@ def _options(cls: type, skip: tuple[str, ...], defaults: object | None = None, r
         if f.name in skip:
             continue
         if f.metadata.get("nested"):
-            out += _options(hints[f.name], skip, _default(f, defaults), f.metadata["role"])
+            inner = (*skip, *f.metadata["skip"])
+            out += _options(hints[f.name], inner, _default(f, defaults), f.metadata["role"])
         elif "help" in f.metadata:
             help = f.metadata["help"] + (f", {role}" if role else "")
-            flags = (f"--{f.name.replace('_', '-')}", *f.metadata.get("flags", ()))
-            out.append(_Option(f.name, _annotated(hints[f.name], f, help), _default(f, defaults), flags))
+            flags = (f"--{_name(f).replace('_', '-')}", *f.metadata.get("flags", ()))
+            out.append(_Option(_name(f), _annotated(hints[f.name], f, help), _default(f, defaults), flags))
     return out
 
 
@@ -234,16 +243,37 @@ def with_defaults(args: argparse.Namespace, defaults: Mapping[str, object]) -> a
     return out
 
 
-def from_arguments(cls: type[T], args: argparse.Namespace, defaults: object | None = None) -> T:
+def from_arguments(
+    cls: type[T], args: argparse.Namespace, defaults: object | None = None, skip: tuple[str, ...] = ()
+) -> T:
     """Build config ``cls`` from parsed options; a field that is not an option of the command (left
     out by ``skip``) keeps its default: ``defaults``'s value, or the holder's for a nested config."""
     hints = typing.get_type_hints(cls)
     values: dict[str, Any] = {}
     for f in dataclasses.fields(cls):
         if f.metadata.get("nested"):
-            values[f.name] = from_arguments(hints[f.name], args, _default(f, defaults))
-        elif hasattr(args, f.name):
-            values[f.name] = getattr(args, f.name)
+            values[f.name] = from_arguments(hints[f.name], args, _default(f, defaults), f.metadata["skip"])
+        elif f.name not in skip and hasattr(args, _name(f)):
+            values[f.name] = getattr(args, _name(f))
         elif defaults is not None:
             values[f.name] = getattr(defaults, f.name)
     return cls(**values)
+
+
+def option_values(config: DataclassInstance) -> dict[str, Any]:
+    """A config's values by option name, a nested config's beside its holder's (but the fields
+    the holder skips, which it sets itself): the settings as the command line gives them."""
+    values: dict[str, Any] = {}
+
+    def add(config: DataclassInstance, skip: tuple[str, ...]) -> None:
+        for f in dataclasses.fields(config):
+            value = getattr(config, f.name)
+            if f.name in skip:
+                continue
+            if dataclasses.is_dataclass(value) and not isinstance(value, type):
+                add(value, f.metadata.get("skip", ()))
+            else:
+                values[_name(f)] = value
+
+    add(config, ())
+    return values

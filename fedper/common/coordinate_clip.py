@@ -7,7 +7,7 @@ already; the server, which folds one update at a time, writes them (float64) to 
 temporary file and works through the coordinates in chunks, so its memory is one update plus a
 chunk across the round's updates, whatever the cohort. The spilled form gives the in-memory
 form's bytes (for the server's one-at-a-time fold, ``group=1``): the same float64 operations on
-each coordinate in the same order (``tests/test_robust_aggregate.py`` holds it to that).
+each coordinate in the same order (``tests/unit/common/test_robust_aggregate.py`` holds it to that).
 """
 
 from __future__ import annotations

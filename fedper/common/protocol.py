@@ -33,7 +33,7 @@ class Route:
 
     HEALTH = f"{PREFIX}/health"
     DEVICES = f"{PREFIX}/devices"
-    # Since revision 1.8: a single-use nonce for the platform's attestation (docs/SERVER.md).
+    # A single-use nonce for the platform's attestation (docs/SERVER.md).
     CHALLENGE = f"{PREFIX}/devices/challenge"
     TASK = f"{PREFIX}/task"
     MODEL_BASE = f"{PREFIX}/models/{{version}}/base"
@@ -44,9 +44,9 @@ class Route:
     ADMIN_REVOKE = f"{PREFIX}/admin/devices/{{device_id}}/revoke"
     ADMIN_STOP = f"{PREFIX}/admin/stop"
     ADMIN_LATEST_BASE = f"{PREFIX}/admin/models/latest/base"
-    ADMIN_ROLLBACK = f"{PREFIX}/admin/rollback/{{version}}"  # since revision 1.4
-    ADMIN_DEVICES = f"{PREFIX}/admin/devices"  # since revision 1.8: enroll devices in bulk
-    # Since revision 1.6, a secure round's stages (docs/SECAGG.md): POST sends this device's
+    ADMIN_ROLLBACK = f"{PREFIX}/admin/rollback/{{version}}"
+    ADMIN_DEVICES = f"{PREFIX}/admin/devices"  # enroll devices in bulk
+    # A secure round's stages (docs/SECAGG.md): POST sends this device's
     # part, GET fetches what the server relays to it (204 until the stage before it ends).
     SECAGG_KEYS = f"{PREFIX}/rounds/{{round_number}}/secagg/keys"
     SECAGG_SHARES = f"{PREFIX}/rounds/{{round_number}}/secagg/shares"
@@ -62,8 +62,8 @@ class ErrorCode(StrEnum):
     MALFORMED_SAFETENSORS = "malformed_safetensors"  # 400
     UNAUTHORIZED = "unauthorized"  # 401
     FORBIDDEN = "forbidden"  # 403
-    ATTESTATION_FAILED = "attestation_failed"  # 403, since revision 1.4
-    SECAGG_UNSUPPORTED = "secagg_unsupported"  # 403, since revision 1.6
+    ATTESTATION_FAILED = "attestation_failed"  # 403
+    SECAGG_UNSUPPORTED = "secagg_unsupported"  # 403
     NOT_FOUND = "not_found"  # 404
     METHOD_NOT_ALLOWED = "method_not_allowed"  # 405
     UPLOAD_TIMEOUT = "upload_timeout"  # 408
@@ -71,12 +71,12 @@ class ErrorCode(StrEnum):
     DUPLICATE_UPDATE = "duplicate_update"  # 409
     ROUND_NOT_OPEN = "round_not_open"  # 409
     STALE_BASE_VERSION = "stale_base_version"  # 409
-    NOT_IN_COHORT = "not_in_cohort"  # 409, since revision 1.2
-    UPLOAD_IN_PROGRESS = "upload_in_progress"  # 409, since revision 1.4
-    SECAGG_STAGE_CLOSED = "secagg_stage_closed"  # 409, since revision 1.6: out of this secure round
-    SECAGG_STAGE_NOT_OPEN = "secagg_stage_not_open"  # 409, since revision 1.7: too early; Retry-After says when
-    SECURE_ROUND = "secure_round"  # 409, since revision 1.6: a plain upload into a secure round
-    PRIVACY_BUDGET_SPENT = "privacy_budget_spent"  # 409, since revision 1.7: a rollback past --target-epsilon
+    NOT_IN_COHORT = "not_in_cohort"  # 409
+    UPLOAD_IN_PROGRESS = "upload_in_progress"  # 409
+    SECAGG_STAGE_CLOSED = "secagg_stage_closed"  # 409: out of this secure round
+    SECAGG_STAGE_NOT_OPEN = "secagg_stage_not_open"  # 409: too early; Retry-After says when
+    SECURE_ROUND = "secure_round"  # 409: a plain upload into a secure round
+    PRIVACY_BUDGET_SPENT = "privacy_budget_spent"  # 409: a rollback past --target-epsilon
     RUN_FINISHED = "run_finished"  # 410
     PAYLOAD_TOO_LARGE = "payload_too_large"  # 413
     MISSING_TENSOR = "missing_tensor"  # 422
@@ -88,8 +88,8 @@ class ErrorCode(StrEnum):
     BAD_METADATA = "bad_metadata"  # 422
     PERSONAL_TENSOR_IN_UPLOAD = "personal_tensor_in_upload"  # 422
     UPDATE_OUT_OF_BOUNDS = "update_out_of_bounds"  # 422
-    DELTA_ABOVE_CLIP = "delta_above_clip"  # 422, since revision 1.5
-    BAD_SECAGG_MESSAGE = "bad_secagg_message"  # 422, since revision 1.6
+    DELTA_ABOVE_CLIP = "delta_above_clip"  # 422
+    BAD_SECAGG_MESSAGE = "bad_secagg_message"  # 422
     RATE_LIMITED = "rate_limited"  # 429
     INTERNAL_ERROR = "internal_error"  # 500
     SERVER_BUSY = "server_busy"  # 503
@@ -104,12 +104,11 @@ class Metadata:
     METRIC_NAME_PATTERN = r"[a-z0-9_]{1,64}"
     MAX_METRICS = 16
     MAX_METRIC_ABS = 1e9
-    # Since revision 1.4: metrics bounded to their meaning, by the words of their names.
+    # Metrics bounded to their meaning, by the words of their names.
     FRACTION_METRIC_PATTERN = r"([a-z0-9]+_)*accuracy(_[a-z0-9]+)*"  # in [0, 1]
     NON_NEGATIVE_METRIC_PATTERN = r"([a-z0-9]+_)*loss(_[a-z0-9]+)*"  # >= 0
-    # Since revision 1.5, in a round whose task carries ``dp``: "1" if the base delta's norm was
-    # within the clip before clipping, else "0" (adaptive clipping counts them); required there,
-    # refused elsewhere.
+    # In a round whose task carries ``dp``: "1" if the base delta's norm was within the clip
+    # before clipping, else "0" (adaptive clipping counts them); required there, refused elsewhere.
     UNCLIPPED = "dp_unclipped"
 
 
@@ -121,12 +120,12 @@ class Header:
     ETAG = "ETag"
     IF_NONE_MATCH = "If-None-Match"
     OCTET_STREAM = "application/octet-stream"
-    # Since revision 1.6: what a device can do, comma-separated, on GET /v1/task. Since revision
-    # 1.7, "secagg-1.7" if it can take part in a secure round as docs/SECAGG.md defines it to the
-    # byte (revision 1.6's "secagg" sealed its shares in another layout: a secure server refuses it).
+    # What a device can do, comma-separated, on GET /v1/task: "secagg-1.7" if it can take part in
+    # a secure round as docs/SECAGG.md defines it to the byte. A device of protocol revision 1.6
+    # sends "secagg" and seals its shares in another layout: a secure server refuses it.
     CAPABILITIES = "Fedper-Capabilities"
     SECAGG = "secagg-1.7"
-    # Since revision 1.7, on POST .../secagg/masked: the ids of the neighbours whose sealed shares
+    # On POST .../secagg/masked: the ids of the neighbours whose sealed shares
     # this device could not open, comma-separated (absent: none). It holds no share of them and
     # added no pairwise mask with them.
     SECAGG_UNOPENED = "Fedper-SecAgg-Unopened"
@@ -156,22 +155,22 @@ NONCE_PATTERN = r"^[0-9a-f]{32}$"
 class EnrollmentRequest(_Body):
     enrollment_key: str
     platform: str | None = Field(default=None, max_length=MAX_PLATFORM_LENGTH)
-    # Since revision 1.4: the platform's integrity token (e.g. Play Integrity), for a server
+    # The platform's integrity token (e.g. Play Integrity), for a server
     # configured to verify one (docs/SERVER.md, "Device attestation").
     attestation: str | None = Field(default=None, max_length=MAX_ATTESTATION_LENGTH)
-    # Since revision 1.8: the nonce POST /v1/devices/challenge gave, which the attestation token
+    # The nonce POST /v1/devices/challenge gave, which the attestation token
     # binds (the platform's request carries it); required with an attestation, used once.
     nonce: str | None = Field(default=None, pattern=NONCE_PATTERN)
 
 
 class ChallengeRequest(_Body):
-    """Since revision 1.8: asking for an attestation nonce takes the enrollment key, as enrolling does."""
+    """Asking for an attestation nonce takes the enrollment key, as enrolling does."""
 
     enrollment_key: str
 
 
 class Challenge(_Body):
-    """Since revision 1.8: a nonce for one enrollment's attestation, valid ``expires_in`` seconds."""
+    """A nonce for one enrollment's attestation, valid ``expires_in`` seconds."""
 
     nonce: str = Field(pattern=NONCE_PATTERN)
     expires_in: int
@@ -182,7 +181,7 @@ class Enrolled(_Body):
     token: str
 
 
-# TrainConfig's fields, each optional on the wire (tests/test_cli.py holds the two to the same names
+# TrainConfig's fields, each optional on the wire (tests/unit/core/test_cli.py holds the two to the same names
 # and types). A comment, not the docstring: the schema carries the docstring.
 class TaskConfig(_Body):
     """Overrides the manifest's training defaults key by key (an absent key keeps the default)."""
@@ -203,16 +202,16 @@ class TaskConfig(_Body):
 
 
 class DPTask(_Body):
-    """Since revision 1.5: the round runs DP-FedAvg (docs/PRIVACY.md). The device clips its base
-    delta (trained base minus the base it received) to L2 norm ``clip_norm`` as PROTOCOL.md,
-    "Clipping the base delta", defines it, and says in its update's metadata whether it had to."""
+    """The round runs DP-FedAvg (docs/PRIVACY.md). The device clips its base delta (trained base
+    minus the base it received) to L2 norm ``clip_norm`` as PROTOCOL.md, "Clipping the base
+    delta", defines it, and says in its update's metadata whether it had to."""
 
     clip_norm: float = Field(gt=0)
 
 
 class SecAggTask(_Body):
-    """Since revision 1.6: the round is securely aggregated (docs/SECAGG.md). ``session`` names
-    the round in every key the devices derive; the device encodes its clipped, weighted base delta
+    """The round is securely aggregated (docs/SECAGG.md). ``session`` names the round in every
+    key the devices derive; the device encodes its clipped, weighted base delta
     as ``FixedPoint(clip_norm, cohort, weight_cap)`` and takes part in the stages before their
     deadlines (ISO 8601 UTC): its keys by ``keys_by``, its shares by ``shares_by``, its masked
     input by ``masked_by`` and its unmasking answer by ``unmask_by`` (the round's deadline)."""
@@ -237,15 +236,15 @@ class Task(_Body):
     manifest_url: str
     manifest_sha256: str
     config: TaskConfig = TaskConfig()
-    # Since revision 1.2: when this device's slot in the round's cohort expires (ISO 8601 UTC);
+    # When this device's slot in the round's cohort expires (ISO 8601 UTC);
     # an update that arrives later is refused (409 not_in_cohort); the device asks again.
     # Null when the slot lasts as long as the round.
     report_by: str | None = None
-    # Since revision 1.5: set when the server runs DP-FedAvg; a device that cannot clip must not
+    # Set when the server runs DP-FedAvg; a device that cannot clip must not
     # upload (the server refuses an update whose delta is longer than the clip).
     dp: DPTask | None = None
-    # Since revision 1.6: set in a securely aggregated round, given only to a device that sent
-    # the ``secagg`` capability.
+    # Set in a securely aggregated round, given only to a device that sent the ``secagg-1.7``
+    # capability (``Header.SECAGG``).
     secagg: SecAggTask | None = None
 
 
@@ -310,13 +309,13 @@ class RoundInfo(_Body):
     result_version: int | None
     deadline: str | None
     metrics: dict[str, MetricSummary]
-    # Since revision 1.7: why an abandoned round published nothing, when the server knows (too few
-    # devices, a secure round's masks that could not be removed, a sum out of bounds, ...).
+    # Why an abandoned round published nothing, when the server knows (too few devices, a
+    # secure round's masks that could not be removed, a sum out of bounds, ...).
     reason: str | None = None
 
 
 class PrivacySpent(_Body):
-    """Since revision 1.5: what the run's DP-FedAvg has spent (docs/PRIVACY.md, "The accounting")."""
+    """What the run's DP-FedAvg has spent (docs/PRIVACY.md, "The accounting")."""
 
     epsilon: float | None  # at ``delta`` after ``rounds`` noised rounds; null: no noise (infinite)
     delta: float
@@ -334,16 +333,16 @@ class Status(_Body):
     rounds_total: int
     rounds_closed: int
     devices: int
-    draining: bool = False  # since revision 1.4: the disk is full; downloads only, no uploads
-    privacy: PrivacySpent | None = None  # since revision 1.5: under DP-FedAvg
+    draining: bool = False  # the disk is full; downloads only, no uploads
+    privacy: PrivacySpent | None = None  # under DP-FedAvg
 
 
 MAX_PROVISION = 10_000  # devices one POST /v1/admin/devices enrolls
 
 
 class ProvisionRequest(_Body):
-    """Since revision 1.8: the operator enrolls ``count`` devices at once (no enrollment key, no
-    attestation, no rate limit: it holds the admin token)."""
+    """The operator enrolls ``count`` devices at once (no enrollment key, no attestation, no rate
+    limit: it holds the admin token)."""
 
     count: int = Field(ge=1, le=MAX_PROVISION)
     platform: str | None = Field(default=None, max_length=MAX_PLATFORM_LENGTH)
@@ -364,7 +363,7 @@ class Stopped(_Body):
 
 
 class RolledBack(_Body):
-    """Since revision 1.4: the run goes on from a copy of version ``rolled_back_to``."""
+    """The run goes on from a copy of version ``rolled_back_to``."""
 
     rolled_back_to: int
     model_version: int  # the new version (a copy of ``rolled_back_to``)

@@ -73,8 +73,7 @@ class AggregationConfig:
     )
     coordinate_clip: float = option(
         3.0, "each coordinate of an update is held to the round's median of that coordinate plus or minus this "
-        "many median absolute deviations (0: off; the default since revision 1.8, chosen by make poisoning: "
-        "docs/SERVER.md)",
+        "many median absolute deviations (0: off; the default 3 was chosen by make poisoning: docs/SERVER.md)",
     )  # fmt: skip
 
     def __post_init__(self) -> None:

@@ -7,6 +7,7 @@ from typing import Any, Literal, get_args
 
 import torch
 
+from fedper.common.config_cli import option
 from fedper.common.errors import ConfigError
 from fedper.models.heads import HEADS, HeadKind
 from fedper.models.mobilenet_v1 import MobileNetV1
@@ -20,18 +21,24 @@ MODEL_NAMES: tuple[ModelName, ...] = get_args(ModelName)
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """What defines a model's architecture (and therefore its tensor names and shapes)."""
+    """What defines a model's architecture (and therefore its tensor names and shapes): every
+    command that builds a model nests this one config (leaving out, with ``nested(skip=...)``,
+    the fields it sets itself, e.g. the simulation's classes and input size from its data)."""
 
-    name: ModelName = "mobilenet_v1"
-    num_classes: int = 10
-    alpha: float = 0.25
-    input_size: int = 32
-    # "linear": the paper's ablation; the layers below the top ``linear_base_kp`` become one
-    # linear layer. It changes the architecture, so it is part of the model config.
-    base: BaseKind = "model"
+    name: ModelName = option("mobilenet_v1", "model architecture", name="model")
+    num_classes: int = option(10, "number of output classes")
+    alpha: float = option(0.25, "MobileNet-V1 width multiplier")
+    input_size: int = option(32, "input image side in pixels (32: CIFAR-style stem, 224: ImageNet)")
+    # "linear": the paper's ablation. It changes the architecture, so it is part of the model config.
+    base: BaseKind = option("model", "'linear' replaces the base with one linear layer (the paper's ablation)")
+    # With base "linear": the layers below the top ``linear_base_kp`` become the linear layer. No
+    # option: a command sets it from its own kp.
     linear_base_kp: int = 0
     # "ordinal": a cumulative-link head for ordered ratings (fedper.models.heads).
-    head: HeadKind = "softmax"
+    head: HeadKind = option(
+        "softmax", "the classifier: softmax (a linear layer) or ordinal (one score and ordered cut points, for "
+        "ratings); both output one log-score per class",
+    )  # fmt: skip
 
     def __post_init__(self) -> None:
         if self.name not in MODEL_NAMES:

@@ -20,11 +20,10 @@ from fedper.common.protocol import (
     Route,
     Stopped,
 )
-from fedper.server import strict_json
 from fedper.server.auth import Operator, State
 from fedper.server.credentials import new_token, token_hash
-from fedper.server.errors import bad_request, not_found
-from fedper.server.request_body import read_small
+from fedper.server.refusals import MalformedError, NotFoundError
+from fedper.server.request_body import json_body, read_small
 from fedper.server.routes.responses import ERRORS, OCTETS, file_response
 from fedper.server.state import ServerState
 
@@ -34,21 +33,19 @@ router = APIRouter()
 
 @router.post(Route.ADMIN_DEVICES, status_code=201, response_model=Provisioned, responses=ERRORS)
 async def provision(request: Request, _op: Operator, state: State) -> Provisioned:
-    """Revision 1.8: enroll ``count`` devices in one transaction, for an operator provisioning a
+    """Enroll ``count`` devices in one transaction, for an operator provisioning a
     fleet (their tokens go to the devices by the operator's own channel)."""
     raw = await read_small(request, 4096, state.config.request_body_timeout)
     try:
-        body = ProvisionRequest.model_validate(strict_json.loads(raw))
-    except strict_json.JsonError as exc:
-        raise bad_request(ErrorCode.MALFORMED_JSON, f"the body is not valid JSON: {exc}") from exc
+        body = ProvisionRequest.model_validate(json_body(raw))
     except ValidationError as exc:
-        raise bad_request(ErrorCode.BAD_REQUEST, f"not a provisioning request: {exc.errors()[:1]}") from exc
+        raise MalformedError(ErrorCode.BAD_REQUEST, f"not a provisioning request: {exc.errors()[:1]}") from exc
     return await to_thread.run_sync(_provision, body, state)
 
 
 def _provision(body: ProvisionRequest, state: ServerState) -> Provisioned:
     devices = [(f"d-{secrets.token_hex(8)}", new_token()) for _ in range(body.count)]
-    state.db.add_devices([(d, token_hash(t)) for d, t in devices], body.platform)
+    state.db.devices.add_many([(d, token_hash(t)) for d, t in devices], body.platform)
     log.info(json.dumps({"event": "devices_provisioned", "count": body.count, "platform": body.platform}))
     state.rounds.enrolled()
     return Provisioned(devices=[Enrolled(device_id=d, token=t) for d, t in devices])
@@ -56,8 +53,8 @@ def _provision(body: ProvisionRequest, state: ServerState) -> Provisioned:
 
 @router.post(Route.ADMIN_REVOKE, response_model=Revoked, responses=ERRORS)
 def revoke(device_id: str, _op: Operator, state: State) -> Revoked:
-    if not state.db.revoke_device(device_id):
-        raise not_found(f"device {device_id[:80]!r}")
+    if not state.db.devices.revoke(device_id):
+        raise NotFoundError(f"device {device_id[:80]!r}")
     withdrawn = state.rounds.withdraw(device_id)
     log.info(json.dumps({"event": "device_revoked", "device": device_id, "update_withdrawn": withdrawn}))
     return Revoked(device_id=device_id, revoked=True, update_withdrawn=withdrawn)
@@ -71,13 +68,13 @@ def stop(_op: Operator, state: State) -> Stopped:
 
 @router.post(Route.ADMIN_ROLLBACK, response_model=RolledBack, responses=ERRORS)
 def rollback(version: int, _op: Operator, state: State) -> RolledBack:
-    """Reopen the run from model version ``version`` (revision 1.4; docs/SERVER.md, Rollback)."""
+    """Reopen the run from model version ``version`` (docs/SERVER.md, "Publish checks and rollback")."""
     new_version, number = state.rounds.rollback(version)
     return RolledBack(rolled_back_to=version, model_version=new_version, round=number)
 
 
 @router.get(Route.ADMIN_LATEST_BASE, responses={200: {"content": {OCTETS: {}}}, **ERRORS})
 def latest_base(request: Request, _op: Operator, state: State) -> Response:
-    found = state.rounds.version_file(state.db.latest_version())
+    found = state.rounds.version_file(state.db.versions.latest())
     assert found is not None
     return file_response(found[0], found[1], request, state)

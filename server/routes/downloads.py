@@ -6,7 +6,7 @@ from fastapi import APIRouter, Request, Response
 
 from fedper.common.protocol import Route
 from fedper.server.auth import AnyCaller, State
-from fedper.server.errors import not_found
+from fedper.server.refusals import NotFoundError
 from fedper.server.routes.responses import ERRORS, OCTETS, file_response
 
 router = APIRouter()
@@ -16,7 +16,7 @@ router = APIRouter()
 def model_base(version: int, request: Request, _who: AnyCaller, state: State) -> Response:
     found = state.rounds.version_file(version)
     if found is None:
-        raise not_found(f"model version {version}")
+        raise NotFoundError(f"model version {version}")
     return file_response(found[0], found[1], request, state)
 
 
@@ -24,6 +24,6 @@ def model_base(version: int, request: Request, _who: AnyCaller, state: State) ->
 def artifact(name: str, request: Request, _who: AnyCaller, state: State) -> Response:
     path = state.artifact_path(name)
     if path is None:
-        raise not_found(f"artifact {name[:80]!r}")
+        raise NotFoundError(f"artifact {name[:80]!r}")
     sha = state.manifest_sha256 if name == "manifest.json" else state.manifest.sha256[name]
     return file_response(path, sha, request, state)

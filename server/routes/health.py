@@ -30,10 +30,10 @@ def status(state: State) -> Status:
     return Status(
         state="finished" if snap.finished else "running",
         round=snap.round,
-        model_version=state.db.latest_version(),
+        model_version=state.db.versions.latest(),
         rounds_total=state.config.rounds,
         rounds_closed=snap.rounds_closed,
-        devices=state.db.count_devices(),  # counted in memory
+        devices=state.db.devices.count(),  # counted in memory
         draining=state.rounds.draining is not None,
         privacy=None if state.rounds.privacy is None else state.rounds.privacy.spent(),
     )

@@ -1,4 +1,4 @@
-"""A secure round's stages (PROTOCOL.md revision 1.6, docs/SECAGG.md): a device POSTs its part
+"""A secure round's stages (PROTOCOL.md, "Secure aggregation"; docs/SECAGG.md): a device POSTs its part
 of a stage and GETs what the server relays to it once the stage before is over (204 until then)."""
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ValidationError
 
 from fedper.common.protocol import (
-    ErrorCode,
     Header,
     Route,
     SecAggAccepted,
@@ -21,10 +20,9 @@ from fedper.common.protocol import (
     SecAggUnmaskAnswer,
     SecAggUnmaskRequest,
 )
-from fedper.server import strict_json
 from fedper.server.auth import DeviceId, State
-from fedper.server.errors import bad_request, not_found, run_finished, unprocessable
-from fedper.server.request_body import BodyPace, read_small
+from fedper.server.refusals import NotFoundError, RunFinishedError, SecureMessageError
+from fedper.server.request_body import BodyPace, json_body, read_small
 from fedper.server.routes.responses import ERRORS, OCTETS
 from fedper.server.state import ServerState
 
@@ -38,23 +36,19 @@ router = APIRouter()
 def _checked(state: ServerState, number: int) -> None:
     rounds = state.rounds
     if rounds.secure is None:
-        raise not_found("secure rounds on this server")
+        raise NotFoundError("secure rounds on this server")
     if rounds.snapshot.finished:
-        raise run_finished()
+        raise RunFinishedError()
     if not rounds.round_exists(number):
-        raise not_found(f"round {number}")
+        raise NotFoundError(f"round {number}")
 
 
 def _canonical(stage: str, body: bytes) -> bytes:
     """The body as its model re-encodes it (400 for JSON that is not, 422 for the wrong fields)."""
     try:
-        data = strict_json.loads(body)
-    except strict_json.JsonError as exc:
-        raise bad_request(ErrorCode.MALFORMED_JSON, f"the body is not valid JSON: {exc}") from exc
-    try:
-        model = BODIES[stage].model_validate(data)
+        model = BODIES[stage].model_validate(json_body(body))
     except ValidationError as exc:
-        raise unprocessable(ErrorCode.BAD_SECAGG_MESSAGE, f"not a {stage} message: {exc.errors()[:1]}") from exc
+        raise SecureMessageError(f"not a {stage} message: {exc.errors()[:1]}") from exc
     return model.model_dump_json().encode()
 
 
@@ -73,7 +67,7 @@ async def _post(state: ServerState, request: Request, device_id: str, number: in
         body = _canonical(stage, raw)
     unopened = request.headers.get(Header.SECAGG_UNOPENED, "") if stage == "masked" else ""
     if len(unopened) > PER_DEVICE * 8:
-        raise unprocessable(ErrorCode.BAD_SECAGG_MESSAGE, f"{Header.SECAGG_UNOPENED} is longer than any cohort's ids")
+        raise SecureMessageError(f"{Header.SECAGG_UNOPENED} is longer than any cohort's ids")
     await to_thread.run_sync(state.rounds.secure_post, number, device_id, stage, body, unopened)
     if stage == "masked":  # a secure round's update
         state.metrics.accept(len(raw))

@@ -1,5 +1,5 @@
 """The clipping a device applies to its base delta, and the norm the server checks it with
-(docs/PROTOCOL.md, "Clipping the base delta", revision 1.5).
+(docs/PROTOCOL.md, "Clipping the base delta").
 
 Both are defined to the bit, in float64 operations any language has, so that a device written
 in another language (the Java core's ``DeltaClipping``) uploads the same float32 tensors from

@@ -4,8 +4,9 @@ A secret is 32 bytes (an X25519 private key, a self-mask seed), an integer below
 field element holds it whole. Share i is the random degree t-1 polynomial with the secret as its
 constant term, evaluated at x = i (1-based); any t shares give the secret back by Lagrange
 interpolation at 0, and t-1 shares say nothing about it (every secret fits them equally well).
-Written here because the issue asks for it, and it is 40 lines; the field is big enough that the
-shares are uniform over it whatever the secret.
+Written here, in 40 lines, so that the shares' layout and the order their coefficients are drawn
+in are the ones docs/SECAGG.md defines to the byte; the field is big enough that the shares are
+uniform over it whatever the secret.
 
 With more than t shares, :func:`recover` also finds wrong ones (a holder that lied, or a share
 that was corrupted): Berlekamp-Welch decoding of the Reed-Solomon code the shares form corrects up

@@ -1,0 +1,174 @@
+"""The run's lifecycle: start (or resume where the database says), round 1's clock, stop,
+rollback, and draining while the disk is full.
+
+A round is ``open`` until it becomes ``closed`` (aggregated into version v+1), ``abandoned``
+(deadline with fewer than ``min_clients``, a refused aggregate, a rollback) or ``stopped``
+(operator); the run is ``running`` until ``rounds_total`` rounds closed or the operator stopped it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from pathlib import Path
+
+from fedper.common.errors import ConfigError
+from fedper.common.robust_aggregate import held_bytes
+from fedper.server.closing import Closing
+from fedper.server.refusals import PrivacyBudgetSpentError, UnknownVersionError
+from fedper.server.round_context import RoundContext
+from fedper.server.storage import RoundState, RunState, StorageError
+
+log = logging.getLogger("fedper.server")
+
+
+class RunLifecycle:
+    def __init__(self, ctx: RoundContext, closing: Closing) -> None:
+        self.ctx, self.closing = ctx, closing
+        if ctx.secure is None and ctx.privacy is None:
+            self._check_memory()
+
+    def start(self, initial_base: Path) -> None:
+        """Open round 1 on version 0 at first start; otherwise resume where the database says.
+        On a database opened read-only (a full disk), only read it: the server starts draining."""
+        ctx = self.ctx
+        if ctx.db.read_only:
+            ctx.refresh()
+            ctx.drain("the database could not be opened for writing (is the disk full?)")
+            return
+        ctx.models.dir.mkdir(parents=True, exist_ok=True)
+        with ctx.lock:
+            if ctx.db.versions.get(0) is None:
+                target, sha256 = ctx.models.write_initial(initial_base)
+                now = ctx.clock()
+                waiting = ctx.db.devices.count() < ctx.config.start_devices  # no clock until they come
+                with ctx.db.transaction() as tx:
+                    ctx.db.versions.insert(tx, 0, sha256, target.name, now, None)
+                    ctx.db.rounds.open(tx, 1, 0, now, None if waiting else ctx.deadline(now))
+                    ctx.db.set_run_state(tx, RunState.WAITING if waiting else RunState.RUNNING)
+                log.info(json.dumps({"event": "round_opened", "round": 1, "model_version": 0}))
+            current = ctx.db.rounds.latest()
+            assert current is not None
+            open_round = current.round if current.state == RoundState.OPEN and not ctx.finished() else None
+            if open_round is not None:
+                for _ in self.closing.stored(open_round):  # quarantines what the loader refuses
+                    pass
+            referenced = {u.file for u in ctx.db.rounds.updates(open_round)} if open_round is not None else set()
+            if ctx.secure is not None and open_round is not None:
+                referenced |= ctx.secure.referenced(open_round)
+            ctx.store.remove_leftovers(open_round, {f for f in referenced if f is not None})
+            ctx.models.remove_unrecorded()
+            ctx.refresh()
+        self.enrolled()  # enough devices may have enrolled before a restart
+        self.tick()  # a deadline that passed while we were down, or a full round not yet closed
+
+    def enrolled(self) -> None:
+        """After an enrollment: start round 1's clock once ``--start-devices`` devices have enrolled."""
+        ctx = self.ctx
+        if ctx.db.run_state() != RunState.WAITING or ctx.db.devices.count() < ctx.config.start_devices:
+            return
+        with ctx.lock:
+            if ctx.db.run_state() != RunState.WAITING:
+                return
+            now = ctx.clock()
+            try:
+                with ctx.db.transaction() as tx:
+                    ctx.db.rounds.start_clock(tx, 1, now, ctx.deadline(now))
+                    ctx.db.set_run_state(tx, RunState.RUNNING)
+            finally:
+                ctx.refresh()
+        log.info(json.dumps({"event": "round_clock_started", "round": 1, "devices": ctx.db.devices.count()}))
+
+    def tick(self) -> None:
+        """Apply the clock: first enter or leave draining (the disk), then let the closing decide."""
+        self._check_disk()
+        if self.ctx.draining is None:
+            self.closing.tick()
+
+    def _check_memory(self) -> None:
+        """Refuse at start an aggregation that would not fit at close, rather than fail then."""
+        config = self.ctx.config
+        floats = sum(math.prod(shape) for _, shape in self.ctx.layout)
+        need = held_bytes(config.aggregation, floats, config.slots)
+        if need > config.aggregation_memory * 2**20:
+            raise ConfigError(
+                f"--aggregate {config.aggregation.aggregate} holds every update of a round at its close: "
+                f"{config.slots} updates of this base ({floats:,} floats) need about {need / 2**20:,.0f} MB, "
+                f"more than --aggregation-memory {config.aggregation_memory} MB. Raise it, lower "
+                f"--cohort-size, or use --aggregate mean (one update in memory at a time)"
+            )
+
+    def _check_disk(self) -> None:
+        """Enter or leave draining, by the free space."""
+        ctx = self.ctx
+        short = ctx.disk.shortage()
+        if short is not None:
+            ctx.drain(short)
+            return
+        if ctx.draining is None:
+            return
+        if ctx.db.read_only:
+            try:
+                ctx.db.reopen_writable()
+            except StorageError as exc:
+                ctx.draining = f"the database cannot be opened for writing yet: {exc}"
+                return
+        log.warning(json.dumps({"event": "draining_ended", "was": ctx.draining}))
+        ctx.draining = None
+
+    def stop(self) -> None:
+        """Finish the run now (operator): the open round is recorded as stopped, not aggregated."""
+        ctx = self.ctx
+        with ctx.lock:
+            current = ctx.db.rounds.latest()
+            assert current is not None
+            stopped = current.state == RoundState.OPEN and not ctx.finished()
+            try:
+                with ctx.db.transaction() as tx:
+                    if stopped:
+                        ctx.db.rounds.end(tx, current.round, RoundState.STOPPED, ctx.clock())
+                    ctx.db.set_run_state(tx, RunState.FINISHED)
+            finally:
+                ctx.refresh()
+            if stopped:
+                ctx.store.remove_round(current.round)
+        log.info(json.dumps({"event": "run_stopped", "round": current.round}))
+
+    def rollback(self, to: int) -> tuple[int, int]:
+        """Reopen the run from version ``to``: its tensors become a new version (versions only ever
+        grow, and a device that cached one never sees it change), the open round is abandoned, and
+        a new round trains the new version. A finished run runs again, and finishes when a round
+        closes with ``--rounds`` closed rounds counted (a restart may raise it). Returns (new
+        version, new round)."""
+        ctx = self.ctx
+        with ctx.lock:
+            found = ctx.models.file(to)
+            if found is None or not found[0].exists():
+                raise UnknownVersionError(f"model version {to} does not exist")
+            if ctx.privacy is not None and not ctx.privacy.mode().allows_next():
+                spent = ctx.privacy.spent()
+                raise PrivacyBudgetSpentError(
+                    f"the run has spent epsilon {spent.epsilon} at delta {spent.delta:.3g} in {spent.rounds} noised "
+                    f"rounds; one more would exceed --target-epsilon {spent.target_epsilon}. A rollback does not give "
+                    "back what was published: the run stays finished"
+                )
+            version = ctx.db.versions.latest() + 1
+            target = ctx.models.copy(found[0], version)
+            current = ctx.db.rounds.latest()
+            assert current is not None
+            now = ctx.clock()
+            try:
+                with ctx.db.transaction() as tx:
+                    ctx.db.versions.insert(tx, version, found[1], target.name, now, None)
+                    ctx.db.rounds.mark_rolled_back(tx, to, current.round if current.state == RoundState.OPEN else None)
+                    if current.state == RoundState.OPEN:
+                        ctx.db.rounds.end(tx, current.round, RoundState.ABANDONED, now, reason="rolled back")
+                    ctx.db.set_run_state(tx, RunState.RUNNING)
+                    ctx.db.rounds.open(tx, current.round + 1, version, now, ctx.deadline(now))
+            finally:
+                ctx.refresh()
+            ctx.store.remove_round(current.round)
+        log.warning(json.dumps({"event": "rolled_back", "to": to, "model_version": version,
+                                "round": current.round + 1}))  # fmt: skip
+        return version, current.round + 1

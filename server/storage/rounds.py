@@ -1,0 +1,128 @@
+"""The ``rounds`` and ``updates`` tables: each round's life, and the updates accepted in it."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from typing import Any
+
+from fedper.server.storage.records import Round, RoundState, StoredUpdate
+from fedper.server.storage.transaction import SQLITE_MAX, Query, Transaction
+
+
+class RoundRecords:
+    """Rounds and their accepted updates. Reads outside a transaction see committed state only."""
+
+    def __init__(self, query: Query) -> None:
+        self._query = query
+
+    def get(self, number: int) -> Round | None:
+        if not 0 <= number <= SQLITE_MAX:
+            return None
+        rows = self._query("SELECT * FROM rounds WHERE round = ?", (number,))
+        return _round(rows[0]) if rows else None
+
+    def latest(self) -> Round | None:
+        rows = self._query("SELECT * FROM rounds ORDER BY round DESC LIMIT 1")
+        return _round(rows[0]) if rows else None
+
+    def count_closed(self) -> int:
+        return int(self._query("SELECT COUNT(*) AS n FROM rounds WHERE state = 'closed'")[0]["n"])
+
+    def last_closed_seconds(self) -> float | None:
+        """How long the most recently closed round was open (for pace steering)."""
+        rows = self._query("SELECT closed_at - opened_at AS s FROM rounds WHERE state = 'closed' "
+                          "ORDER BY round DESC LIMIT 1")  # fmt: skip
+        return float(rows[0]["s"]) if rows else None
+
+    def open(self, tx: Transaction, number: int, version: int, now: float, deadline: float | None) -> None:
+        tx._execute(
+            "INSERT INTO rounds (round, state, model_version, opened_at, deadline) VALUES (?, 'open', ?, ?, ?)",
+            (number, version, now, deadline),
+        )
+
+    def start_clock(self, tx: Transaction, number: int, now: float, deadline: float | None) -> None:
+        """Round ``number`` (open, waiting for devices) starts now: its window and deadline count from here."""
+        tx._execute("UPDATE rounds SET opened_at = ?, deadline = ? WHERE round = ?", (now, deadline, number))
+
+    def end(
+        self,
+        tx: Transaction,
+        number: int,
+        state: RoundState,
+        now: float,
+        result_version: int | None = None,
+        metrics: dict[str, Any] | None = None,
+        reason: str | None = None,
+    ) -> None:
+        """Record how round ``number`` ended; its update files are no longer needed."""
+        tx._execute("DELETE FROM checkins WHERE round <= ?", (number,))  # drawn long ago, or never to be
+        tx._execute(
+            "UPDATE rounds SET state = ?, closed_at = ?, result_version = ?, metrics = ?, reason = ? WHERE round = ?",
+            (state.value, now, result_version, json.dumps(metrics) if metrics is not None else None, reason, number),
+        )
+        tx._execute("UPDATE updates SET file = NULL WHERE round = ?", (number,))
+        tx._execute("DELETE FROM slots WHERE round = ?", (number,))  # an ended round has no cohort
+        tx._execute("DELETE FROM checkins WHERE round = ?", (number,))
+        tx._execute("DELETE FROM secagg_messages WHERE round = ?", (number,))  # sealed shares, answers
+        tx._execute("DELETE FROM secagg_sessions WHERE round = ?", (number,))
+
+    def mark_rolled_back(self, tx: Transaction, after_version: int, open_round: int | None) -> None:
+        """The rounds a rollback to ``after_version`` undoes: those that closed into a later version,
+        and the open one."""
+        tx._execute("UPDATE rounds SET rolled_back = 1 WHERE state = 'closed' AND result_version > ?", (after_version,))
+        if open_round is not None:
+            tx._execute("UPDATE rounds SET rolled_back = 1 WHERE round = ?", (open_round,))
+
+    # --- updates ------------------------------------------------------------------------
+
+    def updates(self, number: int) -> list[StoredUpdate]:
+        rows = self._query("SELECT * FROM updates WHERE round = ? ORDER BY received_at", (number,))
+        return [
+            StoredUpdate(
+                r["round"],
+                r["device_id"],
+                r["num_samples"],
+                r["base_version"],
+                r["file"],
+                json.loads(r["metrics"]),
+                _bit(r["unclipped"]),
+            )
+            for r in rows
+        ]
+
+    def has_update(self, number: int, device_id: str) -> bool:
+        return bool(self._query("SELECT 1 FROM updates WHERE round = ? AND device_id = ?", (number, device_id)))
+
+    def count_updates(self, number: int) -> int:
+        return int(self._query("SELECT COUNT(*) AS n FROM updates WHERE round = ?", (number,))[0]["n"])
+
+    def insert_update(self, tx: Transaction, update: StoredUpdate, received_at: float) -> None:
+        tx._execute(
+            "INSERT INTO updates (round, device_id, num_samples, base_version, file, metrics, received_at, "
+            "unclipped) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            (update.round, update.device_id, update.num_samples, update.base_version, update.file,
+             json.dumps(update.metrics), received_at, None if update.unclipped is None else int(update.unclipped)),
+        )  # fmt: skip
+
+    def delete_update(self, tx: Transaction, number: int, device_id: str) -> None:
+        tx._execute("DELETE FROM updates WHERE round = ? AND device_id = ?", (number, device_id))
+
+
+def _bit(value: int | None) -> bool | None:
+    return None if value is None else bool(value)
+
+
+def _round(row: sqlite3.Row) -> Round:
+    return Round(
+        round=row["round"],
+        state=RoundState(row["state"]),
+        model_version=row["model_version"],
+        opened_at=row["opened_at"],
+        deadline=row["deadline"],
+        closed_at=row["closed_at"],
+        result_version=row["result_version"],
+        metrics=json.loads(row["metrics"]) if row["metrics"] else None,
+        reason=row["reason"],
+        rolled_back=bool(row["rolled_back"]),
+    )

@@ -1,0 +1,46 @@
+"""The secure rounds' tables (docs/SECAGG.md): each round's session, and the stage messages
+accepted in it."""
+
+from __future__ import annotations
+
+import json
+
+from fedper.server.storage.records import SecAggSession
+from fedper.server.storage.transaction import SQLITE_MAX, Query, Transaction
+
+
+class SecAggRecords:
+    """A secure round's session and messages; both go when the round ends (:meth:`RoundRecords.end`)."""
+
+    def __init__(self, query: Query) -> None:
+        self._query = query
+
+    def put_session(self, tx: Transaction, session: SecAggSession) -> None:
+        tx._execute(
+            "INSERT OR REPLACE INTO secagg_sessions (round, session, graph, threshold, clip, weight_cap, stage_ends, "
+            "flags) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            (session.round, session.session, json.dumps(session.graph, sort_keys=True), session.threshold,
+             session.clip, session.weight_cap, json.dumps(session.stage_ends, sort_keys=True), session.flags),
+        )  # fmt: skip
+
+    def session(self, number: int) -> SecAggSession | None:
+        rows = self._query("SELECT * FROM secagg_sessions WHERE round = ?", (min(number, SQLITE_MAX),))
+        if not rows:
+            return None
+        r = rows[0]
+        return SecAggSession(int(r["round"]), str(r["session"]), json.loads(r["graph"]), int(r["threshold"]),
+                             float(r["clip"]), int(r["weight_cap"]), json.loads(r["stage_ends"]),
+                             int(r["flags"]))  # fmt: skip
+
+    def put_message(self, tx: Transaction, number: int, stage: str, device_id: str, body: bytes, now: float) -> None:
+        tx._execute(
+            "INSERT INTO secagg_messages (round, stage, device_id, body, at) VALUES (?, ?, ?, ?, ?)",
+            (number, stage, device_id, body, now),
+        )
+
+    def messages(self, number: int) -> list[tuple[str, str, bytes]]:
+        """(stage, device, body) of round ``number``'s accepted messages, in the order they came."""
+        rows = self._query(
+            "SELECT stage, device_id, body FROM secagg_messages WHERE round = ? ORDER BY at, rowid", (number,)
+        )
+        return [(str(r["stage"]), str(r["device_id"]), bytes(r["body"])) for r in rows]
