@@ -92,6 +92,7 @@ def measure(n: int, uploads: int, workdir: Path, serve_args: list[str], alpha: f
     manifest = read_manifest(artifacts)
     rng = np.random.default_rng(0)
     tensors = {name: rng.standard_normal(shape).astype(np.float32) for name, shape in manifest.layout("base")}
+    tensors = {n: np.abs(v) if n.endswith("running_var") else v for n, v in tensors.items()}  # a variance is >= 0
     body = weights.encode(tensors, {"num_samples": "10", "base_version": "0"})
     server = ServerProcess(
         artifacts, workdir / f"data-{alpha}-{n}",
@@ -161,6 +162,7 @@ def per_upload_phases(workdir: Path, uploads: int = 20) -> dict[str, dict[str, f
     manifest = read_manifest(artifacts)
     rng = np.random.default_rng(0)
     tensors = {name: rng.standard_normal(shape).astype(np.float32) for name, shape in manifest.layout("base")}
+    tensors = {n: np.abs(v) if n.endswith("running_var") else v for n, v in tensors.items()}  # a variance is >= 0
     body = weights.encode(tensors, {"num_samples": "10", "base_version": "0"})
     config = ServerConfig(artifacts=artifacts, data_dir=workdir / "data-phases", target_clients=uploads,
                           min_clients=1, round_timeout=0)  # fmt: skip
@@ -172,7 +174,7 @@ def per_upload_phases(workdir: Path, uploads: int = 20) -> dict[str, dict[str, f
         path = workdir / "body.safetensors"
         path.write_bytes(body)
         t0 = time.perf_counter()
-        upload = validate(path, manifest, config.max_num_samples)
+        upload = validate(path, manifest, config.max_num_samples, state.rounds.mode())
         t1 = time.perf_counter()
         staged = state.rounds.stage(f"d-{i}", 1, upload)
         t2 = time.perf_counter()

@@ -262,7 +262,7 @@ def _run_algorithm(
         if shared and strategy.decide(RoundProgress(len(updates), due=True)).action == "close":
             noise = np.random.default_rng([seed, 31, rnd]) if private is not None else None
             result = strategy.aggregate(RoundInputs(layout, received, partial(iter, updates), noise,
-                                                    partial(_same, last_step)))  # fmt: skip
+                                                    _given(last_step)))  # fmt: skip
             assert not isinstance(result, str), result
             strategy.record(result)
             global_shared = to_torch(result.base)
@@ -286,8 +286,9 @@ def _run_algorithm(
     _write_state(sim.out / algorithm, global_shared, personal)
 
 
-def _same(value: Arrays | None) -> Arrays | None:
-    return value
+def _given(step: Arrays | None) -> Callable[[], Arrays | None]:
+    """The last published step as the round mode asks for it (the server reads its own from disk)."""
+    return lambda: step
 
 
 def _sent(

@@ -39,7 +39,6 @@ class ModelStore:
 
     def write_initial(self, initial_base: Path) -> tuple[Path, str]:
         """Version 0, the export's base: served as is, so it must load with the manifest's layout."""
-        self.dir.mkdir(parents=True, exist_ok=True)
         weights.load_checked([initial_base], self.layout)
         target = self.path(0)
         atomic_write_bytes(target, initial_base.read_bytes())

@@ -127,19 +127,6 @@ def negative_variance(name: str, values: np.ndarray) -> float | None:
     return None
 
 
-def refusal(tensors: Tensors) -> str | None:
-    """Why the server would refuse these update tensors at upload (a non-finite value, a negative
-    BatchNorm variance), or None: what the simulation leaves out of a round, as the server does."""
-    for name, values in sorted(tensors.items()):
-        arr = np.asarray(values)
-        if not np.isfinite(arr).all():
-            return f"tensor {name!r} contains NaN or Inf"
-        smallest = negative_variance(name, arr)
-        if smallest is not None:
-            return f"tensor {name!r} is a BatchNorm variance below zero ({smallest:.4g})"
-    return None
-
-
 def lower_median(values: Sequence[float]) -> float:
     """The ceil(n/2)-th smallest value: with fewer than half the values hostile, an honest one."""
     if not values:
