@@ -157,6 +157,17 @@ class Cohort:
             self.db.cohort.put_slot(tx, slot)
             return slot
 
+    def checkin_spread(self, opened_at: float, deadline: float | None) -> int:
+        """The most seconds a checked-in device's Retry-After adds to the window's end: a tenth of
+        the rest of the round, at most ``MAX_CHECKIN_SPREAD``. In a secure round at most a quarter
+        of the key stage, which begins at the draw: a drawn device told to come back later would
+        find the stage over and sit the round out."""
+        after = (deadline - self.window_end(opened_at)) / 10 if deadline is not None else self.config.retry_after
+        spread = max(1, min(MAX_CHECKIN_SPREAD, math.ceil(after)))
+        if self.config.secure.secagg:
+            spread = min(spread, math.floor(self.config.secure.secagg_stage_timeout / 4))
+        return spread
+
     def retry_after(self, number: int, opened_at: float, deadline: float | None, now: float) -> int:
         """Seconds a device without a slot (or already reported) waits before asking again.
 
@@ -169,8 +180,7 @@ class Cohort:
         idle = self.config.retry_after
         if now < self.window_end(opened_at):  # checked in: come back once the slots are drawn,
             wait = math.ceil(self.window_end(opened_at) - now)  # spread over a tenth of the rest of the round
-            after = (deadline - self.window_end(opened_at)) / 10 if deadline is not None else idle
-            return self._rng.randint(wait, wait + max(1, min(MAX_CHECKIN_SPREAD, math.ceil(after))))
+            return self._rng.randint(wait, wait + self.checkin_spread(opened_at, deadline))
         expected = self.db.rounds.last_closed_seconds() or float(idle)
         ends = [opened_at + expected, deadline, self.db.cohort.earliest_expiry(number, now)]
         end = min(t for t in ends if t is not None)

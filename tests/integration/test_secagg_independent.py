@@ -316,9 +316,11 @@ def _timeline(task: dev.Task | None, outcomes: dict[int, dev.RoundOutcome]) -> s
 # --- against a real server ---------------------------------------------------------------------
 
 DEVICES = 5
-# The masked stage waits for the dropped device until TIMEOUT - STAGE. A device that waits out
-# the Retry-After of its GET of the shares (the seconds until shares_by, rounded down, plus one)
-# wakes up to 1 s after shares_by, and its masked input is due by masked_by = shares_by +
+# A checked-in device comes back at most a second after the window's end plus a quarter of STAGE
+# (0 s here), and the key stage ends STAGE after the draw: 2 s to fetch the base and send its
+# keys. The masked stage waits for the dropped device until TIMEOUT - STAGE. A device that waits
+# out the Retry-After of its GET of the shares (the seconds until shares_by, rounded down, plus
+# one) wakes up to 1 s after shares_by, and its masked input is due by masked_by = shares_by +
 # (TIMEOUT - WINDOW - 3 STAGE): with 1 s there (TIMEOUT 12 for these stages), about one run in six
 # lost a device to 409 secagg_stage_closed. 3 s leaves it 2 s to "train" and mask.
 WINDOW, STAGE, TIMEOUT = 1, 3, 13

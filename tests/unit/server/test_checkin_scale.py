@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from fedper.common.protocol import MAX_PROVISION, ErrorCode
+from fedper.common.secagg.config import SecAggConfig
 from fedper.server.cohort import MAX_CHECKIN_SPREAD
 from tests.support.server_support import FakeClock, InProcessServer, admin, enroll, open_in_process
 
@@ -93,5 +94,24 @@ def test_checked_in_devices_come_back_spread_over_the_round(server_artifacts: Pa
         waits = [state.rounds.cohort.retry_after(1, snap.opened_at, snap.deadline, clock.now + 5) for _ in range(400)]
         assert min(waits) == 25 and max(waits) >= 25 + MAX_CHECKIN_SPREAD - 5
         assert len(set(waits)) > 30
+    finally:
+        state.db.close()
+
+
+@pytest.mark.parametrize(("stage", "spread"), [(30.0, 7), (3.0, 0)])
+def test_in_a_secure_round_checked_in_devices_come_back_within_a_quarter_of_the_key_stage(
+    server_artifacts: Path, tmp_path: Path, stage: float, spread: int
+) -> None:
+    """The key stage begins at the draw and lasts ``--secagg-stage-timeout``: spread over a tenth of
+    the round (57 s here), a drawn device came back after it and sat the round out (the CI failure
+    of 5acceb1: with 3 s stages, one run in about six)."""
+    clock = FakeClock()
+    state = open_in_process(server_artifacts, tmp_path / "data", clock=clock, checkin_window=30, round_timeout=630,
+                            cohort_size=3, over_selection=1.0, target_clients=3,
+                            secure=SecAggConfig(secagg=True, secagg_stage_timeout=stage))  # fmt: skip
+    try:
+        snap = state.rounds.snapshot
+        waits = {state.rounds.cohort.retry_after(1, snap.opened_at, snap.deadline, clock.now + 5) for _ in range(200)}
+        assert waits == set(range(25, 25 + spread + 1))
     finally:
         state.db.close()
