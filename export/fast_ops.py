@@ -364,3 +364,89 @@ DECOMPOSITIONS: dict[Any, Callable[..., Any]] = {
     torch.ops.fedper.depthwise3x3_s2.default: _depthwise3x3_s2,
     torch.ops.fedper.stem_conv.default: _stem_conv,
 }
+
+
+# --- element-wise activations, with their derivatives written from what ExecuTorch runs ----
+#
+# Autograd's own backward of some (SiLU's, GELU's) allocates with ``empty_permuted``, which
+# ExecuTorch has no kernel for; these use arithmetic, comparisons and ``where`` only.
+
+ACTIVATIONS = ("relu", "relu6", "hardswish", "hardsigmoid", "silu", "sigmoid", "gelu", "gelu_tanh")
+_SQRT_HALF = 0.7071067811865476
+_INV_SQRT_2PI = 0.3989422804014327
+_TANH_C = 0.7978845608028654  # sqrt(2 / pi)
+
+
+def _activate(x: Tensor, kind: str) -> Tensor:
+    if kind == "relu":
+        return torch.relu(x)
+    if kind == "relu6":
+        return torch.clamp(x, 0.0, 6.0)
+    if kind == "hardsigmoid":
+        return torch.clamp(x / 6.0 + 0.5, 0.0, 1.0)
+    if kind == "hardswish":
+        return x * torch.clamp(x / 6.0 + 0.5, 0.0, 1.0)
+    if kind == "silu":
+        return x * torch.sigmoid(x)
+    if kind == "sigmoid":
+        return torch.sigmoid(x)
+    if kind == "gelu":
+        return 0.5 * x * (1.0 + torch.erf(x * _SQRT_HALF))
+    if kind == "gelu_tanh":
+        return 0.5 * x * (1.0 + torch.tanh(_TANH_C * (x + 0.044715 * x * x * x)))
+    raise ValueError(f"unknown activation {kind!r}; known: {ACTIVATIONS}")
+
+
+def _inside(x: Tensor, low: float, high: float) -> Tensor:
+    """1.0 where low < x < high, else 0.0."""
+    return torch.where((x > low) & (x < high), 1.0, 0.0)
+
+
+def _derivative(x: Tensor, y: Tensor, kind: str) -> Tensor:
+    """d activation / dx at x (y: the activation's output), as PyTorch's backward defines it."""
+    if kind == "relu":
+        return torch.ceil(torch.clamp(y, 0.0, 1.0))  # the ReLU mask: y >= 0, and 1 where y > 0
+    if kind == "relu6":
+        return _inside(x, 0.0, 6.0)
+    if kind == "hardsigmoid":
+        return _inside(x, -3.0, 3.0) / 6.0
+    if kind == "hardswish":
+        return torch.where(x <= -3.0, 0.0, torch.where(x < 3.0, x / 3.0 + 0.5, 1.0))
+    if kind == "silu":
+        s = torch.sigmoid(x)
+        return s * (1.0 + x * (1.0 - s))
+    if kind == "sigmoid":
+        return y * (1.0 - y)
+    if kind == "gelu":
+        return 0.5 * (1.0 + torch.erf(x * _SQRT_HALF)) + x * _INV_SQRT_2PI * torch.exp(-0.5 * x * x)
+    if kind == "gelu_tanh":
+        inner = _TANH_C * (x + 0.044715 * x * x * x)
+        t = torch.tanh(inner)
+        return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * _TANH_C * (1.0 + 3 * 0.044715 * x * x)
+    raise ValueError(f"unknown activation {kind!r}; known: {ACTIVATIONS}")
+
+
+@torch.library.custom_op("fedper::activation", mutates_args=())
+def activation(x: Tensor, kind: str) -> Tensor:
+    """An element-wise activation (``ACTIVATIONS``) with a backward ExecuTorch can run."""
+    return _activate(x, kind).clone()
+
+
+@activation.register_fake
+def _(x: Tensor, kind: str) -> Any:
+    return torch.empty_like(x)
+
+
+def _act_setup(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:
+    x, kind = inputs
+    ctx.save_for_backward(x, output)
+    ctx.kind = kind
+
+
+def _act_backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:
+    x, y = ctx.saved_tensors
+    return grad * _derivative(x, y, ctx.kind), None
+
+
+activation.register_autograd(_act_backward, setup_context=_act_setup)
+DECOMPOSITIONS[torch.ops.fedper.activation.default] = _activate

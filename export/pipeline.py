@@ -40,6 +40,7 @@ from fedper.common.manifest import (
 from fedper.common.train_config import TrainConfig
 from fedper.data import dataset_info
 from fedper.data.dataset import DEFAULT_MEAN, DEFAULT_STD
+from fedper.export.channel_major import ChannelMajorStep
 from fedper.export.executorch_lowering import lower_inference_program, lower_training_program
 from fedper.export.export_cache import ExportCache, default_cache_dir, program_key
 from fedper.export.onnx_export import ONNX_OPSET, export_onnx
@@ -83,8 +84,8 @@ class ExportConfig:
         metavar="NAME",
     )  # fmt: skip
     variant: VariantChoice = option(
-        "auto", "training graph: fast (matrix products; MobileNet-V1), plain (nn.Conv2d, for "
-        "comparison), auto (fast where it applies)",
+        "auto", "training graph: fast (convolutions as matrix products, any model), plain (ExecuTorch's stock "
+        "nn.Conv2d program, for comparison), auto (fast)",
     )  # fmt: skip
     max_batch: int = option(64, "largest batch the training program accepts")
     training: TrainConfig = nested(TrainConfig, "the default written to the manifest")
@@ -148,6 +149,9 @@ def run_export(
         raise ExportConfigError(f"--batch-size must be in 2..{config.max_batch}")
     load_initial_weights(model, config, source, say)
     step = training_step(model, variant)
+    if isinstance(step, ChannelMajorStep):
+        for fallback in step.fallbacks_at(mcfg.input_size):
+            say(f"warning: {fallback.warning()}")
     cache = None if config.bypass_cache or source is not None else ExportCache(config.cache or default_cache_dir())
     key = program_key(mcfg, variant, config.max_batch, model.state_dict()) if cache is not None else ""
 

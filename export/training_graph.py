@@ -16,9 +16,8 @@ import torch
 from torch import nn
 
 from fedper.common.errors import ConfigError
-from fedper.export.fast_mobilenet import FastMobileNetStep, downsampling
+from fedper.export.channel_major import ChannelMajorStep
 from fedper.models import StagedModel, exchanged_names
-from fedper.models.mobilenet_v1 import MobileNetV1
 from fedper.models.split import running_stat_names
 from fedper.models.staged import replace_submodule
 
@@ -28,17 +27,11 @@ VARIANTS: tuple[VariantChoice, ...] = get_args(VariantChoice)
 
 
 def resolve_variant(requested: str, model: nn.Module, input_size: int) -> Variant:
-    """``auto``: the fast graph where it applies (MobileNet-V1, no linear base), else plain."""
-    if requested == "plain":
-        return "plain"
-    mobilenet = model if isinstance(model, MobileNetV1) and "linear_base" not in model._modules else None
-    if requested == "fast":
-        if mobilenet is None:
-            raise ConfigError("the fast training graph supports MobileNet-V1 only; use --variant plain")
-        return "fast"
-    if requested != "auto":
+    """``auto`` is ``fast``: the generic fast graph serves every model (an op it has no fast
+    form of runs as the model computes it, named by :func:`fast_graph_fallbacks`)."""
+    if requested not in VARIANTS:
         raise ConfigError(f"unknown training-graph variant {requested!r}; choose from {VARIANTS}")
-    return "fast" if mobilenet is not None and input_size % downsampling(mobilenet) == 0 else "plain"
+    return "plain" if requested == "plain" else "fast"
 
 
 class StatsInputBatchNorm(nn.Module):
@@ -123,18 +116,18 @@ class TrainingStep(nn.Module):
         return tuple(outputs)
 
 
-def training_step(model: StagedModel, variant: Variant = "plain") -> TrainingStep | FastMobileNetStep:
+def training_step(model: StagedModel, variant: Variant = "plain") -> TrainingStep | ChannelMajorStep:
     """The training module for ``model``; the exchanged names are checked to be preserved.
 
-    ``plain`` keeps ``nn.Conv2d`` and autograd's backward; ``fast`` (MobileNet-V1 only) is
-    :class:`export.fast_mobilenet.FastMobileNetStep`, the same computation in ops that
+    ``plain`` keeps ``nn.Conv2d`` and autograd's backward (ExecuTorch's stock program); ``fast``
+    is :class:`export.channel_major.ChannelMajorStep`, the same computation in ops that
     ExecuTorch runs fast.
     """
-    step: TrainingStep | FastMobileNetStep
+    step: TrainingStep | ChannelMajorStep
     if variant == "plain":
         step = TrainingStep(model)
     elif variant == "fast":
-        step = FastMobileNetStep(model)
+        step = ChannelMajorStep(model)
     else:
         raise ValueError(f"unknown training-graph variant {variant!r}")
     names = [n for n, _ in step.named_parameters()] + step.stat_names

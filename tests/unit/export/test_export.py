@@ -337,6 +337,17 @@ def test_an_export_that_fails_its_check_is_never_published(artifacts, tmp_path):
     assert not out.exists() and not list(tmp_path.glob(".kp0*"))
 
 
+def test_the_check_runs_the_program_at_its_largest_batch(artifacts, tmp_path):
+    """A program whose batch is fixed smaller than its manifest says (as an ``F.pad`` in the
+    graph once fixed it, silently, at the traced batch of 2) is refused before it is published."""
+    shutil.copytree(artifacts, tmp_path / "export")
+    manifest = read_manifest(tmp_path / "export")
+    check_exported(tmp_path / "export", manifest)
+    spec = manifest.training_program.model_copy(update={"max_batch": manifest.training_program.max_batch + 1})
+    with pytest.raises(TrainingProgramError, match=f"does not run at batch {spec.max_batch}"):
+        check_exported(tmp_path / "export", manifest.model_copy(update={"training_program": spec}))
+
+
 def test_export_from_a_server_base_and_a_device_head(artifacts, tmp_path):
     manifest = read_manifest(artifacts)
     base = {n: torch.full(s, 0.25) for n, s in manifest.layout("base")}
