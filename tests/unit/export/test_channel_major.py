@@ -213,4 +213,6 @@ def test_the_lowered_program_of_every_construct_trains_as_eager_at_every_batch_s
             grad = eager_params[name].grad
             assert grad is not None
             eager_error = float((grad.double() - p.grad).abs().max()) / scale
-            claim.below(f"batch {batch}: {name} gradient error beyond 3x eager's", program_error - 3 * eager_error, 1e-4)
+            claim.below(
+                f"batch {batch}: {name} gradient error beyond 3x eager's", program_error - 3 * eager_error, 1e-4
+            )
