@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import fx, nn
 
-from fedper.export.fast_convolution import UnsupportedConvolutionError, convolution, pad2d
+from fedper.export.fast_convolution import UnsupportedConvolutionError, convolution
 from fedper.export.fast_ops import activation, batch_norm_relu
 from fedper.models.split import running_stat_names
 
@@ -361,21 +361,12 @@ def _row_drop(t: Tensor, p: float) -> Tensor:
 
 
 def _max_pool(t: Tensor, pool: nn.MaxPool2d) -> Tensor | None:
-    """Max pooling as the maximum of the window's strided reads (-inf padding); None for
-    dilation, ceil mode or returned indices (the model's own op computes those)."""
-    if pool.return_indices or pool.ceil_mode:
+    """Max pooling pools each [H, W] plane on its own: ``[C, B, H, W]`` pooled as if C were the
+    batch gives the same planes (ExecuTorch has the kernel and its backward). None when the
+    indices are asked for (the model's own op returns them in its layout)."""
+    if pool.return_indices:
         return None
-    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = (_pair(v) for v in (pool.kernel_size, pool.stride, pool.padding,
-                                                                  pool.dilation))  # fmt: skip
-    h, w = t.shape[2:]
-    ho, wo = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1, (w + 2 * pw - dw * (kw - 1) - 1) // sw + 1
-    padded = pad2d(t, ph, pw, float("-inf"))
-    out: Tensor | None = None
-    for i in range(kh):
-        for j in range(kw):
-            read = padded[:, :, i * dh : i * dh + sh * (ho - 1) + 1 : sh, j * dw : j * dw + sw * (wo - 1) + 1 : sw]
-            out = read if out is None else torch.maximum(out, read)
-    return out
+    return F.max_pool2d(t, pool.kernel_size, pool.stride, pool.padding, pool.dilation, pool.ceil_mode)
 
 
 def _pair(value: Any) -> tuple[int, int]:

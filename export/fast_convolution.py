@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from fedper.export.fast_ops import depthwise3x3, depthwise3x3_s2, stem_conv
+from fedper.export.fast_ops import conv3x3, depthwise3x3, depthwise3x3_s2, stem_conv
 
 Tensor = torch.Tensor
 
@@ -89,6 +89,8 @@ def convolution(x: Tensor, conv: nn.Conv2d) -> Tensor:
         out = depthwise3x3_s2(x, weight)[0]
     elif groups == 1 and square3 and (sh == 1 or (sh == 2 and even)) and not x.requires_grad:
         out = stem_conv(x, weight, sh)[0].view(cout, b, ho, wo)  # the image: no input gradient
+    elif groups == 1 and square3 and sh == 1:
+        out = conv3x3(x, weight)[0].view(cout, b, ho, wo)
     elif groups == cin == cout:
         out = _depthwise(_taps(x, conv, ho, wo), weight)
     else:

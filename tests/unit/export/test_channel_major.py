@@ -42,6 +42,8 @@ def test_each_activation_and_its_derivative_match_torch(kind, claim):
 CONVOLUTIONS = [
     # (in, out, kernel, stride, padding, dilation, groups, bias, (h, w))
     (3, 5, 3, 1, 1, 1, 1, False, (8, 6)),  # the stem's shape on an activation (input gradient)
+    (4, 6, 3, 1, 1, 1, 1, True, (1, 5)),  # one row: every tap above and below reads padding
+    (4, 6, 3, 1, 1, 1, 1, False, (7, 1)),  # one column: every tap to the sides reads padding
     (4, 6, 3, 2, 1, 1, 1, True, (7, 9)),  # odd sides
     (4, 6, 7, 2, 3, 1, 1, False, (16, 16)),  # ResNet's ImageNet stem
     (6, 6, 5, 2, 2, 1, 6, False, (9, 8)),  # depthwise 5x5 (MobileNet-V3, EfficientNet)
