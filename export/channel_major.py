@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import fx, nn
 
-from fedper.export.fast_convolution import UnsupportedConvolutionError, convolution
+from fedper.export.fast_convolution import UnsupportedConvolutionError, convolution, pad2d
 from fedper.export.fast_ops import activation, batch_norm_relu
 from fedper.models.split import running_stat_names
 
@@ -116,6 +116,13 @@ class ChannelMajorStep(nn.Module):
     @property
     def stat_names(self) -> list[str]:
         return running_stat_names(self.bn_paths)
+
+    def kernel_hint(self) -> str:
+        if not self.fallbacks:
+            return "Every node has a fast form: a bug of the fast lowering (please report it with the model)."
+        nodes = "; ".join(f"{f.path} ({f.op}{': ' + f.why if f.why else ''})" for f in self.fallbacks)
+        return (f"These nodes run as the model computes them, with autograd's backward: {nodes}. Replace them with "
+                "what the fast lowering translates (docs/EXPORT.md, 'The fast training graph').")  # fmt: skip
 
     def fallbacks_at(self, input_size: int, batch: int = 2) -> list[Fallback]:
         """What runs as the model's own code, found by one forward of zeros (before the
@@ -236,6 +243,12 @@ class _Run:
             return ChannelMajor(activation(cm.t, kind))
         if isinstance(module, nn.Identity):
             return value
+        if (
+            isinstance(module, nn.Flatten)
+            and cm is not None
+            and (module.start_dim, module.end_dim) in ((1, -1), (1, 3))
+        ):
+            return _flatten(cm)
         if isinstance(module, (nn.Dropout, nn.Dropout1d)) and cm is not None:
             return ChannelMajor(_dropout(cm.t, module.p))
         if isinstance(module, nn.MaxPool2d) and cm is not None:
@@ -286,8 +299,7 @@ class _Run:
                     ta, tb = (v.t if isinstance(v, ChannelMajor) else v for v in (ta, tb))
                     return ChannelMajor(ELEMENTWISE[target](ta, tb))
         if target in (torch.flatten, "flatten") and cm is not None and _flatten_from_one(args, node.kwargs):
-            c, b, h, w = cm.t.shape
-            return cm.t.view(c, b).t() if h == w == 1 else cm.plain().reshape(b, c * h * w)
+            return _flatten(cm)
         if target in (F.adaptive_avg_pool2d,) and cm is not None and _is_one(args[1] if len(args) > 1 else None):
             return ChannelMajor(_global_mean(cm.t))
         if target == "mean" and cm is not None and _spatial_mean(args, node.kwargs):
@@ -338,6 +350,12 @@ def _spatial_mean(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
     return keep is True and isinstance(dims, (list, tuple)) and sorted(d % 4 for d in dims) == [2, 3]
 
 
+def _flatten(cm: ChannelMajor) -> Tensor:
+    """``torch.flatten(x, 1)`` of the model's ``[B, C, H, W]``: ``[B, C*H*W]``, (c, h, w) order."""
+    c, b, h, w = cm.t.shape
+    return cm.t.view(c, b).t() if h == w == 1 else cm.plain().reshape(b, c * h * w)
+
+
 def _global_mean(t: Tensor) -> Tensor:
     """[C, B, H, W] -> [C, B, 1, 1], the mean over each image's positions."""
     c, b, h, w = t.shape
@@ -361,12 +379,23 @@ def _row_drop(t: Tensor, p: float) -> Tensor:
 
 
 def _max_pool(t: Tensor, pool: nn.MaxPool2d) -> Tensor | None:
-    """Max pooling pools each [H, W] plane on its own: ``[C, B, H, W]`` pooled as if C were the
-    batch gives the same planes (ExecuTorch has the kernel and its backward). None when the
-    indices are asked for (the model's own op returns them in its layout)."""
-    if pool.return_indices:
+    """Max pooling as the maximum of the window's strided reads (-inf padding). Not ExecuTorch's
+    ``max_pool2d_with_indices``: its backward kernel gave gradients off by orders of magnitude
+    in the lowered program (1.5.1, measured here). None for ceil mode or returned indices (the
+    model's own op computes those)."""
+    if pool.return_indices or pool.ceil_mode:
         return None
-    return F.max_pool2d(t, pool.kernel_size, pool.stride, pool.padding, pool.dilation, pool.ceil_mode)
+    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = (_pair(v) for v in (pool.kernel_size, pool.stride, pool.padding,
+                                                                  pool.dilation))  # fmt: skip
+    h, w = t.shape[2:]
+    ho, wo = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1, (w + 2 * pw - dw * (kw - 1) - 1) // sw + 1
+    padded = pad2d(t, ph, pw, float("-inf"))
+    out: Tensor | None = None
+    for i in range(kh):
+        for j in range(kw):
+            read = padded[:, :, i * dh : i * dh + sh * (ho - 1) + 1 : sh, j * dw : j * dw + sw * (wo - 1) + 1 : sw]
+            out = read if out is None else torch.maximum(out, read)
+    return out
 
 
 def _pair(value: Any) -> tuple[int, int]:

@@ -32,6 +32,38 @@ class ExportError(FedperError, RuntimeError):
     """The export produced something that would not behave as the model does."""
 
 
+class MissingKernelError(ExportError):
+    """The training program would need an op the ExecuTorch runtime has no kernel for: it
+    would fail to load on every device."""
+
+
+# Kernels the runtime has but that compute wrong values in a training program (measured here:
+# tests/unit/export/test_channel_major.py): a program using them is refused as if they were missing.
+WRONG_KERNELS = {
+    "aten::max_pool2d_with_indices_backward": "max pooling's backward gave gradients 100-2000x off in ExecuTorch 1.5.1",
+}
+
+
+def missing_kernels(graph: torch.fx.Graph) -> list[str]:
+    """The ops of an edge-dialect graph that ExecuTorch's kernel library (as linked into the
+    runtime this process has, the one devices run) does not implement, or implements wrongly
+    (:data:`WRONG_KERNELS`), as ``namespace::name``."""
+    from executorch.exir.dialects.edge._ops import EdgeOpOverload
+    from executorch.extension.pybindings import portable_lib
+
+    registered = {name.split(".", 1)[0] for name in portable_lib._get_operator_names()}
+    missing = set()
+    for node in graph.nodes:
+        if node.op == "call_function" and isinstance(node.target, EdgeOpOverload):
+            namespace, name = node.target.__name__.split(".")[:2]
+            op = f"{namespace}::{name}"
+            if op not in registered:
+                missing.add(op)
+            elif op in WRONG_KERNELS:
+                missing.add(f"{op} ({WRONG_KERNELS[op]})")
+    return sorted(missing)
+
+
 # Kept as one op: ExecuTorch's linear computes a @ b.T without copying b transposed.
 PRESERVED_OPS = (torch.ops.aten.linear.default,)
 
@@ -335,6 +367,7 @@ def lower_training_program(
     xnnpack: bool = True,
     phases: dict[str, float] | None = None,
     shortcuts: bool = True,
+    refuse_missing_kernels: bool = True,
 ) -> LoweredProgram:
     """Export ``step`` with a dynamic batch (2..max_batch) and its weights in a .ptd; with
     ``xnnpack``, its matrix products and exact element-wise and data-moving ops delegated to XNNPACK
@@ -348,7 +381,9 @@ def lower_training_program(
     phase's seconds (where an export's minutes go: docs/PERFORMANCE.md). ``shortcuts``: the
     delegation's (``delegate_to_xnnpack(fast_partitioning=True)``) and ExecuTorch's passes skipped
     where they would change nothing (:func:`export.unchanging_passes.unchanging_passes_skipped`):
-    the same bytes, faster (``bench.export_time`` compares).
+    the same bytes, faster (``bench.export_time`` compares). A program that needs a kernel the
+    runtime lacks or computes wrongly (:func:`missing_kernels`) is refused after the trace
+    (``refuse_missing_kernels=False``: a benchmark timing the stock program anyway).
     """
     from executorch.exir import ExecutorchBackendConfig
     from executorch.exir.program._program import (
@@ -372,6 +407,15 @@ def lower_training_program(
         clock.lap("trace and decompose")
         config = edge_compile_config()
         edge_program = _generate_edge_program(config, joint, preserve_ops=config.preserve_ops)
+        missing = missing_kernels(edge_program.graph) if refuse_missing_kernels else []
+        if missing:
+            from executorch import version as executorch_version
+
+            hint = step.kernel_hint() if hasattr(step, "kernel_hint") else ""
+            raise MissingKernelError(
+                f"ExecuTorch {executorch_version.__version__} has no (right) kernel for {', '.join(missing)}, "
+                f"which this model's training program needs. {hint}".rstrip()
+            )
         edge = EdgeProgramManager({"forward": edge_program}, None, config)
         clock.lap("edge dialect")
         if xnnpack:

@@ -102,6 +102,11 @@ class TrainingStep(nn.Module):
         """Running statistics in input/output order: mean, var of each BN layer."""
         return running_stat_names(self.bn_paths)
 
+    def kernel_hint(self) -> str:
+        return ("The stock program (--variant plain) differentiates every module with autograd (its SiLU and "
+                "GELU backward needs aten::empty_permuted); --variant fast writes the backward of the "
+                "convolutions, BatchNorm and activations itself.")  # fmt: skip
+
     def forward(self, x: torch.Tensor, y: torch.Tensor, *stats: torch.Tensor) -> tuple[torch.Tensor, ...]:
         if len(stats) != 2 * len(self._bns):
             raise ValueError(f"expected {2 * len(self._bns)} running statistics, got {len(stats)}")

@@ -218,3 +218,68 @@ def test_the_lowered_program_of_every_construct_trains_as_eager_at_every_batch_s
             claim.below(
                 f"batch {batch}: {name} gradient error beyond 3x eager's", program_error - 3 * eager_error, 1e-4
             )
+
+
+def test_a_program_that_needs_an_op_executorch_lacks_is_refused_before_it_is_lowered():
+    """The stock program of a SiLU differentiates it with autograd, whose backward allocates with
+    ``aten::empty_permuted``: ExecuTorch 1.5.1 has no kernel for it, so no device could load the
+    program. Refused after tracing, before the delegation and emission (most of the minutes),
+    saying what to do; the fast graph of the same model has its own SiLU backward."""
+    from fedper.export.executorch_lowering import MissingKernelError, lower_training_program
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv, self.bn, self.act, self.fc = (
+                nn.Conv2d(3, 4, 3, padding=1),
+                nn.BatchNorm2d(4),
+                nn.SiLU(),
+                nn.Linear(4, 10),
+            )
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.fc(torch.flatten(F.adaptive_avg_pool2d(self.act(self.bn(self.conv(x))), 1), 1))
+
+    with pytest.raises(MissingKernelError, match=r"no \(right\) kernel for aten::empty_permuted.*--variant fast"):
+        lower_training_program(TrainingStep(Net()), input_size=8, max_batch=4, xnnpack=False)
+    step = ChannelMajorStep(Net())
+    assert step.fallbacks_at(8) == []
+    assert "bug" in step.kernel_hint()
+    odd = ChannelMajorStep(nn.Sequential(nn.Conv2d(3, 4, 3, padding=1, padding_mode="reflect"), nn.Flatten(),
+                                         nn.Linear(4 * 8 * 8, 10)))  # fmt: skip
+    assert [f.path for f in odd.fallbacks_at(8)] == ["0"]
+    assert "0 (module: padding_mode='reflect'" in odd.kernel_hint()
+
+
+@pytest.mark.export
+@pytest.mark.numeric
+def test_max_pooling_trains_right_in_the_fast_program_and_the_stock_one_is_refused(tmp_path, claim):
+    """ExecuTorch 1.5.1's ``max_pool2d_with_indices_backward`` kernel gave gradients 100-2000x
+    off (measured: a 3x3 stride-2 pool after a convolution, batches 2 and 5). The fast graph
+    pools with the maximum of strided reads instead; the stock program, which would use the
+    kernel, is refused."""
+    from executorch.extension.pybindings.portable_lib import _load_for_executorch
+    from executorch.extension.training import TrainingModule
+
+    from fedper.export.executorch_lowering import MissingKernelError, lower_training_program
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 4, 3, 1, 1, bias=False), nn.BatchNorm2d(4), nn.ReLU(), nn.MaxPool2d(3, 2, 1),
+                          nn.Conv2d(4, 4, 1), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4, 10))  # fmt: skip
+    with pytest.raises(MissingKernelError, match="max_pool2d_with_indices_backward"):
+        lower_training_program(TrainingStep(model), input_size=8, max_batch=8, xnnpack=False)
+    lowered = lower_training_program(ChannelMajorStep(model), input_size=8, max_batch=8)
+    (tmp_path / "p.pte").write_bytes(lowered.program)
+    (tmp_path / "p.ptd").write_bytes(lowered.weights)
+    module = TrainingModule(_load_for_executorch(str(tmp_path / "p.pte"), data_path=str(tmp_path / "p.ptd")))
+    stats = [torch.zeros(4), torch.ones(4)]
+    for batch in (2, 5):
+        x, y = torch.randn(batch, 3, 8, 8), torch.randint(0, 10, (batch,))
+        module.forward_backward("forward", (x, y, *stats))
+        gradients = module.named_gradients()
+        eager = TrainingStep(model)
+        eager(x, y, *stats)[0].backward()
+        for name, p in eager.named_parameters():
+            assert p.grad is not None
+            claim.below(f"batch {batch}: {name} gradient, relative to its largest",
+                        float((gradients[name] - p.grad).abs().max() / p.grad.abs().max()), 1e-4)  # fmt: skip
