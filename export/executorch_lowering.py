@@ -411,7 +411,8 @@ def lower_training_program(
         if missing:
             from executorch import version as executorch_version
 
-            hint = step.kernel_hint() if hasattr(step, "kernel_hint") else ""
+            kernel_hint = getattr(step, "kernel_hint", None)
+            hint = str(kernel_hint()) if callable(kernel_hint) else ""
             raise MissingKernelError(
                 f"ExecuTorch {executorch_version.__version__} has no (right) kernel for {', '.join(missing)}, "
                 f"which this model's training program needs. {hint}".rstrip()

@@ -423,6 +423,8 @@ ACTIVATIONS = ("relu", "relu6", "hardswish", "hardsigmoid", "silu", "sigmoid", "
 _SQRT_HALF = 0.7071067811865476
 _INV_SQRT_2PI = 0.3989422804014327
 _TANH_C = 0.7978845608028654  # sqrt(2 / pi)
+# PyTorch's hardsigmoid backward multiplies by 1/6 rounded to float32, in float64 too.
+_ONE_SIXTH = 0.1666666716337204
 
 
 def _activate(x: Tensor, kind: str) -> Tensor:
@@ -464,7 +466,7 @@ def _derivative(x: Tensor, y: Tensor, kind: str) -> Tensor:
     if kind == "relu6":
         return _above(y, 0.0) * _below(y, 6.0)
     if kind == "hardsigmoid":
-        return _above(x, -3.0) * _below(x, 3.0) * (1.0 / 6.0)
+        return _above(x, -3.0) * _below(x, 3.0) * _ONE_SIXTH
     if kind == "hardswish":  # 0 up to -3, x/3 + 1/2 between, 1 from 3 on
         high = 1.0 - _below(x, 3.0)
         return _above(x, -3.0) * (1.0 - high) * (x * (1.0 / 3.0) + 0.5) + high
