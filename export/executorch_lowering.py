@@ -407,7 +407,8 @@ def trace_joint(
     """
     x, y, *stats = example_inputs(step, input_size, 2)
     batch = Dim("batch", min=2, max=max_batch)
-    dynamic = ({0: batch}, {0: batch}, tuple(None for _ in stats))
+    # A model without BatchNorm has no statistics: no third entry for the empty *stats.
+    dynamic = ({0: batch}, {0: batch}, *((tuple(None for _ in stats),) if stats else ()))
     exported = export(step, (x, y, *stats), dynamic_shapes=dynamic, strict=False)
     if decompositions is None:
         return _export_forward_backward(exported, joint_loss_index=0)
