@@ -41,6 +41,7 @@ from fedper.models.config import MODEL_NAMES
 from fedper.models.mobilenet_v1 import BLOCKS
 from fedper.models.split import exchanged_names, split
 from fedper.models.staged import StagedModel, under
+from fedper.pretrained import PACKAGED_BASE, PRETRAINED, SCRATCH
 
 # timm's mobilenetv1_100 groups the 13 blocks into stages of these lengths (arch_def in
 # timm/models/efficientnet.py: dsa_r1, dsa_r2, dsa_r2, dsa_r6, dsa_r2).
@@ -115,15 +116,18 @@ def read_checkpoint(path: Path, model_name: str) -> Checkpoint:
 def _read_model_layout(path: Path, model_name: str) -> Checkpoint:
     """A state dict in the layout of the model given by reference ``model_name``: safetensors, or a
     torch file read with ``weights_only=True`` (never a plain unpickling)."""
+    if path.resolve() == PACKAGED_BASE.resolve():
+        raise CheckpointError(f"--init {PRETRAINED} is the packaged MobileNet-V1 base (width 0.25, 32 px): it cannot "
+                              f"start {model_name}; give --init {SCRATCH} or a checkpoint in the model's own layout")  # fmt: skip
+    if path.suffix.lower() in PICKLE_SUFFIXES and path.suffix.lower() not in TORCH_SUFFIXES:
+        raise CheckpointError(f"{path}: a {path.suffix} file is not read; give a safetensors file or a torch state "
+                              f"dict saved as {' or '.join(TORCH_SUFFIXES)} (read with torch.load(weights_only=True))")  # fmt: skip
     try:
         data = path.read_bytes()
     except OSError as exc:
         raise CheckpointError(f"{path}: cannot read the checkpoint: {exc.strerror}") from exc
     if path.suffix.lower() in TORCH_SUFFIXES:
         raw = _torch_state_dict(path)
-    elif path.suffix.lower() in PICKLE_SUFFIXES:
-        raise CheckpointError(f"{path}: a {path.suffix} file is not read; give a safetensors file or a torch state "
-                              f"dict saved as {' or '.join(TORCH_SUFFIXES)} (read with torch.load(weights_only=True))")  # fmt: skip
     else:
         try:
             raw = weights.decode(data, str(path))

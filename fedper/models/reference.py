@@ -29,8 +29,9 @@ from fedper.models.heads import OrdinalHead
 from fedper.models.staged import Stage, StagedModel, replace_submodule
 
 # torchvision's constructors a ``torchvision:NAME`` reference may name (built with weights=None).
+# (Any other torchvision constructor is a PACKAGE.MODULE:CALLABLE reference: torchvision.models:resnet50.)
 TORCHVISION_MODELS = ("mobilenet_v2", "mobilenet_v3_small", "mobilenet_v3_large", "resnet18", "resnet34",
-                      "resnet50", "efficientnet_b0")  # fmt: skip
+                      "efficientnet_b0")  # fmt: skip
 TORCHVISION_PREFIX = "torchvision:"
 # PACKAGE.MODULE:CALLABLE, the callable possibly an attribute path (Class.factory).
 _DOTTED = r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*"
@@ -77,8 +78,9 @@ def parse_reference(text: str, named: Sequence[str]) -> Reference:
     match = _CALLABLE_REFERENCE.fullmatch(text)
     if match is None:
         raise ConfigError(
-            f"--model {text!r} is neither a named model ({', '.join(named)}), torchvision:NAME nor "
-            "PACKAGE.MODULE:CALLABLE (e.g. mypackage.models:build_net, or my_model:Net for ./my_model.py)"
+            f"unknown model {text!r}: give a named model ({', '.join(named) or 'mobilenet_v1, resnet34'}), "
+            "torchvision:NAME or PACKAGE.MODULE:CALLABLE (e.g. mypackage.models:build_net, or my_model:Net for "
+            "./my_model.py)"
         )
     return Reference(text, "callable", match[1], match[2])
 
