@@ -263,8 +263,10 @@ def check_training_program(program: bytes, max_batch: int) -> None:
         )
     planned = int(plans[0].values[plans[0].inputs[0]].val.sizes[0])
     if planned != max_batch:
-        raise ExportConfigError(f"the training program was planned for batches of at most {planned} images, not "
-                                f"--max-batch {max_batch} (a guard on the batch size was added while lowering)")  # fmt: skip
+        raise ExportConfigError(
+            f"the training program was planned for batches of at most {planned} images, not --max-batch "
+            f"{max_batch} (a guard on the batch size was added while lowering)"
+        )
 
 
 def check_output(model: StagedModel, mcfg: ModelConfig) -> None:
@@ -284,8 +286,10 @@ def check_output(model: StagedModel, mcfg: ModelConfig) -> None:
         model.train(was_training)
     if not isinstance(out, torch.Tensor) or tuple(out.shape) != (2, mcfg.num_classes):
         got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
-        raise ExportConfigError(f"--model {mcfg.name}: for a (2, 3, {mcfg.input_size}, {mcfg.input_size}) batch its "
-                                f"forward must return a tensor of shape (2, {mcfg.num_classes}), got {got}")  # fmt: skip
+        raise ExportConfigError(
+            f"--model {mcfg.name}: for a (2, 3, {mcfg.input_size}, {mcfg.input_size}) batch its forward must "
+            f"return a tensor of shape (2, {mcfg.num_classes}), got {got}"
+        )
 
 
 def write_weights_and_manifest(
@@ -356,9 +360,10 @@ def load_initial_weights(
     base_source = None
     if init is not None:
         base_source = init_base(model, read_checkpoint(init, config.model.name), config.kp)
-        fresh = "; ".join(base_source.notes) if base_source.layout == MODEL_LAYOUT else "head fresh"
-        say(f"{'weights' if base_source.layout == MODEL_LAYOUT else 'base'} from {config.init} ({base_source.layout} "
-            f"layout, {base_source.tensors} tensors, sha256 {base_source.sha256[:12]}){'; ' + fresh if fresh else ''}")  # fmt: skip
+        own = base_source.layout == MODEL_LAYOUT
+        fresh = "; ".join(base_source.notes) if own else "head fresh"
+        say(f"{'weights' if own else 'base'} from {config.init} ({base_source.layout} layout, {base_source.tensors} "
+            f"tensors, sha256 {base_source.sha256[:12]}){'; ' + fresh if fresh else ''}")  # fmt: skip
     if config.weights:
         _load_into(model, weights.load_checked(list(config.weights), full_layout))
     elif source is not None and config.from_dir is not None:

@@ -101,7 +101,7 @@ def conv_backend_without_batch_guards() -> Iterator[None]:
 
     def select(input_: torch.Tensor, weight: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
         if any(isinstance(d, torch.SymInt) for d in input_.shape):
-            shape = [d.node.hint if isinstance(d, torch.SymInt) and d.node.hint is not None else d for d in input_.shape]
+            shape = [_hint(d) for d in input_.shape]
             if all(isinstance(d, int) for d in shape):
                 with unset_fake_temporarily():
                     input_ = torch.empty(1, dtype=input_.dtype).expand(shape)
@@ -112,6 +112,13 @@ def conv_backend_without_batch_guards() -> Iterator[None]:
         yield
     finally:
         torch._C._select_conv_backend = original
+
+
+def _hint(size: int | torch.SymInt) -> int | torch.SymInt:
+    """A symbolic size's example value (the size itself where it has none)."""
+    if isinstance(size, torch.SymInt) and size.node.hint is not None:
+        return int(size.node.hint)
+    return size
 
 
 class RowDrop(nn.Module):
@@ -183,7 +190,7 @@ def trainable_copy(model: nn.Module) -> nn.Module:
                                   "max pooling that returns the pooled values only")  # fmt: skip
             replace_submodule(model, path, GatherMaxPool(module))
         elif getattr(module, "inplace", False) is True and isinstance(module, INPLACE_ACTIVATIONS):
-            module.inplace = False  # type: ignore[assignment]
+            module.inplace = False
     return model
 
 
@@ -198,8 +205,10 @@ def check_batchnorm(path: str, bn: nn.modules.batchnorm._BatchNorm) -> None:
     of an image), and its scale and shift are trained parameters."""
     where = f"the BatchNorm at {path or 'the model'} ({type(bn).__name__})"
     if type(bn) is not nn.BatchNorm2d:
-        raise ConfigError(f"{where}: the training program supports nn.BatchNorm2d only (on [batch, channels, "
-                          "height, width] images); use nn.BatchNorm2d or another normalization (GroupNorm, LayerNorm)")  # fmt: skip
+        raise ConfigError(
+            f"{where}: the training program supports nn.BatchNorm2d only (on [batch, channels, height, width] "
+            "images); use nn.BatchNorm2d or another normalization (GroupNorm, LayerNorm)"
+        )
     if bn.momentum is None:
         raise ConfigError(f"{where} has momentum=None (a cumulative average over every batch ever seen), which a "
                           "program that keeps its statistics between rounds cannot compute; build it with a momentum "
@@ -215,9 +224,9 @@ def check_batchnorm(path: str, bn: nn.modules.batchnorm._BatchNorm) -> None:
 class TrainingStep(nn.Module):
     """The model plus its loss, with BN statistics threaded through inputs and outputs."""
 
-    def __init__(self, model: StagedModel):
+    def __init__(self, staged: StagedModel):
         super().__init__()
-        model = trainable_copy(model)
+        model = trainable_copy(staged)
         self.bn_paths: list[str] = []
         self._bns: list[StatsInputBatchNorm] = []
         for path, module in list(model.named_modules()):

@@ -117,11 +117,15 @@ def _read_model_layout(path: Path, model_name: str) -> Checkpoint:
     """A state dict in the layout of the model given by reference ``model_name``: safetensors, or a
     torch file read with ``weights_only=True`` (never a plain unpickling)."""
     if path.resolve() == PACKAGED_BASE.resolve():
-        raise CheckpointError(f"--init {PRETRAINED} is the packaged MobileNet-V1 base (width 0.25, 32 px): it cannot "
-                              f"start {model_name}; give --init {SCRATCH} or a checkpoint in the model's own layout")  # fmt: skip
+        raise CheckpointError(
+            f"--init {PRETRAINED} is the packaged MobileNet-V1 base (width 0.25, 32 px): it cannot start "
+            f"{model_name}; give --init {SCRATCH} or a checkpoint in the model's own layout"
+        )
     if path.suffix.lower() in PICKLE_SUFFIXES and path.suffix.lower() not in TORCH_SUFFIXES:
-        raise CheckpointError(f"{path}: a {path.suffix} file is not read; give a safetensors file or a torch state "
-                              f"dict saved as {' or '.join(TORCH_SUFFIXES)} (read with torch.load(weights_only=True))")  # fmt: skip
+        raise CheckpointError(
+            f"{path}: a {path.suffix} file is not read; give a safetensors file or a torch state dict saved as "
+            f"{' or '.join(TORCH_SUFFIXES)} (read with torch.load(weights_only=True))"
+        )
     try:
         data = path.read_bytes()
     except OSError as exc:
@@ -143,8 +147,10 @@ def _torch_state_dict(path: Path) -> dict[str, np.ndarray]:
     try:
         loaded = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # torch raises UnpicklingError, RuntimeError or others for a bad file
-        raise CheckpointError(f"{path}: not a torch state dict torch.load(weights_only=True) can read: "
-                              f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from exc  # fmt: skip
+        first = str(exc).splitlines()[0] if str(exc) else ""
+        raise CheckpointError(
+            f"{path}: not a torch state dict torch.load(weights_only=True) can read: {type(exc).__name__}: {first}"
+        ) from exc
     if isinstance(loaded, dict) and isinstance(loaded.get("state_dict"), dict):
         loaded = loaded["state_dict"]
     if not isinstance(loaded, dict) or not loaded:
@@ -231,8 +237,11 @@ def init_model_layout(model: StagedModel, checkpoint: Checkpoint) -> InitSource:
     absent = [n for n in top if n not in named]
     misshaped = [n for n in top if n in named and tuple(named[n].shape) != tuple(state[n].shape)]
     if absent or misshaped:
-        why = (f"{misshaped[0]} is {tuple(named[misshaped[0]].shape)} in the checkpoint, "
-               f"{tuple(state[misshaped[0]].shape)} in the model" if misshaped else f"the checkpoint has no {absent[0]}")  # fmt: skip
+        if misshaped:
+            n = misshaped[0]
+            why = f"{n} is {tuple(named[n].shape)} in the checkpoint, {tuple(state[n].shape)} in the model"
+        else:
+            why = f"the checkpoint has no {absent[0]}"
         notes.append(f"the classifier {classifier} starts fresh: {why}")
     else:
         wanted += top

@@ -86,7 +86,7 @@ class ModelConfig:
                 f"the layers below the head by running them stage by stage, which {self.name} does not declare"
             )
         if self.base == "linear" and self.head_modules:
-            raise ConfigError("--base linear counts its personal layers by kp: it cannot be combined with --head-modules")
+            raise ConfigError("--base linear counts its personal layers by kp: it cannot take --head-modules")
 
     def __hash__(self) -> int:
         # A model argument may be a JSON list or object (unhashable): hash the settings' JSON.
@@ -107,8 +107,10 @@ def _paths(value: object) -> tuple[str, ...]:
     paths = tuple(p.strip() for p in items if p.strip())
     bad = [p for p in paths if not all(part.isidentifier() or part.isdigit() for part in p.split("."))]
     if bad:
-        raise ConfigError(f"--head-modules: {bad[0]!r} is not a module path (names and indices joined by dots, e.g. fc or "
-                          "classifier.3)")  # fmt: skip
+        raise ConfigError(
+            f"--head-modules: {bad[0]!r} is not a module path (names and indices joined by dots, e.g. fc or "
+            "classifier.3)"
+        )
     if len(set(paths)) != len(paths):
         raise ConfigError(f"--head-modules names a module twice: {', '.join(paths)}")
     return paths

@@ -171,7 +171,7 @@ def _accepts(function: Any, name: str) -> bool:
         parameters = inspect.signature(function).parameters.values()
     except (TypeError, ValueError):
         return False
-    return any(p.name == name and p.kind != p.POSITIONAL_ONLY or p.kind == p.VAR_KEYWORD for p in parameters)
+    return any((p.name == name and p.kind != p.POSITIONAL_ONLY) or p.kind == p.VAR_KEYWORD for p in parameters)
 
 
 def build_reference(text: str, num_classes: int, head: str, model_args: ModelArgs) -> StagedModel:
@@ -189,7 +189,8 @@ def build_reference(text: str, num_classes: int, head: str, model_args: ModelArg
             module = constructor(**kwargs)
         except Exception as exc:
             shown = ", ".join(f"{k}={v!r}" for k, v in kwargs.items())
-            raise ConfigError(f"--model {text}: {reference.attribute}({shown}) failed: {type(exc).__name__}: {exc}") from exc
+            failure = f"{type(exc).__name__}: {exc}"
+            raise ConfigError(f"--model {text}: {reference.attribute}({shown}) failed: {failure}") from exc
     if not isinstance(module, nn.Module):
         raise ConfigError(f"--model {text}: {reference.attribute}(...) returned a {type(module).__name__}, "
                           "not a torch.nn.Module")  # fmt: skip
@@ -308,6 +309,8 @@ def _type_name(root: nn.Module, path: str) -> str:
 def source_digest(text: str) -> str | None:
     """sha256 of the source file of the module a ``PACKAGE.MODULE:CALLABLE`` reference imports
     (an export cache must not answer for an edited model), None for the others."""
+    if ":" not in text:  # a named model: the toolkit's own source, which the cache key holds already
+        return None
     reference = parse_reference(text, ())
     if reference.kind != "callable":
         return None

@@ -71,8 +71,14 @@ def test_references_parse_and_bad_syntax_is_refused() -> None:
 
 
 def test_model_args_are_json_literals_else_strings_and_bad_ones_are_refused() -> None:
-    config = ModelConfig(name=TINY, model_args=("width=4,dropout=0.0", "tag=plain,sizes=[1, 2],opts={\"a\": 1}"))
-    assert config.model_args == (("width", 4), ("dropout", 0.0), ("tag", "plain"), ("sizes", [1, 2]), ("opts", {"a": 1}))
+    config = ModelConfig(name=TINY, model_args=("width=4,dropout=0.0", 'tag=plain,sizes=[1, 2],opts={"a": 1}'))
+    assert config.model_args == (
+        ("width", 4),
+        ("dropout", 0.0),
+        ("tag", "plain"),
+        ("sizes", [1, 2]),
+        ("opts", {"a": 1}),
+    )
     assert config.to_dict()["model_args"] == [["width", 4], ["dropout", 0.0], ["tag", "plain"], ["sizes", [1, 2]],
                                               ["opts", {"a": 1}]]  # fmt: skip
     # Given as pairs (code, a manifest) or as words (the command line): the same config, and hashable.
@@ -99,7 +105,9 @@ def test_model_args_are_json_literals_else_strings_and_bad_ones_are_refused() ->
 
 
 def test_a_config_round_trips_through_the_manifests_model_spec() -> None:
-    config = ModelConfig(name=TINY, num_classes=5, model_args=("width=4,dropout=0.0",), head_modules="features.9,classifier")
+    config = ModelConfig(
+        name=TINY, num_classes=5, model_args=("width=4,dropout=0.0",), head_modules="features.9,classifier"
+    )
     spec = ModelSpec(**config.to_dict())
     assert ModelConfig(**spec.model_dump()) == config
     assert json.loads(spec.model_dump_json())["model_args"] == [["width", 4], ["dropout", 0.0]]
@@ -136,9 +144,13 @@ def test_every_named_torchvision_model_builds_as_torchvision_builds_it(name: str
     upstream = getattr(torchvision.models, name)(weights=None, num_classes=7)
     model = build_model(ModelConfig(name=f"torchvision:{name}", num_classes=7, input_size=32), seed=0)
     assert isinstance(model, StagedModel) and isinstance(model, type(upstream))
-    assert [(k, v.shape) for k, v in model.state_dict().items()] == [(k, v.shape) for k, v in upstream.state_dict().items()]
+    assert [(k, v.shape) for k, v in model.state_dict().items()] == [
+        (k, v.shape) for k, v in upstream.state_dict().items()
+    ]
     # The same seed gives torchvision's own weights, and the same forward.
-    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), upstream.state_dict().values(), strict=True))
+    assert all(
+        torch.equal(a, b) for a, b in zip(model.state_dict().values(), upstream.state_dict().values(), strict=True)
+    )
     x = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
         assert torch.equal(model.eval()(x), upstream.eval()(x)) and model(x).shape == (2, 7)
@@ -149,7 +161,11 @@ def test_every_named_torchvision_model_builds_as_torchvision_builds_it(name: str
 
 def test_layer_groups_follow_the_module_tree() -> None:
     resnet = build_model(ModelConfig(name="torchvision:resnet18"))
-    assert resnet.layer_groups() == [["conv1", "bn1"], *([f"layer{i}.{j}"] for i in (1, 2, 3, 4) for j in (0, 1)), ["fc"]]
+    assert resnet.layer_groups() == [
+        ["conv1", "bn1"],
+        *([f"layer{i}.{j}"] for i in (1, 2, 3, 4) for j in (0, 1)),
+        ["fc"],
+    ]
     mobilenet = build_model(ModelConfig(name="torchvision:mobilenet_v2"))
     # Conv2dNormActivation is an nn.Sequential subclass: one layer; the classifier's Dropout holds nothing.
     assert mobilenet.layer_groups() == [[f"features.{i}"] for i in range(19)] + [["classifier.1"]]
@@ -182,7 +198,9 @@ def test_the_split_counts_kp_over_the_groups_or_takes_the_named_head() -> None:
         build_model(ModelConfig(name=TINY, head_modules=("features", "classifier")))
     # The named models take head modules too.
     mobilenet = build_model(ModelConfig(name="mobilenet_v1", head_modules=("blocks.12", "classifier")))
-    assert set(split(mobilenet, 2).head) == {n for n in exchanged_names(mobilenet) if n.startswith(("blocks.12.", "classifier."))}
+    assert set(split(mobilenet, 2).head) == {
+        n for n in exchanged_names(mobilenet) if n.startswith(("blocks.12.", "classifier."))
+    }
 
 
 def test_the_ordinal_head_takes_the_classifiers_place() -> None:
@@ -201,7 +219,10 @@ def test_list_layers_prints_each_group_its_kp_and_its_parameters(capsys: pytest.
     lines = capsys.readouterr().out.splitlines()
     model = build_model(ModelConfig(name=TINY, num_classes=5))
     rows = [line.split() for line in lines[2:-1]]
-    assert [r[0] for r in rows] == [str(i) for i in range(8)] and [r[1] for r in rows] == ["-", *map(str, range(7, 0, -1))]
+    assert [r[0] for r in rows] == [str(i) for i in range(8)] and [r[1] for r in rows] == [
+        "-",
+        *map(str, range(7, 0, -1)),
+    ]
     assert rows[0][3:] == ["features.0,", "features.1"] and rows[-1][3:] == ["classifier.2", "(classifier)"]
     assert sum(int(r[2].replace(",", "")) for r in rows) == sum(p.numel() for p in model.parameters())
     assert [r.parameters for r in layer_rows(model)][-1] == 32 * 5 + 5
@@ -251,7 +272,9 @@ def test_init_refuses_a_checkpoint_that_does_not_fit_naming_the_tensors(tiny_sou
         init_base(model, read_checkpoint(tmp_path / "missing.pt", TINY), kp=1)
     wide = build_model(ModelConfig(name=TINY, num_classes=10, model_args=("width=4",))).state_dict()
     torch.save(wide, tmp_path / "wide.pth")
-    with pytest.raises(CheckpointError, match=r"features.0.weight: expected shape \(8, 3, 3, 3\), the checkpoint has \(4, 3, 3, 3\)"):
+    with pytest.raises(
+        CheckpointError, match=r"features.0.weight: expected shape \(8, 3, 3, 3\), the checkpoint has \(4, 3, 3, 3\)"
+    ):
         init_base(model, read_checkpoint(tmp_path / "wide.pth", TINY), kp=1)
     assert all(torch.equal(v, before[k]) for k, v in exchanged_state(model).items())  # nothing was loaded
     marker = tmp_path / "ran"
@@ -261,7 +284,9 @@ def test_init_refuses_a_checkpoint_that_does_not_fit_naming_the_tensors(tiny_sou
             return (Path.touch, (str(marker),))  # what a plain unpickling would run
 
     (tmp_path / "evil.pt").write_bytes(pickle.dumps(Payload()))
-    with pytest.raises(CheckpointError, match=r"evil.pt: not a torch state dict torch.load\(weights_only=True\) can read"):
+    with pytest.raises(
+        CheckpointError, match=r"evil.pt: not a torch state dict torch.load\(weights_only=True\) can read"
+    ):
         read_checkpoint(tmp_path / "evil.pt", TINY)
     assert not marker.exists()
     torch.save([1, 2], tmp_path / "list.pt")

@@ -59,12 +59,19 @@ def _digits(batch: int, size: int) -> tuple[torch.Tensor, torch.Tensor]:
     return to_tensor(ds.images[:batch], ds.mean, ds.std), torch.from_numpy(ds.labels[:batch])
 
 
-def _step_matches_eager(artifacts: Path, batch: int, claim: NumericClaims) -> None:
+def _step_matches_eager(artifacts: Path, batch: int, claim: NumericClaims, yardstick: str = "float64") -> None:
     """One step of the program at ``batch`` (right after one at the other end of its range, so the
-    runtime resizes): its loss within 1e-5 of eager's, each gradient within 3x eager float32's
-    distance from float64 plus 1e-3 (of the tensor's largest float64 gradient, or of a thousandth
-    of the model's where a tensor's gradient is zero in exact arithmetic, e.g. a BatchNorm shift
-    that a following BatchNorm cancels), and the running statistics eager's."""
+    runtime resizes): its loss within 1e-5 of eager's, its running statistics eager's, and each
+    gradient within 3x eager float32's own error plus 1e-3, relative to the tensor's largest
+    gradient (or a thousandth of the model's largest where a tensor's gradient is zero in exact
+    arithmetic, e.g. a BatchNorm shift that a following BatchNorm cancels).
+
+    Eager's own error is its distance from float64 (``yardstick="float64"``), or (``"noise"``) how
+    far its gradients move when the images move by a millionth: in a deep ReLU network on digits'
+    flat, upscaled images some pre-activations sit within rounding of ReLU's kink, and a program
+    that sums in another order (ExecuTorch's convolution loops) routes those elements' gradients
+    the other way, as a millionth of noise does in eager (ResNet-18 at 64 px: 17% of a tensor's
+    largest gradient)."""
     from executorch.extension.pybindings.portable_lib import _load_for_executorch
     from executorch.extension.training import TrainingModule
 
@@ -77,33 +84,47 @@ def _step_matches_eager(artifacts: Path, batch: int, claim: NumericClaims) -> No
     stats = [torch.ones(shapes[n]) if n.endswith("running_var") else torch.zeros(shapes[n]) for n in spec.bn_statistics]
     other = 2 if batch == MAX_BATCH else MAX_BATCH
     module.forward_backward(spec.method, (x[:other], y[:other], *stats))
-    loss, *new_stats = module.forward_backward(spec.method, (x[:batch], y[:batch], *stats))
+    x, y = x[:batch], y[:batch]
+    loss, *new_stats = module.forward_backward(spec.method, (x, y, *stats))
     params = module.named_parameters()
     gradients = {n: t.clone() for n, t in module.named_gradients().items()}
     model = build_model(ModelConfig(**manifest.model.model_dump())).train()
     model.load_state_dict({n: p.detach().clone() for n, p in params.items()}, strict=False)
-    model64 = copy.deepcopy(model).double()
-    eager_loss = nn.functional.cross_entropy(model(x[:batch]), y[:batch])
+    eager_loss = nn.functional.cross_entropy(model(x), y)
     eager_loss.backward()
-    nn.functional.cross_entropy(model64(x[:batch].double()), y[:batch]).backward()
+    eager = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
     claim.below(f"batch {batch}: relative |program - eager| loss", abs(float(loss) / float(eager_loss) - 1), 1e-5)
-    exact = {n: p.grad for n, p in model64.named_parameters()}
-    scale = max(float(g.abs().max()) for g in exact.values() if g is not None)
-
-    def off(a: torch.Tensor, name: str) -> float:
-        b = exact[name]
-        assert b is not None
-        return float((a.double() - b).abs().max() / max(float(b.abs().max()), 1e-3 * scale))
-
-    errors = {n: (off(gradients[n], n), off(p.grad, n)) for n, p in model.named_parameters() if p.grad is not None}
-    assert set(errors) == set(gradients) == set(spec.parameters)
-    worst = max(errors, key=lambda n: errors[n][0] - 3 * errors[n][1])
-    claim.below(f"batch {batch}: largest gradient error beyond 3x eager's", errors[worst][0] - 3 * errors[worst][1],
-                1e-3, f"({worst}: program {errors[worst][0]:.2g}, eager {errors[worst][1]:.2g})")  # fmt: skip
     state = model.state_dict()
     claim.close(f"batch {batch}: BatchNorm statistics, program against eager",
                 torch.cat([t.detach().flatten() for t in new_stats]),
                 torch.cat([state[n].flatten() for n in spec.bn_statistics]), rtol=1e-3, atol=1e-4)  # fmt: skip
+    if yardstick == "float64":
+        model64 = copy.deepcopy(model).double()
+        nn.functional.cross_entropy(model64(x.double()), y).backward()
+        reference = {n: p.grad for n, p in model64.named_parameters() if p.grad is not None}
+        spread = {n: _off(eager[n], reference[n], reference) for n in eager}
+    else:
+        reference = eager
+        spread = dict.fromkeys(eager, 0.0)
+        for seed in range(3):
+            noisy = copy.deepcopy(model)
+            noisy.zero_grad()
+            g = torch.Generator().manual_seed(seed)
+            nn.functional.cross_entropy(noisy(x * (1 + 1e-6 * torch.randn(x.shape, generator=g))), y).backward()
+            for n, p in noisy.named_parameters():
+                spread[n] = max(spread[n], _off(p.grad, eager[n], eager))
+    errors = {n: (_off(gradients[n], reference[n], reference), spread[n]) for n in eager}
+    assert set(errors) == set(gradients) == set(spec.parameters)
+    worst = max(errors, key=lambda n: errors[n][0] - 3 * errors[n][1])
+    claim.below(f"batch {batch}: largest gradient error beyond 3x eager's ({yardstick})",
+                errors[worst][0] - 3 * errors[worst][1], 1e-3,
+                f"({worst}: program {errors[worst][0]:.2g}, eager {errors[worst][1]:.2g})")  # fmt: skip
+
+
+def _off(a: torch.Tensor, b: torch.Tensor, every: dict[str, torch.Tensor]) -> float:
+    """max |a - b| relative to b's largest element, floored at a thousandth of the model's largest gradient."""
+    scale = max(float(g.abs().max()) for g in every.values())
+    return float((a.double() - b.double()).abs().max() / max(float(b.abs().max()), 1e-3 * scale))
 
 
 @pytest.mark.export
@@ -190,8 +211,10 @@ def test_the_stock_program_rewrites_what_executorch_cannot_train_and_keeps_the_n
         (nn.BatchNorm2d(4, momentum=None), r"features.1 \(BatchNorm2d\) has momentum=None .* momentum=0.1"),
         (nn.BatchNorm2d(4, affine=False), r"features.1 \(BatchNorm2d\) has affine=False"),
         (nn.BatchNorm2d(4, track_running_stats=False), r"features.1 \(BatchNorm2d\) has track_running_stats=False"),
-        (nn.Sequential(nn.Flatten(2), nn.BatchNorm1d(4), nn.Unflatten(2, (30, 30))),
-         r"features.1.1 \(BatchNorm1d\): the training program supports nn.BatchNorm2d only"),
+        (
+            nn.Sequential(nn.Flatten(2), nn.BatchNorm1d(4), nn.Unflatten(2, (30, 30))),
+            r"features.1.1 \(BatchNorm1d\): the training program supports nn.BatchNorm2d only",
+        ),
     ],
 )
 def test_a_batchnorm_the_program_cannot_carry_is_refused_with_its_path(norm: nn.Module, message: str) -> None:
@@ -239,7 +262,7 @@ def test_a_torchvision_model_trains_as_eager_pytorch_does(resnet_export, batch, 
     manifest = read_manifest(resnet_export)
     assert manifest.kp == 1 and manifest.model.head_modules == ["layer4", "fc"]
     assert all(n.startswith(("layer4.", "fc.")) for n in manifest.head_names)
-    _step_matches_eager(resnet_export, batch, claim)
+    _step_matches_eager(resnet_export, batch, claim, yardstick="noise")
 
 
 @pytest.mark.slow
