@@ -23,11 +23,16 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     )  # fmt: skip
 
 
-def demo(args: argparse.Namespace) -> int:
-    # The packaged base is MobileNet-V1's: another --model starts from random weights unless --init says.
-    if "name" in given(args) and args.model != "mobilenet_v1":
+def demo_config(args: argparse.Namespace) -> DemoConfig:
+    """The demo's config from its options; the packaged base is MobileNet-V1's, so another
+    ``--model`` starts from random weights unless ``--init`` says otherwise."""
+    if "model" in given(args) and args.model != "mobilenet_v1":
         args = with_defaults(args, {"init": Path(SCRATCH)})
-    config = from_arguments(DemoConfig, args)
+    return from_arguments(DemoConfig, args)
+
+
+def demo(args: argparse.Namespace) -> int:
+    config = demo_config(args)
     # torch's and ExecuTorch's own lines go to OUT/demo.log; the terminal keeps the demo's.
     with third_party_output_to(config.out / "demo.log"):
         run_demo(config)

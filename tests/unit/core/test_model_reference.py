@@ -140,23 +140,30 @@ def test_import_problems_name_the_reference(tmp_path: Path, monkeypatch: pytest.
 
 @pytest.mark.parametrize("name", TORCHVISION_MODELS)
 def test_every_named_torchvision_model_builds_as_torchvision_builds_it(name: str) -> None:
-    torch.manual_seed(0)
-    upstream = getattr(torchvision.models, name)(weights=None, num_classes=7)
+    with torch.device("meta"):  # torchvision's own model, for its state keys and shapes only
+        upstream = getattr(torchvision.models, name)(weights=None, num_classes=7)
     model = build_model(ModelConfig(name=f"torchvision:{name}", num_classes=7, input_size=32), seed=0)
     assert isinstance(model, StagedModel) and isinstance(model, type(upstream))
     assert [(k, v.shape) for k, v in model.state_dict().items()] == [
         (k, v.shape) for k, v in upstream.state_dict().items()
     ]
-    # The same seed gives torchvision's own weights, and the same forward.
+    with torch.no_grad():
+        assert model.eval()(torch.randn(2, 3, 32, 32)).shape == (2, 7)
+    classifier = model.get_submodule(model.classifier_name())
+    assert isinstance(classifier, nn.Linear) and classifier.out_features == 7
+    assert model.layer_groups()[-1] == [model.classifier_name()]
+
+
+def test_a_torchvision_model_keeps_torchvisions_weights_and_forward() -> None:
+    torch.manual_seed(0)
+    upstream = torchvision.models.mobilenet_v3_small(weights=None, num_classes=7).eval()
+    model = build_model(ModelConfig(name="torchvision:mobilenet_v3_small", num_classes=7), seed=0).eval()
     assert all(
         torch.equal(a, b) for a, b in zip(model.state_dict().values(), upstream.state_dict().values(), strict=True)
     )
     x = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
-        assert torch.equal(model.eval()(x), upstream.eval()(x)) and model(x).shape == (2, 7)
-    classifier = model.get_submodule(model.classifier_name())
-    assert isinstance(classifier, nn.Linear) and classifier.out_features == 7
-    assert model.layer_groups()[-1] == [model.classifier_name()]
+        assert torch.equal(model(x), upstream(x))
 
 
 def test_layer_groups_follow_the_module_tree() -> None:
@@ -296,3 +303,28 @@ def test_init_refuses_a_checkpoint_that_does_not_fit_naming_the_tensors(tiny_sou
         read_checkpoint(tmp_path / "tiny.ckpt", TINY)
     with pytest.raises(CheckpointError, match="the packaged MobileNet-V1 base .* give --init scratch"):
         read_checkpoint(checkpoint_path(Path("pretrained")), TINY)  # type: ignore[arg-type]
+
+
+def test_every_command_that_builds_a_model_takes_the_reference_options() -> None:
+    """export, simulate, pretrain and demo nest the model config (fleet and device rebuild the model
+    from the manifest); the demo starts another model than MobileNet-V1 from random weights."""
+    from fedper._recipes.demo_command import demo_config
+    from fedper._recipes.pretrain import PretrainConfig
+    from fedper._recipes.simulation import SimulationConfig
+    from fedper.cli import parse_arguments
+    from fedper.common.config_cli import from_arguments
+    from fedper.export.pipeline import ExportConfig
+
+    options = ["--model", TINY, "--model-arg", "width=4", "--model-arg", "dropout=0.1"]
+    for command, cls in [("export", ExportConfig), ("simulate", SimulationConfig), ("pretrain", PretrainConfig)]:
+        model = from_arguments(cls, parse_arguments([command, *options])).model  # type: ignore[attr-defined]
+        assert (model.name, model.model_args) == (TINY, (("width", 4), ("dropout", 0.1))), command
+    heads = from_arguments(
+        ExportConfig, parse_arguments(["export", *options, "--head-modules", "features.9,classifier"])
+    )
+    assert heads.model.head_modules == ("features.9", "classifier")
+    demo = demo_config(parse_arguments(["demo", *options, "--head-modules", "classifier"]))
+    assert demo.model.name == TINY and demo.model.head_modules == ("classifier",) and str(demo.init) == "scratch"
+    with pytest.raises(ConfigError, match="--init pretrained is the packaged MobileNet-V1 base"):
+        demo_config(parse_arguments(["demo", *options, "--init", "pretrained"]))
+    assert str(demo_config(parse_arguments(["demo"])).init) == "pretrained"
