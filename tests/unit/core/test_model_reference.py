@@ -328,3 +328,8 @@ def test_every_command_that_builds_a_model_takes_the_reference_options() -> None
     with pytest.raises(ConfigError, match="--init pretrained is the packaged MobileNet-V1 base"):
         demo_config(parse_arguments(["demo", *options, "--init", "pretrained"]))
     assert str(demo_config(parse_arguments(["demo"])).init) == "pretrained"
+    # aesthetic-synth's preset starts MobileNet-V1 from the packaged base, another model from scratch.
+    from fedper._recipes.presets import setting
+
+    assert setting(parse_arguments(["simulate", *options, "--dataset", "aesthetic-synth"])).simulation.init is None
+    assert str(setting(parse_arguments(["simulate", "--dataset", "aesthetic-synth"])).simulation.init) == "pretrained"
