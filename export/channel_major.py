@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import fx, nn
 
+from fedper.export.batchnorm_check import check_batchnorm
 from fedper.export.fast_convolution import UnsupportedConvolutionError, convolution, pad2d
 from fedper.export.fast_ops import activation, batch_norm_relu
 from fedper.models.split import running_stat_names
@@ -103,6 +104,9 @@ class ChannelMajorStep(nn.Module):
             self.add_module(name, child)
         for name, param in model.named_parameters(recurse=False):
             self.register_parameter(name, param)
+        for path, module in model.named_modules():
+            if isinstance(module, nn.modules.batchnorm._BatchNorm):
+                check_batchnorm(path, module)
         self.bn_paths = [
             str(n.target)
             for n in self.graph.nodes

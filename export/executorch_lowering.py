@@ -40,7 +40,16 @@ class MissingKernelError(ExportError):
 # Kernels the runtime has but that compute wrong values in a training program (measured here:
 # tests/unit/export/test_channel_major.py): a program using them is refused as if they were missing.
 WRONG_KERNELS = {
-    "aten::max_pool2d_with_indices_backward": "max pooling's backward gave gradients 100-2000x off in ExecuTorch 1.5.1",
+    "aten::max_pool2d_with_indices_backward": "ExecuTorch 1.5.1's max-pooling backward leaves the positions that "
+    "were no window's maximum unset (gradients 100-2000x off below the pooling): call max pooling through "
+    "nn.MaxPool2d modules, not F.max_pool2d",
+}
+# Why a program may need a kernel the runtime lacks, and what to change.
+MISSING_KERNEL_HINTS = {
+    "aten::empty_permuted": "a full_like/empty_like of the batch's shape, e.g. from autograd's SiLU or GELU "
+    "backward: use nn.SiLU/nn.GELU modules, or x * torch.sigmoid(x)",
+    "aten::bernoulli": "an in-place random mask (F.dropout(..., inplace=True), tensor.bernoulli_(), torchvision's "
+    "stochastic_depth called as a function): use nn.Dropout or torchvision.ops.StochasticDepth modules",
 }
 
 
@@ -58,7 +67,7 @@ def missing_kernels(graph: torch.fx.Graph) -> list[str]:
             namespace, name = node.target.__name__.split(".")[:2]
             op = f"{namespace}::{name}"
             if op not in registered:
-                missing.add(op)
+                missing.add(f"{op} ({MISSING_KERNEL_HINTS[op]})" if op in MISSING_KERNEL_HINTS else op)
             elif op in WRONG_KERNELS:
                 missing.add(f"{op} ({WRONG_KERNELS[op]})")
     return sorted(missing)
@@ -452,7 +461,8 @@ def trace_joint(
     """
     x, y, *stats = example_inputs(step, input_size, 2)
     batch = Dim("batch", min=2, max=max_batch)
-    dynamic = ({0: batch}, {0: batch}, tuple(None for _ in stats))
+    # A model without BatchNorm has no statistics: no third entry for the empty *stats.
+    dynamic = ({0: batch}, {0: batch}, *((tuple(None for _ in stats),) if stats else ()))
     exported = export(step, (x, y, *stats), dynamic_shapes=dynamic, strict=False)
     if decompositions is None:
         return _export_forward_backward(exported, joint_loss_index=0)

@@ -221,8 +221,8 @@ def test_the_lowered_program_of_every_construct_trains_as_eager_at_every_batch_s
 
 
 def test_a_program_that_needs_an_op_executorch_lacks_is_refused_before_it_is_lowered():
-    """The stock program of a SiLU differentiates it with autograd, whose backward allocates with
-    ``aten::empty_permuted``: ExecuTorch 1.5.1 has no kernel for it, so no device could load the
+    """The stock program of ``F.silu`` (a function: the stock program rewrites only ``nn.SiLU``
+    modules) differentiates it with autograd, whose backward allocates with ``aten::empty_permuted``: ExecuTorch 1.5.1 has no kernel for it, so no device could load the
     program. Refused after tracing, before the delegation and emission (most of the minutes),
     saying what to do; the fast graph of the same model has its own SiLU backward."""
     from fedper.export.executorch_lowering import MissingKernelError, lower_training_program
@@ -238,7 +238,7 @@ def test_a_program_that_needs_an_op_executorch_lacks_is_refused_before_it_is_low
             )
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
-            return self.fc(torch.flatten(F.adaptive_avg_pool2d(self.act(self.bn(self.conv(x))), 1), 1))
+            return self.fc(torch.flatten(F.adaptive_avg_pool2d(F.silu(self.bn(self.conv(x))), 1), 1))
 
     with pytest.raises(MissingKernelError, match=r"no \(right\) kernel for aten::empty_permuted.*--variant fast"):
         lower_training_program(TrainingStep(Net()), input_size=8, max_batch=4, xnnpack=False)
