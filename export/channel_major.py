@@ -304,6 +304,10 @@ class _Run:
                     return ChannelMajor(ELEMENTWISE[target](ta, tb))
         if target in (torch.flatten, "flatten") and cm is not None and _flatten_from_one(args, node.kwargs):
             return _flatten(cm)
+        if target in (F.max_pool2d, torch.max_pool2d) and cm is not None:
+            pooled = _max_pool(cm.t, nn.MaxPool2d(*args[1:], **node.kwargs))
+            if pooled is not None:
+                return ChannelMajor(pooled)
         if target in (F.adaptive_avg_pool2d,) and cm is not None and _is_one(args[1] if len(args) > 1 else None):
             return ChannelMajor(_global_mean(cm.t))
         if target == "mean" and cm is not None and _spatial_mean(args, node.kwargs):

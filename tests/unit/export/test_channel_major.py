@@ -256,16 +256,25 @@ def test_a_program_that_needs_an_op_executorch_lacks_is_refused_before_it_is_low
 def test_max_pooling_trains_right_in_the_fast_program_and_the_stock_one_is_refused(tmp_path, claim):
     """ExecuTorch 1.5.1's ``max_pool2d_with_indices_backward`` kernel gave gradients 100-2000x
     off (measured: a 3x3 stride-2 pool after a convolution, batches 2 and 5). The fast graph
-    pools with the maximum of strided reads instead; the stock program, which would use the
-    kernel, is refused."""
+    pools with the maximum of strided reads instead (the module and the function); the stock
+    program, which rewrites the module but would use the kernel for the function, is refused."""
     from executorch.extension.pybindings.portable_lib import _load_for_executorch
     from executorch.extension.training import TrainingModule
 
     from fedper.export.executorch_lowering import MissingKernelError, lower_training_program
 
+    class Pooled(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.stem = nn.Sequential(nn.Conv2d(3, 4, 3, 1, 1, bias=False), nn.BatchNorm2d(4), nn.ReLU())
+            self.pool, self.conv, self.fc = nn.MaxPool2d(3, 2, 1), nn.Conv2d(4, 4, 1), nn.Linear(4, 10)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            x = self.conv(F.max_pool2d(self.pool(self.stem(x)), 2, 1))  # the stock program rewrites only the module
+            return self.fc(torch.flatten(F.adaptive_avg_pool2d(x, 1), 1))
+
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Conv2d(3, 4, 3, 1, 1, bias=False), nn.BatchNorm2d(4), nn.ReLU(), nn.MaxPool2d(3, 2, 1),
-                          nn.Conv2d(4, 4, 1), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4, 10))  # fmt: skip
+    model = Pooled()
     with pytest.raises(MissingKernelError, match="max_pool2d_with_indices_backward"):
         lower_training_program(TrainingStep(model), input_size=8, max_batch=8, xnnpack=False)
     lowered = lower_training_program(ChannelMajorStep(model), input_size=8, max_batch=8)
