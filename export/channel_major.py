@@ -253,8 +253,10 @@ class _Run:
             and (module.start_dim, module.end_dim) in ((1, -1), (1, 3))
         ):
             return _flatten(cm)
-        if isinstance(module, (nn.Dropout, nn.Dropout1d)) and cm is not None:
+        if type(module) is nn.Dropout and cm is not None:
             return ChannelMajor(_dropout(cm.t, module.p))
+        if type(module) is nn.Dropout and isinstance(value, Tensor):
+            return _dropout(value, module.p)
         if isinstance(module, nn.MaxPool2d) and cm is not None:
             pooled = _max_pool(cm.t, module)
             if pooled is not None:
@@ -304,8 +306,16 @@ class _Run:
                     return ChannelMajor(ELEMENTWISE[target](ta, tb))
         if target in (torch.flatten, "flatten") and cm is not None and _flatten_from_one(args, node.kwargs):
             return _flatten(cm)
+        if target is F.dropout and (cm is not None or isinstance(first, Tensor)):
+            p, training = _dropout_arguments(args, node.kwargs)
+            if not training:
+                return first
+            if cm is not None:
+                return ChannelMajor(_dropout(cm.t, p))
+            assert isinstance(first, Tensor)
+            return _dropout(first, p)
         if target in (F.max_pool2d, torch.max_pool2d) and cm is not None:
-            pooled = _max_pool(cm.t, nn.MaxPool2d(*args[1:], **node.kwargs))
+            pooled = _max_pool(cm.t, nn.MaxPool2d(*args[1:], **dict(node.kwargs)))  # type: ignore[arg-type]
             if pooled is not None:
                 return ChannelMajor(pooled)
         if target in (F.adaptive_avg_pool2d,) and cm is not None and _is_one(args[1] if len(args) > 1 else None):
@@ -371,10 +381,20 @@ def _global_mean(t: Tensor) -> Tensor:
 
 
 def _dropout(t: Tensor, p: float) -> Tensor:
+    """Dropout from ``rand`` of the tensor's shape and a comparison: ``rand_like`` allocates with
+    ``empty_permuted`` and the in-place form draws with ``bernoulli_``, which ExecuTorch lacks."""
     if p == 0:
         return t
-    keep = (torch.rand_like(t) >= p).to(t.dtype)
+    if p >= 1:
+        return t * 0.0
+    keep = (torch.rand(t.shape, dtype=t.dtype) >= p).to(t.dtype)
     return t * keep * (1.0 / (1.0 - p))
+
+
+def _dropout_arguments(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[float, bool]:
+    p = args[1] if len(args) > 1 else kwargs.get("p", 0.5)
+    training = args[2] if len(args) > 2 else kwargs.get("training", True)
+    return float(p), bool(training)
 
 
 def _row_drop(t: Tensor, p: float) -> Tensor:

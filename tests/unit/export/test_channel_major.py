@@ -292,3 +292,19 @@ def test_max_pooling_trains_right_in_the_fast_program_and_the_stock_one_is_refus
             assert p.grad is not None
             claim.below(f"batch {batch}: {name} gradient, relative to its largest",
                         float((gradients[name] - p.grad).abs().max() / p.grad.abs().max()), 1e-4)  # fmt: skip
+
+
+def test_dropout_draws_a_mask_from_rand_in_place_or_not_on_either_layout():
+    """In-place dropout after the pooled features (plain [B, C]) and on channel-major maps draws
+    its mask with ``rand`` (ExecuTorch has no ``bernoulli_``, and ``rand_like`` needs
+    ``empty_permuted``): every value dropped or scaled by 1/(1-p), about p dropped."""
+    model = nn.Sequential(nn.Conv2d(3, 64, 1), nn.Dropout(0.5), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+                          nn.Dropout(0.5, inplace=True), nn.Linear(64, 10))  # fmt: skip
+    step = ChannelMajorStep(model)
+    assert step.fallbacks_at(8) == []
+    from fedper.export.channel_major import _dropout
+
+    x = torch.ones(64, 4, 8, 8)
+    dropped = _dropout(x, 0.25)
+    assert set(dropped.unique().tolist()) == {0.0, 4.0 / 3.0}
+    assert 0.2 < float((dropped == 0).float().mean()) < 0.3
