@@ -18,6 +18,7 @@ BENCHMARKS = [
     "bench.step_profile",
     "bench.price_table",
     "bench.fleet_scale",
+    "bench.model_zoo",
 ]
 
 if __name__ == "__main__":

@@ -139,6 +139,22 @@ class TrainingProgram:
         self._evaluator_stale = True
         return float(outputs[0].item())
 
+    def check_batch(self, batch: int) -> None:
+        """One forward and backward of zeros at ``batch`` (nothing changes): the program runs at
+        that size and gives a finite loss and a gradient of every parameter's shape."""
+        size = self.manifest.model.input_size
+        stats = [self._stats[n] for n in self._stat_names]
+        x, y = torch.zeros(batch, 3, size, size), torch.zeros(batch, dtype=torch.long)
+        try:
+            outputs = self._module.forward_backward(self._method, (x, y, *stats))
+        except RuntimeError as e:
+            raise TrainingProgramError(f"the training program does not run at batch {batch}: {e}") from e
+        if not torch.isfinite(outputs[0]).all():
+            raise TrainingProgramError(f"the training program's loss at batch {batch} is {float(outputs[0])}")
+        for name, grad in self._module.named_gradients().items():
+            if tuple(grad.shape) != self._shapes[name]:
+                raise TrainingProgramError(f"at batch {batch}, the gradient of {name!r} has shape {list(grad.shape)}")
+
     def predict(self, x: torch.Tensor) -> torch.Tensor:
         evaluator = self._current_evaluator()
         return evaluator.predict(x)
@@ -204,6 +220,9 @@ def check_exported(directory: Path, manifest: Manifest) -> None:
     program = TrainingProgram(directory, manifest, evaluator="onnx")
     size = manifest.model.input_size
     program.predict(torch.zeros(1, 3, size, size))
+    spec = manifest.training_program
+    for batch in (spec.max_batch, spec.min_batch):  # a size fixed at the traced batch fails here
+        program.check_batch(batch)
 
 
 def check_training_metadata(module: Any, manifest: Manifest, params: Mapping[str, torch.Tensor]) -> None:

@@ -32,6 +32,47 @@ class ExportError(FedperError, RuntimeError):
     """The export produced something that would not behave as the model does."""
 
 
+class MissingKernelError(ExportError):
+    """The training program would need an op the ExecuTorch runtime has no kernel for: it
+    would fail to load on every device."""
+
+
+# Kernels the runtime has but that compute wrong values in a training program (measured here:
+# tests/unit/export/test_channel_major.py): a program using them is refused as if they were missing.
+WRONG_KERNELS = {
+    "aten::max_pool2d_with_indices_backward": "ExecuTorch 1.5.1's max-pooling backward leaves the positions that "
+    "were no window's maximum unset (gradients 100-2000x off below the pooling): call max pooling through "
+    "nn.MaxPool2d modules, not F.max_pool2d",
+}
+# Why a program may need a kernel the runtime lacks, and what to change.
+MISSING_KERNEL_HINTS = {
+    "aten::empty_permuted": "a full_like/empty_like of the batch's shape, e.g. from autograd's SiLU or GELU "
+    "backward: use nn.SiLU/nn.GELU modules, or x * torch.sigmoid(x)",
+    "aten::bernoulli": "an in-place random mask (F.dropout(..., inplace=True), tensor.bernoulli_(), torchvision's "
+    "stochastic_depth called as a function): use nn.Dropout or torchvision.ops.StochasticDepth modules",
+}
+
+
+def missing_kernels(graph: torch.fx.Graph) -> list[str]:
+    """The ops of an edge-dialect graph that ExecuTorch's kernel library (as linked into the
+    runtime this process has, the one devices run) does not implement, or implements wrongly
+    (:data:`WRONG_KERNELS`), as ``namespace::name``."""
+    from executorch.exir.dialects.edge._ops import EdgeOpOverload
+    from executorch.extension.pybindings import portable_lib
+
+    registered = {name.split(".", 1)[0] for name in portable_lib._get_operator_names()}
+    missing = set()
+    for node in graph.nodes:
+        if node.op == "call_function" and isinstance(node.target, EdgeOpOverload):
+            namespace, name = node.target.__name__.split(".")[:2]
+            op = f"{namespace}::{name}"
+            if op not in registered:
+                missing.add(f"{op} ({MISSING_KERNEL_HINTS[op]})" if op in MISSING_KERNEL_HINTS else op)
+            elif op in WRONG_KERNELS:
+                missing.add(f"{op} ({WRONG_KERNELS[op]})")
+    return sorted(missing)
+
+
 # Kept as one op: ExecuTorch's linear computes a @ b.T without copying b transposed.
 PRESERVED_OPS = (torch.ops.aten.linear.default,)
 
@@ -335,6 +376,7 @@ def lower_training_program(
     xnnpack: bool = True,
     phases: dict[str, float] | None = None,
     shortcuts: bool = True,
+    refuse_missing_kernels: bool = True,
 ) -> LoweredProgram:
     """Export ``step`` with a dynamic batch (2..max_batch) and its weights in a .ptd; with
     ``xnnpack``, its matrix products and exact element-wise and data-moving ops delegated to XNNPACK
@@ -348,7 +390,9 @@ def lower_training_program(
     phase's seconds (where an export's minutes go: docs/PERFORMANCE.md). ``shortcuts``: the
     delegation's (``delegate_to_xnnpack(fast_partitioning=True)``) and ExecuTorch's passes skipped
     where they would change nothing (:func:`export.unchanging_passes.unchanging_passes_skipped`):
-    the same bytes, faster (``bench.export_time`` compares).
+    the same bytes, faster (``bench.export_time`` compares). A program that needs a kernel the
+    runtime lacks or computes wrongly (:func:`missing_kernels`) is refused after the trace
+    (``refuse_missing_kernels=False``: a benchmark timing the stock program anyway).
     """
     from executorch.exir import ExecutorchBackendConfig
     from executorch.exir.program._program import (
@@ -372,6 +416,16 @@ def lower_training_program(
         clock.lap("trace and decompose")
         config = edge_compile_config()
         edge_program = _generate_edge_program(config, joint, preserve_ops=config.preserve_ops)
+        missing = missing_kernels(edge_program.graph) if refuse_missing_kernels else []
+        if missing:
+            from executorch import version as executorch_version
+
+            kernel_hint = getattr(step, "kernel_hint", None)
+            hint = str(kernel_hint()) if callable(kernel_hint) else ""
+            raise MissingKernelError(
+                f"ExecuTorch {executorch_version.__version__} has no (right) kernel for {', '.join(missing)}, "
+                f"which this model's training program needs. {hint}".rstrip()
+            )
         edge = EdgeProgramManager({"forward": edge_program}, None, config)
         clock.lap("edge dialect")
         if xnnpack:
@@ -407,7 +461,8 @@ def trace_joint(
     """
     x, y, *stats = example_inputs(step, input_size, 2)
     batch = Dim("batch", min=2, max=max_batch)
-    dynamic = ({0: batch}, {0: batch}, tuple(None for _ in stats))
+    # A model without BatchNorm has no statistics: no third entry for the empty *stats.
+    dynamic = ({0: batch}, {0: batch}, *((tuple(None for _ in stats),) if stats else ()))
     exported = export(step, (x, y, *stats), dynamic_shapes=dynamic, strict=False)
     if decompositions is None:
         return _export_forward_backward(exported, joint_loss_index=0)

@@ -26,11 +26,12 @@ from fedper import export
 from fedper.common.atomic_write import atomic_directory, atomic_write_text
 from fedper.common.manifest import sha256_file
 from fedper.models import ModelConfig
+from fedper.models.reference import source_digest as source_digest_of
 
 ENTRY_FILE = "entry.json"
 KEY_FORMAT = "fedper-export-cache/1"
-# Packages whose versions the programs depend on (the lowering, the ONNX exporter).
-LIBRARIES = ("torch", "executorch", "onnx", "onnxscript")
+# Packages whose versions the programs depend on (the lowering, the ONNX exporter, torchvision's models).
+LIBRARIES = ("torch", "executorch", "onnx", "onnxscript", "torchvision")
 # The namespace's application packages (only ``export`` of them builds programs).
 APPLICATIONS = ("server", "device_runtime", "export", "_recipes")
 
@@ -76,11 +77,13 @@ def _installed(name: str) -> str | None:
 
 def program_key(model_config: ModelConfig, variant: str, max_batch: int, state: Mapping[str, torch.Tensor]) -> str:
     """The cache key of an export's programs: what the lowering is given, the weights in them,
-    the code and library versions that lower them, and the CPU kernel set (which could change
-    a value computed while exporting)."""
+    the code and library versions that lower them (and, for a model given by reference, its
+    module's source: an edited forward is another program), and the CPU kernel set (which could
+    change a value computed while exporting)."""
     described = {
         "format": KEY_FORMAT,
         "model": asdict(model_config),
+        "model_source": source_digest_of(model_config.name),
         "variant": variant,
         "max_batch": max_batch,
         "weights": weights_digest(state),

@@ -10,7 +10,9 @@ from rich.table import Table
 
 from fedper.common.atomic_write import make_parent
 from fedper.common.config_cli import add_command, from_arguments
-from fedper.export.pipeline import ExportConfig, run_export
+from fedper.export.pipeline import ExportConfig, export_model_config, run_export
+from fedper.models import build_model
+from fedper.models.layer_table import format_layers
 from fedper.run_log import third_party_output_to
 
 console = Console(stderr=True)
@@ -47,6 +49,10 @@ def export_log(out: Path) -> Path:
 
 def export(args: argparse.Namespace) -> int:
     config = from_arguments(ExportConfig, args)
+    if config.list_layers:
+        mcfg = export_model_config(config)
+        Console(soft_wrap=True).print(format_layers(build_model(mcfg, seed=config.seed), mcfg.name), markup=False)
+        return 0
     make_parent(config.out)  # where the log goes too: an unwritable place is refused before anything runs
     log = export_log(config.out)
     log.unlink(missing_ok=True)  # the log of this export only, as the directory holds this export only
@@ -62,6 +68,8 @@ def export(args: argparse.Namespace) -> int:
     for name, size in report.sizes.items():
         table.add_row(name, f"{size:,}", ROLES_HELP.get(name, ""))
     Console().print(table)
+    for note in report.notes:
+        console.print(f"note: {note}", markup=False)
     timings = ", ".join(f"{k} {v:.1f} s" for k, v in report.seconds.items())
     console.print(f"export took {report.seconds['total']:.1f} s ({timings}); torch's and ExecuTorch's output: {log}")
     return 0

@@ -357,10 +357,154 @@ def _stem_backward(ctx: Any, grad: Tensor, _grad_cols: Tensor) -> tuple[None, Te
 stem_conv.register_autograd(_stem_backward, setup_context=_stem_setup)
 
 
+# --- a dense 3x3 convolution, stride 1, of an activation: the stem's im2col with an input gradient
+
+
+@torch.library.custom_op("fedper::conv3x3", mutates_args=())
+def conv3x3(x: Tensor, weight: Tensor) -> tuple[Tensor, Tensor]:
+    """3x3 convolution, stride 1, padding 1, of channel-major ``x``: (output [Cout, N], im2col)."""
+    out, cols = _stem_conv(x, weight, 1)
+    return out.clone(), cols.clone()
+
+
+@conv3x3.register_fake
+def _(x: Tensor, weight: Tensor) -> Any:
+    cin, b, h, w = x.shape
+    return x.new_empty(weight.shape[0], b * h * w), x.new_empty(9 * cin, b * h * w)
+
+
+def _conv3x3_setup(ctx: Any, inputs: tuple[Any, ...], output: tuple[Tensor, Tensor]) -> None:
+    ctx.save_for_backward(output[1], inputs[1])
+    ctx.shape = tuple(inputs[0].shape)
+
+
+def _conv3x3_backward(ctx: Any, grad: Tensor, _grad_cols: Tensor) -> tuple[Tensor, Tensor]:
+    cols, weight = ctx.saved_tensors
+    cin, b, h, w = ctx.shape
+    cout, hw = weight.shape[0], h * w
+    grad_kernel = torch.mm(grad, cols.t()).view(cout, 3, 3, cin).permute(0, 3, 1, 2)
+    # Each tap's share of the input gradient, then shifted back to where the tap read: tap k
+    # read the flat input shifted by off_k - (W+1), so its gradient moves by the flipped tap's
+    # offset; its column mask moves to the other side (as in the depthwise backward).
+    grad_cols = torch.mm(weight.permute(0, 2, 3, 1).reshape(cout, 9 * cin).t(), grad)
+    padded = _pad_flat(grad_cols.view(9 * cin, b, hw), w)
+    masks = _column_masks(w, hw)
+    grad_x: Tensor | None = None
+    for k in range(9):
+        flipped = 8 - k
+        off = (flipped // 3) * w + flipped % 3
+        term = padded[k * cin : (k + 1) * cin, :, off : off + hw]
+        if k % 3 != 1:
+            term = _mask_columns(term, masks[2 - k % 3])
+        grad_x = term if grad_x is None else grad_x + term
+    assert grad_x is not None
+    return grad_x.view(cin, b, h, w), grad_kernel
+
+
+conv3x3.register_autograd(_conv3x3_backward, setup_context=_conv3x3_setup)
+
+
 # The ATen bodies that replace the custom ops once the joint graph exists.
 DECOMPOSITIONS: dict[Any, Callable[..., Any]] = {
     torch.ops.fedper.batch_norm_relu.default: _batch_norm_relu,
     torch.ops.fedper.depthwise3x3.default: _depthwise3x3,
     torch.ops.fedper.depthwise3x3_s2.default: _depthwise3x3_s2,
     torch.ops.fedper.stem_conv.default: _stem_conv,
+    torch.ops.fedper.conv3x3.default: lambda x, weight: _stem_conv(x, weight, 1),
 }
+
+
+# --- element-wise activations, with their derivatives written from what ExecuTorch runs ----
+#
+# Autograd's own backward of some (SiLU's, GELU's) allocates with ``empty_permuted``, which
+# ExecuTorch has no kernel for; these use arithmetic, comparisons and ``where`` only.
+
+ACTIVATIONS = ("relu", "relu6", "hardswish", "hardsigmoid", "silu", "sigmoid", "gelu", "gelu_tanh")
+_SQRT_HALF = 0.7071067811865476
+_INV_SQRT_2PI = 0.3989422804014327
+_TANH_C = 0.7978845608028654  # sqrt(2 / pi)
+# PyTorch's hardsigmoid backward multiplies by 1/6 rounded to float32, in float64 too.
+_ONE_SIXTH = 0.1666666716337204
+
+
+def _activate(x: Tensor, kind: str) -> Tensor:
+    if kind == "relu":
+        return torch.relu(x)
+    if kind == "relu6":
+        return torch.clamp(x, 0.0, 6.0)
+    if kind == "hardsigmoid":
+        return torch.clamp(x / 6.0 + 0.5, 0.0, 1.0)
+    if kind == "hardswish":
+        return x * torch.clamp(x / 6.0 + 0.5, 0.0, 1.0)
+    if kind == "silu":
+        return x * torch.sigmoid(x)
+    if kind == "sigmoid":
+        return torch.sigmoid(x)
+    if kind == "gelu":
+        return 0.5 * x * (1.0 + torch.erf(x * _SQRT_HALF))
+    if kind == "gelu_tanh":
+        return 0.5 * x * (1.0 + torch.tanh(_TANH_C * (x + 0.044715 * x * x * x)))
+    raise ValueError(f"unknown activation {kind!r}; known: {ACTIVATIONS}")
+
+
+def _above(x: Tensor, edge: float) -> Tensor:
+    """1.0 where x > edge, else 0.0, as ``ceil(clamp(x - edge, 0, 1))``: ops XNNPACK runs (a
+    comparison and ``where`` take ExecuTorch's portable kernels, 10x slower here). Exact: for x
+    within a factor of 2 of ``edge`` the subtraction is exact, and otherwise far from 0."""
+    return torch.ceil(torch.clamp(x - edge, 0.0, 1.0))
+
+
+def _below(x: Tensor, edge: float) -> Tensor:
+    """1.0 where x < edge, else 0.0."""
+    return torch.ceil(torch.clamp(edge - x, 0.0, 1.0))
+
+
+def _derivative(x: Tensor, y: Tensor, kind: str) -> Tensor:
+    """d activation / dx at x (y: the activation's output), as PyTorch's backward defines it."""
+    if kind == "relu":
+        return torch.ceil(torch.clamp(y, 0.0, 1.0))  # the ReLU mask: y >= 0, and 1 where y > 0
+    if kind == "relu6":
+        return _above(y, 0.0) * _below(y, 6.0)
+    if kind == "hardsigmoid":
+        return _above(x, -3.0) * _below(x, 3.0) * _ONE_SIXTH
+    if kind == "hardswish":  # 0 up to -3, x/3 + 1/2 between, 1 from 3 on
+        high = 1.0 - _below(x, 3.0)
+        return _above(x, -3.0) * (1.0 - high) * (x * (1.0 / 3.0) + 0.5) + high
+    if kind == "silu":
+        s = torch.sigmoid(x)
+        return s * (1.0 + x * (1.0 - s))
+    if kind == "sigmoid":
+        return y * (1.0 - y)
+    if kind == "gelu":
+        return 0.5 * (1.0 + torch.erf(x * _SQRT_HALF)) + x * _INV_SQRT_2PI * torch.exp(-0.5 * x * x)
+    if kind == "gelu_tanh":
+        inner = _TANH_C * (x + 0.044715 * x * x * x)
+        t = torch.tanh(inner)
+        return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * _TANH_C * (1.0 + 3 * 0.044715 * x * x)
+    raise ValueError(f"unknown activation {kind!r}; known: {ACTIVATIONS}")
+
+
+@torch.library.custom_op("fedper::activation", mutates_args=())
+def activation(x: Tensor, kind: str) -> Tensor:
+    """An element-wise activation (``ACTIVATIONS``) with a backward ExecuTorch can run."""
+    return _activate(x, kind).clone()
+
+
+@activation.register_fake
+def _(x: Tensor, kind: str) -> Any:
+    return torch.empty_like(x)
+
+
+def _act_setup(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:
+    x, kind = inputs
+    ctx.save_for_backward(x, output)
+    ctx.kind = kind
+
+
+def _act_backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:
+    x, y = ctx.saved_tensors
+    return grad * _derivative(x, y, ctx.kind), None
+
+
+activation.register_autograd(_act_backward, setup_context=_act_setup)
+DECOMPOSITIONS[torch.ops.fedper.activation.default] = _activate

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from fedper import __version__
-from fedper.checkpoints import init_base, read_checkpoint
+from fedper.checkpoints import MODEL_LAYOUT, InitSource, init_base, read_checkpoint
 from fedper.common import weights
 from fedper.common.atomic_write import atomic_directory
 from fedper.common.config_cli import nested, option
@@ -40,11 +40,18 @@ from fedper.common.manifest import (
 from fedper.common.train_config import TrainConfig
 from fedper.data import dataset_info
 from fedper.data.dataset import DEFAULT_MEAN, DEFAULT_STD
+from fedper.export.channel_major import ChannelMajorStep
 from fedper.export.executorch_lowering import lower_inference_program, lower_training_program
 from fedper.export.export_cache import ExportCache, default_cache_dir, program_key
 from fedper.export.onnx_export import ONNX_OPSET, export_onnx
-from fedper.export.training_graph import Variant, VariantChoice, resolve_variant, training_step
-from fedper.models import ModelConfig, StagedModel, build_model, exchanged_state, split
+from fedper.export.training_graph import (
+    Variant,
+    VariantChoice,
+    conv_backend_without_batch_guards,
+    resolve_variant,
+    training_step,
+)
+from fedper.models import MODEL_NAMES, ModelConfig, StagedModel, build_model, exchanged_state, split
 from fedper.pretrained import INIT_HELP, checkpoint_path
 
 PROGRAM_ROLES = (
@@ -83,8 +90,8 @@ class ExportConfig:
         metavar="NAME",
     )  # fmt: skip
     variant: VariantChoice = option(
-        "auto", "training graph: fast (matrix products; MobileNet-V1), plain (nn.Conv2d, for "
-        "comparison), auto (fast where it applies)",
+        "auto", "training graph: fast (convolutions as matrix products, any model), plain (ExecuTorch's stock "
+        "nn.Conv2d program, for comparison), auto (fast)",
     )  # fmt: skip
     max_batch: int = option(64, "largest batch the training program accepts")
     training: TrainConfig = nested(TrainConfig, "the default written to the manifest")
@@ -96,6 +103,16 @@ class ExportConfig:
         metavar="DIR",
     )  # fmt: skip
     bypass_cache: bool = option(False, "lower every program, neither reading nor writing the export cache")
+    list_layers: bool = option(
+        False, "print the model's layer groups (the index, the kp that makes each personal, its module paths and "
+        "parameters) and exit without exporting",
+    )  # fmt: skip
+
+
+def export_model_config(config: ExportConfig) -> ModelConfig:
+    """The model an export builds: ``--dataset``, when given, sets its classes."""
+    info = dataset_info(config.dataset) if config.dataset else None
+    return replace(config.model, num_classes=info.num_classes) if info else config.model
 
 
 @dataclass(frozen=True)
@@ -104,6 +121,7 @@ class ExportReport:
     sizes: dict[str, int]
     seconds: dict[str, float]
     manifest: Manifest
+    notes: tuple[str, ...] = ()  # what the user should know about the export (e.g. a classifier started fresh)
 
 
 Progress = Callable[[str], None]
@@ -132,22 +150,31 @@ def run_export(
         variant: Variant = source.training_program.variant
     else:
         info = dataset_info(config.dataset) if config.dataset else None
-        mcfg = replace(config.model, num_classes=info.num_classes) if info else config.model
+        mcfg = export_model_config(config)
         labels = list(info.labels) if info and info.labels else None
         norm = Normalization(
             mean=list(info.mean if info else DEFAULT_MEAN),
             std=list(info.std if info else DEFAULT_STD),
         )
     model = build_model(mcfg, seed=config.seed)
+    notes: list[str] = []
+    if model.head_modules and config.kp not in (0, 1):
+        notes.append(f"--head-modules names the head ({', '.join(model.head_modules)}): kp {config.kp} is taken as 1")
     if source is None:
         variant = resolve_variant(config.variant, model, mcfg.input_size)
+        check_output(model, mcfg)
     split(model, config.kp)  # kp out of range: a clear error before any work
     if config.train == "head" and config.kp == 0:
         raise ExportConfigError("--train head needs kp >= 1: with kp=0 the head is empty")
     if config.training.batch_size > config.max_batch:
         raise ExportConfigError(f"--batch-size must be in 2..{config.max_batch}")
-    load_initial_weights(model, config, source, say)
+    init_source = load_initial_weights(model, config, source, say)
+    if init_source is not None:
+        notes += init_source.notes
     step = training_step(model, variant)
+    if isinstance(step, ChannelMajorStep):
+        for fallback in step.fallbacks_at(mcfg.input_size):
+            say(f"warning: {fallback.warning()}")
     cache = None if config.bypass_cache or source is not None else ExportCache(config.cache or default_cache_dir())
     key = program_key(mcfg, variant, config.max_batch, model.state_dict()) if cache is not None else ""
 
@@ -162,7 +189,9 @@ def run_export(
         else:
             t = time.perf_counter()
             say("exporting the training program (forward + backward)...")
-            lowered = lower_training_program(step, mcfg.input_size, config.max_batch)
+            with conv_backend_without_batch_guards():
+                lowered = lower_training_program(step, mcfg.input_size, config.max_batch)
+            check_planned_batch(lowered.program, config.max_batch)
             (staging / ARTIFACT_FILES["training_program"]).write_bytes(lowered.program)
             (staging / ARTIFACT_FILES["training_weights"]).write_bytes(lowered.weights)
             seconds["training program"] = time.perf_counter() - t
@@ -195,7 +224,46 @@ def run_export(
         sizes = {p.name: p.stat().st_size for p in sorted(staging.iterdir())}
     seconds["total"] = time.perf_counter() - start
     assert MANIFEST_FILE in sizes
-    return ExportReport(out=config.out, sizes=sizes, seconds=seconds, manifest=manifest)
+    return ExportReport(out=config.out, sizes=sizes, seconds=seconds, manifest=manifest, notes=tuple(notes))
+
+
+def check_planned_batch(program: bytes, max_batch: int) -> None:
+    """Refuse a training program whose tensors are planned for fewer images than ``max_batch``
+    (a guard on the batch size added while lowering), before the rest of the export runs: the
+    runtime would refuse a device's larger batches with an error code."""
+    from executorch.exir._serialize._program import deserialize_pte_binary
+
+    pte = deserialize_pte_binary(program)
+    plans = getattr(pte, "program", pte).execution_plan
+    planned = int(plans[0].values[plans[0].inputs[0]].val.sizes[0])
+    if planned != max_batch:
+        raise ExportConfigError(
+            f"the training program was planned for batches of at most {planned} images, not --max-batch "
+            f"{max_batch} (a guard on the batch size was added while lowering)"
+        )
+
+
+def check_output(model: StagedModel, mcfg: ModelConfig) -> None:
+    """A model given by reference must map a batch of images to one score per class: checked on
+    two zero images (eval mode) before minutes of lowering, with what it returned instead."""
+    if mcfg.name in MODEL_NAMES:
+        return
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            out = model(torch.zeros(2, 3, mcfg.input_size, mcfg.input_size))
+    except Exception as exc:
+        raise ExportConfigError(f"--model {mcfg.name}: its forward fails on a (2, 3, {mcfg.input_size}, "
+                                f"{mcfg.input_size}) batch: {type(exc).__name__}: {exc}") from exc  # fmt: skip
+    finally:
+        model.train(was_training)
+    if not isinstance(out, torch.Tensor) or tuple(out.shape) != (2, mcfg.num_classes):
+        got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+        raise ExportConfigError(
+            f"--model {mcfg.name}: for a (2, 3, {mcfg.input_size}, {mcfg.input_size}) batch its forward must "
+            f"return a tensor of shape (2, {mcfg.num_classes}), got {got}"
+        )
 
 
 def write_weights_and_manifest(
@@ -218,7 +286,7 @@ def write_weights_and_manifest(
     return Manifest(
         created_by=f"fedper {__version__}",
         model=ModelSpec(**mcfg.to_dict()),
-        kp=config.kp,
+        kp=model_split.kp,
         input=InputSpec(shape=[None, 3, mcfg.input_size, mcfg.input_size], normalization=norm),
         output=OutputSpec(num_classes=mcfg.num_classes, labels=labels),
         tensors=Tensors(
@@ -255,22 +323,27 @@ def _entry(name: str, tensor: torch.Tensor) -> TensorEntry:
 
 def load_initial_weights(
     model: StagedModel, config: ExportConfig, source: Manifest | None, say: Progress = lambda _m: None
-) -> None:
-    """The exported initial weights, in place: the seed's, a checkpoint's base (``--init``),
-    given weight files (``--weights``) or the re-partitioned export's (``--from``)."""
+) -> InitSource | None:
+    """The exported initial weights, in place: the seed's, a checkpoint's base (``--init``; where
+    it came from is returned), given weight files (``--weights``) or the re-partitioned export's
+    (``--from``)."""
     full_layout = [(n, tuple(t.shape)) for n, t in exchanged_state(model).items()]
     init = checkpoint_path(config.init)
     if init is not None and (config.weights or config.from_dir is not None):
         raise ExportConfigError("--init starts a new model's base: it cannot be combined with --weights or --from")
+    base_source = None
     if init is not None:
         base_source = init_base(model, read_checkpoint(init, config.model.name), config.kp)
-        say(f"base from {config.init} ({base_source.layout} layout, {base_source.tensors} tensors, sha256 "
-            f"{base_source.sha256[:12]}); head fresh")  # fmt: skip
+        own = base_source.layout == MODEL_LAYOUT
+        fresh = "; ".join(base_source.notes) if own else "head fresh"
+        say(f"{'weights' if own else 'base'} from {config.init} ({base_source.layout} layout, {base_source.tensors} "
+            f"tensors, sha256 {base_source.sha256[:12]}){'; ' + fresh if fresh else ''}")  # fmt: skip
     if config.weights:
         _load_into(model, weights.load_checked(list(config.weights), full_layout))
     elif source is not None and config.from_dir is not None:
         files = [config.from_dir / source.artifacts[r] for r in ("initial_base", "initial_head")]
         _load_into(model, weights.load_checked(files, full_layout))
+    return base_source
 
 
 def _load_into(model: StagedModel, tensors: Mapping[str, np.ndarray]) -> None:

@@ -9,16 +9,19 @@ state keys, so the program serves any kp.
 
 from __future__ import annotations
 
+import contextlib
 import copy
-from typing import Literal, get_args
+from collections.abc import Iterator
+from typing import Any, Literal, get_args
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from fedper.common.errors import ConfigError
-from fedper.export.fast_mobilenet import FastMobileNetStep, downsampling
+from fedper.export.batchnorm_check import check_batchnorm
+from fedper.export.channel_major import ChannelMajorStep
 from fedper.models import StagedModel, exchanged_names
-from fedper.models.mobilenet_v1 import MobileNetV1
 from fedper.models.split import running_stat_names
 from fedper.models.staged import replace_submodule
 
@@ -28,17 +31,11 @@ VARIANTS: tuple[VariantChoice, ...] = get_args(VariantChoice)
 
 
 def resolve_variant(requested: str, model: nn.Module, input_size: int) -> Variant:
-    """``auto``: the fast graph where it applies (MobileNet-V1, no linear base), else plain."""
-    if requested == "plain":
-        return "plain"
-    mobilenet = model if isinstance(model, MobileNetV1) and "linear_base" not in model._modules else None
-    if requested == "fast":
-        if mobilenet is None:
-            raise ConfigError("the fast training graph supports MobileNet-V1 only; use --variant plain")
-        return "fast"
-    if requested != "auto":
+    """``auto`` is ``fast``: the generic fast graph serves every model (an op it has no fast
+    form of runs as the model computes it, named by ``ChannelMajorStep.fallbacks_at``)."""
+    if requested not in VARIANTS:
         raise ConfigError(f"unknown training-graph variant {requested!r}; choose from {VARIANTS}")
-    return "fast" if mobilenet is not None and input_size % downsampling(mobilenet) == 0 else "plain"
+    return "plain" if requested == "plain" else "fast"
 
 
 class StatsInputBatchNorm(nn.Module):
@@ -51,7 +48,7 @@ class StatsInputBatchNorm(nn.Module):
     def __init__(self, bn: nn.BatchNorm2d):
         super().__init__()
         if bn.weight is None or bn.bias is None:
-            raise ValueError("BatchNorm without affine parameters is not supported")
+            raise ConfigError("BatchNorm without affine parameters is not supported")
         self.weight = bn.weight
         self.bias = bn.bias
         self.eps = float(bn.eps)
@@ -81,12 +78,127 @@ class StatsInputBatchNorm(nn.Module):
         return y
 
 
+@contextlib.contextmanager
+def conv_backend_without_batch_guards() -> Iterator[None]:
+    """While lowering, choose the convolution backend of a batch-dynamic input from its example
+    batch, without a guard on the batch.
+
+    Tracing a convolution on fake tensors asks ATen which backend it would run
+    (``torch._C._select_conv_backend``), only to know its output's memory format; ATen's
+    heuristics compare the batch with 16 (for some 1x1 convolutions), which adds the guard
+    ``batch < 16`` to the trace: the program then plans its tensors for at most 15 images and
+    refuses a larger batch at run time, whatever ``--max-batch`` says. Which backend eager
+    would pick does not change the program (a contiguous NCHW output either way)."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    original = torch._C._select_conv_backend
+
+    def select(input_: torch.Tensor, weight: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        if any(isinstance(d, torch.SymInt) for d in input_.shape):
+            shape = [_hint(d) for d in input_.shape]
+            if all(isinstance(d, int) for d in shape):
+                with unset_fake_temporarily():
+                    input_ = torch.empty(1, dtype=input_.dtype).expand(shape)
+        return original(input_, weight, *args, **kwargs)
+
+    torch._C._select_conv_backend = select
+    try:
+        yield
+    finally:
+        torch._C._select_conv_backend = original
+
+
+def _hint(size: int | torch.SymInt) -> int | torch.SymInt:
+    """A symbolic size's example value (the size itself where it has none)."""
+    if isinstance(size, torch.SymInt) and size.node.hint is not None:
+        return int(size.node.hint)
+    return size
+
+
+class RowDrop(nn.Module):
+    """torchvision's ``StochasticDepth`` in training, from ``rand`` and a comparison: torchvision
+    draws its mask with an in-place ``bernoulli_``, which ExecuTorch has no kernel for. Each row
+    (``mode="row"``: each example; ``"batch"``: the whole batch) is kept with probability 1 - p
+    and scaled by 1 / (1 - p), as torchvision's ``stochastic_depth`` does."""
+
+    def __init__(self, p: float, mode: str):
+        super().__init__()
+        self.p, self.mode = float(p), mode
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.training or self.p == 0.0:
+            return x
+        survival = 1.0 - self.p
+        size = [x.shape[0] if self.mode == "row" else 1] + [1] * (x.dim() - 1)
+        keep = (torch.rand(size, dtype=x.dtype, device=x.device) < survival).to(x.dtype)
+        return x * (keep / survival) if survival > 0.0 else x * keep
+
+
+class GatherMaxPool(nn.Module):
+    """``nn.MaxPool2d`` as a gather at the maxima's indices: ExecuTorch 1.5.1's
+    ``max_pool2d_with_indices_backward`` kernel leaves the input positions that were no window's
+    maximum unset (their gradients are whatever its buffer held), while a gather's backward
+    scatters into zeros. The same values and, ties aside, the same gradients."""
+
+    def __init__(self, pool: nn.MaxPool2d):
+        super().__init__()
+        self.kernel_size, self.stride, self.padding = pool.kernel_size, pool.stride, pool.padding
+        self.dilation, self.ceil_mode = pool.dilation, pool.ceil_mode
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        _, indices = F.max_pool2d(x.detach(), self.kernel_size, self.stride, self.padding, self.dilation,
+                                  ceil_mode=self.ceil_mode, return_indices=True)  # fmt: skip
+        return x.flatten(2).gather(2, indices.flatten(2)).view(indices.shape)
+
+
+class ProductSiLU(nn.Module):
+    """SiLU as ``x * sigmoid(x)``: autograd's ``silu_backward`` decomposes to a ``full_like`` of
+    dynamic shape, i.e. ``empty_permuted``, which ExecuTorch 1.5.1 has no kernel for; the
+    product's backward is a ``sigmoid_backward`` and products, which it runs."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * torch.sigmoid(x)
+
+
+def trainable_copy(model: nn.Module) -> nn.Module:
+    """A train-mode copy of ``model`` whose modules the stock program can train: in-place dropout
+    becomes dropout (its in-place form traces to ``bernoulli_``), torchvision's ``StochasticDepth``
+    becomes :class:`RowDrop`, SiLU :class:`ProductSiLU`, max pooling :class:`GatherMaxPool`, in-place
+    activations compute out of place; a BatchNorm the program
+    cannot carry is refused with its module path and what to change (:func:`check_batchnorm`)."""
+    from torchvision.ops import StochasticDepth
+
+    model = copy.deepcopy(model).train()
+    for path, module in list(model.named_modules()):
+        if isinstance(module, nn.modules.batchnorm._BatchNorm):
+            check_batchnorm(path, module)
+        elif isinstance(module, nn.modules.dropout._DropoutNd) and module.inplace:
+            module.inplace = False
+        elif isinstance(module, StochasticDepth):
+            replace_submodule(model, path, RowDrop(module.p, module.mode))
+        elif isinstance(module, nn.SiLU):
+            replace_submodule(model, path, ProductSiLU())
+        elif isinstance(module, nn.MaxPool2d):
+            if module.return_indices:
+                raise ConfigError(f"the MaxPool2d at {path} returns its indices: the training program supports "
+                                  "max pooling that returns the pooled values only")  # fmt: skip
+            replace_submodule(model, path, GatherMaxPool(module))
+        elif getattr(module, "inplace", False) is True and isinstance(module, INPLACE_ACTIVATIONS):
+            module.inplace = False
+    return model
+
+
+# Activations with an ``inplace`` flag: out of place in the program (a functional graph copies anyway).
+INPLACE_ACTIVATIONS = (nn.ReLU, nn.ReLU6, nn.Hardswish, nn.Hardsigmoid, nn.SiLU, nn.Hardtanh, nn.LeakyReLU, nn.ELU,
+                       nn.SELU, nn.CELU, nn.Mish, nn.Threshold, nn.RReLU)  # fmt: skip
+
+
 class TrainingStep(nn.Module):
     """The model plus its loss, with BN statistics threaded through inputs and outputs."""
 
-    def __init__(self, model: StagedModel):
+    def __init__(self, staged: StagedModel):
         super().__init__()
-        model = copy.deepcopy(model).train()
+        model = trainable_copy(staged)
         self.bn_paths: list[str] = []
         self._bns: list[StatsInputBatchNorm] = []
         for path, module in list(model.named_modules()):
@@ -101,13 +213,23 @@ class TrainingStep(nn.Module):
             self.add_module(name, child)
         self._model_forward = model.forward
         self._loss = nn.CrossEntropyLoss()
-        if any(True for _ in self.buffers()):
-            raise ValueError("the training graph must not keep buffers; all state is explicit")
+        kept = [(name, type(self.get_submodule(name.rpartition(".")[0])).__name__) for name, _ in self.named_buffers()]
+        if kept:
+            raise ConfigError(
+                f"the training program keeps no buffers (all its state is its inputs, outputs and parameters), but "
+                f"{kept[0][0]} is one (of a {kept[0][1]}); make it a parameter, or compute it in forward"
+            )
 
     @property
     def stat_names(self) -> list[str]:
         """Running statistics in input/output order: mean, var of each BN layer."""
         return running_stat_names(self.bn_paths)
+
+    def kernel_hint(self) -> str:
+        return (
+            "The stock program (--variant plain) differentiates the model's functions with autograd; "
+            "--variant fast writes the backward of the convolutions, BatchNorm and activations itself."
+        )
 
     def forward(self, x: torch.Tensor, y: torch.Tensor, *stats: torch.Tensor) -> tuple[torch.Tensor, ...]:
         if len(stats) != 2 * len(self._bns):
@@ -123,18 +245,18 @@ class TrainingStep(nn.Module):
         return tuple(outputs)
 
 
-def training_step(model: StagedModel, variant: Variant = "plain") -> TrainingStep | FastMobileNetStep:
+def training_step(model: StagedModel, variant: Variant = "plain") -> TrainingStep | ChannelMajorStep:
     """The training module for ``model``; the exchanged names are checked to be preserved.
 
-    ``plain`` keeps ``nn.Conv2d`` and autograd's backward; ``fast`` (MobileNet-V1 only) is
-    :class:`export.fast_mobilenet.FastMobileNetStep`, the same computation in ops that
+    ``plain`` keeps ``nn.Conv2d`` and autograd's backward (ExecuTorch's stock program); ``fast``
+    is :class:`export.channel_major.ChannelMajorStep`, the same computation in ops that
     ExecuTorch runs fast.
     """
-    step: TrainingStep | FastMobileNetStep
+    step: TrainingStep | ChannelMajorStep
     if variant == "plain":
         step = TrainingStep(model)
     elif variant == "fast":
-        step = FastMobileNetStep(model)
+        step = ChannelMajorStep(model)
     else:
         raise ValueError(f"unknown training-graph variant {variant!r}")
     names = [n for n, _ in step.named_parameters()] + step.stat_names

@@ -229,8 +229,14 @@ class RunRecorder:
 
 def config_json(config: DataclassInstance) -> dict[str, Any]:
     """A config dataclass as it goes into results.json: flat, as on the command line (a nested
-    config's options beside the holder's, by option name), paths as strings, tuples as lists."""
-    return {
-        k: str(v) if isinstance(v, Path) else list(v) if isinstance(v, tuple) else v
-        for k, v in option_values(config).items()
-    }
+    config's options beside the holder's, by option name), paths as strings, tuples as lists
+    (within tuples too: ``--model-arg``'s pairs)."""
+    return {k: _json_value(v) for k, v in option_values(config).items()}
+
+
+def _json_value(value: Any) -> Any:
+    if isinstance(value, Path):
+        return str(value)
+    if isinstance(value, tuple | list):
+        return [_json_value(v) for v in value]
+    return value

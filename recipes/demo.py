@@ -20,6 +20,7 @@ from typing import Any
 
 import httpx
 from rich.console import Console
+from rich.markup import escape
 
 from fedper._recipes.demo_config import DemoConfig
 from fedper._recipes.demo_report import compare, write_report
@@ -68,13 +69,13 @@ def _new_user_curves(config: DemoConfig, data: DataConfig, out: Path) -> dict[st
     )  # fmt: skip
 
 
-def base_source(init: Path) -> BaseSource:
+def base_source(init: Path, model_name: str = "mobilenet_v1") -> BaseSource:
     """Where the base's version 0 came from, for the report: the packaged base's model card, a
     checkpoint's file and hash, or random weights."""
     path = checkpoint_path(init)
     if path is None:
         return ScratchBase(kind="scratch")
-    checkpoint = read_checkpoint(path, "mobilenet_v1")
+    checkpoint = read_checkpoint(path, model_name)
     if path != PACKAGED_BASE:
         return CheckpointBase(kind="checkpoint", path=str(path), sha256=checkpoint.sha256)
     card = json.loads(PACKAGED_CARD.read_text())
@@ -116,10 +117,8 @@ def run_demo(config: DemoConfig) -> RunResults:
     out.mkdir(parents=True, exist_ok=True)
     timings: dict[str, float] = {}
     start = time.perf_counter()
-    console.print(
-        f"[bold]1/4[/] exporting MobileNet-V1 width {config.model.alpha:g} for aesthetic-synth into "
-        f"{out / 'artifacts'} ..."
-    )
+    model = f"MobileNet-V1 width {config.model.alpha:g}" if config.model.name == "mobilenet_v1" else config.model.name
+    console.print(f"[bold]1/4[/] exporting {escape(model)} for aesthetic-synth into {out / 'artifacts'} ...")
     exported = run_export(
         ExportConfig(
             model=config.model,
@@ -197,7 +196,7 @@ def run_demo(config: DemoConfig) -> RunResults:
     fedper = measured.algorithms.get("fedper")
     recorder.demo = DemoSummary(
         setup=demo_setup(config),
-        base=base_source(config.init),
+        base=base_source(config.init, config.model.name),
         step_ms=step_ms,
         timings=timings,
         traffic={a: traffic(up, down, rounds_run.get(a, 0), config.devices) for a, (up, down) in bytes_counted.items()},

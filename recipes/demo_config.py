@@ -13,7 +13,7 @@ from fedper.common.secagg.config import SecAggConfig
 from fedper.common.train_config import TrainConfig
 from fedper.device_runtime.runtime_config import RuntimeConfig
 from fedper.models import ModelConfig
-from fedper.pretrained import INIT_HELP
+from fedper.pretrained import INIT_HELP, PRETRAINED, SCRATCH
 from fedper.server.config import ServerConfig
 
 CHECKIN_SECONDS = 2.0  # a DP or secure round's check-in window in the demo (devices ask about every second)
@@ -36,10 +36,11 @@ class DemoConfig:
     runtime: RuntimeConfig = nested(lambda: RuntimeConfig(threads=1))
     seed: int = option(0, "seed for data, initial weights and training order")
     init: Path = option(SYNTH_INIT, f"the base's version 0: {INIT_HELP}", metavar="PATH")
-    # MobileNet-V1 width 0.25 at 32 pixels for aesthetic-synth's five ratings: only the head is an option.
+    # MobileNet-V1 width 0.25 at 32 pixels for aesthetic-synth's five ratings; the model (by name or
+    # reference, with its arguments and head modules) and the head are options.
     model: ModelConfig = nested(
         lambda: ModelConfig(num_classes=5, alpha=0.25, input_size=32, head=SYNTH_HEAD),
-        skip=("name", "num_classes", "alpha", "input_size", "base", "linear_base_kp"),
+        skip=("num_classes", "alpha", "input_size", "base", "linear_base_kp"),
     )
     kp: int = option(SYNTH_KP, "FedPer's personal layers from the top (FedAvg's fleet has none)")
     # Ten devices make a small cohort: the count's default noise (0.05 x 10) would be below z/2.
@@ -52,6 +53,11 @@ class DemoConfig:
     )  # fmt: skip
 
     def __post_init__(self) -> None:
+        if str(self.init) == PRETRAINED and self.model.name != "mobilenet_v1":
+            raise ConfigError(
+                f"--init {PRETRAINED} is the packaged MobileNet-V1 base: it cannot start --model {self.model.name}; "
+                f"give --init {SCRATCH} or a checkpoint PATH in the model's layout"
+            )
         if self.devices < 1 or self.rounds < 1:
             raise ConfigError(f"--devices and --rounds must be >= 1, got {self.devices} and {self.rounds}")
         if self.new_users < 0 or self.fine_tune_steps < 1:

@@ -94,6 +94,9 @@ def setting(args: argparse.Namespace) -> Setting:
     """The simulation and data configs from parsed options, the dataset's preset filling in the
     options the user did not give."""
     p = preset(args.dataset)
-    args = with_defaults(args, p.values)
-    applied = tuple(name for name in p.values if name not in given(args))
+    values = dict(p.values)
+    if args.model != "mobilenet_v1":  # the packaged base is MobileNet-V1's: another model starts from scratch
+        values.pop("init", None)
+    args = with_defaults(args, values)
+    applied = tuple(name for name in values if name not in given(args))
     return Setting(from_arguments(SimulationConfig, args), from_arguments(DataConfig, args), p, applied)

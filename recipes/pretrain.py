@@ -69,10 +69,11 @@ class PretrainConfig:
     out: Path = option(Path("pretrained"), "where the base, its model card and the resumable state go")
     images: int = option(20_000, "unrated composites to render (a tenth is held out to measure the pretext)")
     epochs: int = option(8, "passes over the training composites")
-    # MobileNet-V1 with one output per pretext target: of the model only the width and the input
-    # size (the generator renders at 64 pixels) are options.
+    # MobileNet-V1 (or the --model given) with one output per pretext target: the model, its arguments,
+    # the width and the input size (the generator renders at 64 pixels) are options.
     model: ModelConfig = nested(
-        lambda: ModelConfig(num_classes=PRETEXT_OUTPUTS), skip=("name", "num_classes", "base", "linear_base_kp", "head")
+        lambda: ModelConfig(num_classes=PRETEXT_OUTPUTS),
+        skip=("num_classes", "base", "linear_base_kp", "head", "head_modules"),
     )
     batch_size: int = option(128, "examples per step")
     learning_rate: float = option(4e-3, "peak AdamW learning rate (warm-up, then cosine decay)", flags=("--lr",))

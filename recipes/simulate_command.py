@@ -12,11 +12,12 @@ from rich.table import Table
 
 from fedper._recipes.presets import Setting, help_text, setting
 from fedper._recipes.run_estimate import RunEstimate, measure_step, steps_per_round
-from fedper._recipes.simulation import SimulationConfig, clients_per_round, run
+from fedper._recipes.simulation import SimulationConfig, clients_per_round, model_config, run
 from fedper.common.config_cli import add_command
 from fedper.common.dp.accountant import PrivacyBudget
-from fedper.data import DataConfig
-from fedper.models import ModelConfig
+from fedper.data import DataConfig, dataset_info
+from fedper.models import ModelConfig, build_model
+from fedper.models.layer_table import format_layers
 from fedper.run_results import CurvePoint, NewUsers, PrivacySummary, RunResults
 
 console = Console(stderr=True)
@@ -63,6 +64,10 @@ def describe_privacy(sim: SimulationConfig, population: int) -> str:
 def simulate(args: argparse.Namespace) -> int:
     chosen = setting(args)
     sim, data = chosen.simulation, chosen.data
+    if sim.list_layers:
+        mcfg = model_config(sim, dataset_info(data.dataset).num_classes, data.image_size)
+        Console(soft_wrap=True).print(format_layers(build_model(mcfg, seed=data.seed), mcfg.name), markup=False)
+        return 0
 
     def before_training(model: ModelConfig, train_samples: list[int]) -> None:
         console.print(describe(chosen), soft_wrap=True)

@@ -74,6 +74,10 @@ class SimulationConfig:
     fine_tune_steps: int = option(50, "SGD steps each held-out user (--holdout-clients) trains for, at every N")
     init: Path | None = option(None, f"every algorithm's initial base: {INIT_HELP}", metavar="PATH")
     out: Path = option(Path("runs/simulation"), "output directory")
+    list_layers: bool = option(
+        False, "print the model's layer groups (the index, the kp that makes each personal, its module paths and "
+        "parameters) and exit without simulating",
+    )  # fmt: skip
 
     def __post_init__(self) -> None:
         unknown = [a for a in self.algorithms if a not in ALGORITHMS]

@@ -2,7 +2,8 @@
 
 A field's default, type and help (``field(metadata={"help": ...})``, which tyro reads) become an
 option named after the field (``local_epochs`` -> ``--local-epochs``) or ``metadata["name"]``;
-``metadata["flags"]`` adds aliases, ``metadata["metavar"]`` names the value; a ``Literal`` type
+``metadata["flags"]`` adds aliases, ``metadata["metavar"]`` names the value, ``metadata["repeatable"]``
+makes a tuple option one given once per value; a ``Literal`` type
 restricts the values (tyro lists them). A field made with :func:`nested` holds another config
 whose options join the command's own (same names, the holder's defaults, the fields the holder
 skips left out), so a setting composed into several commands is defined once.
@@ -108,7 +109,12 @@ def _default(f: dataclasses.Field[Any], defaults: object | None) -> Any:
 
 
 def _annotated(tp: Any, f: dataclasses.Field[Any], help: str) -> Any:
-    """The field's type with what tyro needs to show and parse it as this module's options do."""
+    """The field's type with what tyro needs to show and parse it as this module's options do.
+    A ``repeatable`` field's option is given once per value (``--model-arg a=1 --model-arg b=2``)
+    and parsed as the words given, which the config's ``__post_init__`` reads into its own type."""
+    if f.metadata.get("repeatable"):
+        arg = tyro.conf.arg(help=help, metavar=f.metadata.get("metavar") or "TEXT")
+        return Annotated[tuple[str, ...], tyro.conf.UseAppendAction, arg]
     optional = get_origin(tp) in (Union, types.UnionType)
     base = next(a for a in get_args(tp) if a is not type(None)) if optional else tp
     markers: list[Any] = []

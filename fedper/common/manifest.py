@@ -68,6 +68,8 @@ class Tensors(_Strict):
 
 
 class ModelSpec(_Strict):
+    # mobilenet_v1, resnet34, torchvision:NAME or PACKAGE.MODULE:CALLABLE: what rebuilds the model
+    # (a module given by reference must be importable where the manifest is read)
     name: str
     num_classes: int
     alpha: float
@@ -75,6 +77,10 @@ class ModelSpec(_Strict):
     base: str = "model"
     linear_base_kp: int = 0
     head: Literal["softmax", "ordinal"] = "softmax"
+    # The keyword arguments the reference was called with, as [key, JSON value] pairs (left out when none).
+    model_args: list[tuple[str, Any]] = Field(default_factory=list)
+    # Module paths named as the personal head (left out when kp counted the head's layers).
+    head_modules: list[str] = Field(default_factory=list)
 
 
 class Normalization(_Strict):
@@ -173,8 +179,14 @@ class Manifest(_Strict):
         return [(t.name, tuple(t.shape)) for t in entries]
 
     def to_json(self) -> str:
-        """The manifest as written; an unknown ``runtime`` is left out rather than null."""
-        return self.model_dump_json(indent=2, exclude={"runtime"} if self.runtime is None else None) + "\n"
+        """The manifest as written; an unknown ``runtime`` is left out rather than null, and so are
+        the model's empty ``model_args`` and ``head_modules`` (a named model's manifest reads as
+        before they existed)."""
+        exclude: dict[str, Any] = {"runtime": True} if self.runtime is None else {}
+        empty = {name: True for name in ("model_args", "head_modules") if not getattr(self.model, name)}
+        if empty:
+            exclude["model"] = empty
+        return self.model_dump_json(indent=2, exclude=exclude or None) + "\n"
 
 
 def sha256_file(path: Path) -> str:

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from fedper.common.errors import ConfigError
-from fedper.models.staged import StagedModel
+from fedper.models.staged import StagedModel, under
 
 
 @dataclass(frozen=True)
@@ -34,16 +34,24 @@ def exchanged_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 
 def max_kp(model: StagedModel) -> int:
-    """The largest kp that still leaves a non-empty base."""
-    return len(model.layer_groups()) - 1
+    """The largest kp that still leaves a non-empty base (1 when the head is named by module)."""
+    return 1 if model.head_modules else len(model.layer_groups()) - 1
+
+
+def effective_kp(model: StagedModel, kp: int) -> int:
+    """``kp`` as the split uses it: with head modules named (``--head-modules``), any kp >= 1 is
+    that head (the top layer group), kp=0 still FedAvg."""
+    return min(kp, 1) if model.head_modules and kp >= 0 else kp
 
 
 def split(model: StagedModel, kp: int) -> ModelSplit:
     """Partition the exchanged names: the top ``kp`` layer groups are the personal head.
 
-    kp=0 is plain FedAvg (empty head); kp=1 is the classifier; kp=2 adds the last block.
+    kp=0 is plain FedAvg (empty head); kp=1 is the classifier; kp=2 adds the last block. With
+    head modules named, the head is those modules for any kp >= 1 (:func:`effective_kp`).
     """
     groups = model.layer_groups()
+    kp = effective_kp(model, kp)
     if not 0 <= kp <= len(groups) - 1:
         raise ConfigError(
             f"kp must be between 0 and {len(groups) - 1} for this model "
@@ -51,13 +59,21 @@ def split(model: StagedModel, kp: int) -> ModelSplit:
         )
     head_prefixes = [p for group in groups[len(groups) - kp :] for p in group] if kp else []
     names = exchanged_names(model)
-    head = tuple(n for n in names if any(_under(n, p) for p in head_prefixes))
+    head = tuple(n for n in names if any(under(n, p) for p in head_prefixes))
     base = tuple(n for n in names if n not in set(head))
     return ModelSplit(kp=kp, base=base, head=head)
 
 
-def _under(name: str, prefix: str) -> bool:
-    return name == prefix or name.startswith(prefix + ".")
+def group_parameters(model: StagedModel) -> list[list[str]]:
+    """The parameter names of each layer group, bottom to top; a name under several groups'
+    paths belongs to the topmost (as :func:`split` gives it to the head)."""
+    groups = model.layer_groups()
+    out: list[list[str]] = [[] for _ in groups]
+    for name, _ in model.named_parameters():
+        owner = max((i for i, group in enumerate(groups) if any(under(name, p) for p in group)), default=None)
+        if owner is not None:
+            out[owner].append(name)
+    return out
 
 
 def running_stat_names(bn_paths: list[str]) -> list[str]:

@@ -110,8 +110,8 @@ def test_the_packaged_base_is_what_its_card_says_and_starts_the_flagship_model()
     assert hashlib.sha256(PACKAGED_BASE.read_bytes()).hexdigest() == card["base"]["sha256"]
     made_with = {k: v for k, v in card["config"].items() if k not in ("out", "threads")}
     defaults = {k: v for k, v in config_json(PretrainConfig()).items() if k not in ("out", "threads")}
-    # --targets came later; "all" is what every run before it trained on.
-    assert {"targets": "all", **made_with} == defaults
+    # --targets, --model and --model-arg came later; their defaults are what every run before them trained.
+    assert {"targets": "all", "model": "mobilenet_v1", "model_arg": [], **made_with} == defaults
     assert card["data"]["raters"].startswith("none")
     assert checkpoint_path(Path(PRETRAINED)) == PACKAGED_BASE and checkpoint_path(Path(SCRATCH)) is None
     assert checkpoint_path(None) is None and checkpoint_path(Path("my.safetensors")) == Path("my.safetensors")

@@ -54,9 +54,11 @@ public final class ManifestKeys {
     public static final String HEAD = "head";
     public static final String[] HEAD_CHOICES = {"softmax", "ordinal"};
     public static final String HEAD_DEFAULT = "softmax";
+    public static final String HEAD_MODULES = "head_modules";
     public static final String INPUT_SIZE = "input_size";
     public static final String LINEAR_BASE_KP = "linear_base_kp";
     public static final int LINEAR_BASE_KP_DEFAULT = 0;
+    public static final String MODEL_ARGS = "model_args";
     public static final String NAME = "name";
     public static final String NUM_CLASSES = "num_classes";
   }

@@ -1,0 +1,284 @@
+"""Models given by reference through the stock training program (issue 52): a user's own model
+(``tests.support.custom_model:TinyNet``, every construct a CNN may use) and a torchvision model
+exported by ``fedper export``, run through the ExecuTorch runtime as a device runs them, against
+eager PyTorch and float64; what the program rewrites (in-place dropout, StochasticDepth, SiLU, max
+pooling) and what it refuses, with the module path; a simulation of the user's model."""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+from torchvision.ops import StochasticDepth
+
+from fedper.cli import main
+from fedper.common import weights
+from fedper.common.errors import ConfigError
+from fedper.common.manifest import read_manifest
+from fedper.data import DataConfig, load_dataset, to_tensor
+from fedper.export.training_graph import GatherMaxPool, ProductSiLU, RowDrop, TrainingStep, trainable_copy
+from fedper.models import ModelConfig, build_model, exchanged_state, split
+from fedper.models.reference import as_staged
+from tests.support.custom_model import TinyNet
+from tests.support.numeric_claims import NumericClaims
+
+TINY = "tests.support.custom_model:TinyNet"
+MAX_BATCH = 16
+
+
+def _export(out: Path, *options: str) -> Path:
+    argv = ["export", "--dataset", "digits", "--max-batch", str(MAX_BATCH), "--batch-size", str(MAX_BATCH),
+            "--out", str(out), "--bypass-cache", *options]  # fmt: skip
+    assert main(argv) == 0, f"fedper {' '.join(argv)} failed"
+    return out
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, torch.Tensor]]:
+    """A user's TinyNet (seed 1, dropout 0) saved as a torch state dict: the export's --init."""
+    torch.manual_seed(1)
+    state = TinyNet(10, dropout=0.0).state_dict()
+    path = tmp_path_factory.mktemp("checkpoint") / "tiny.pt"
+    torch.save(state, path)
+    return path, state
+
+
+@pytest.fixture(scope="module")
+def tiny_export(tmp_path_factory: pytest.TempPathFactory, checkpoint: tuple[Path, dict[str, torch.Tensor]]) -> Path:
+    """TinyNet without dropout (so that the program and eager draw no masks), kp 2, from --init."""
+    out = tmp_path_factory.mktemp("tiny") / "artifacts"
+    return _export(out, "--model", TINY, "--model-arg", "dropout=0.0", "--kp", "2", "--init", str(checkpoint[0]))
+
+
+def _digits(batch: int, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    ds = load_dataset(DataConfig(dataset="digits", image_size=size))
+    return to_tensor(ds.images[:batch], ds.mean, ds.std), torch.from_numpy(ds.labels[:batch])
+
+
+def _step_matches_eager(artifacts: Path, batch: int, claim: NumericClaims, yardstick: str = "float64") -> None:
+    """One step of the program at ``batch`` (right after one at the other end of its range, so the
+    runtime resizes): its loss within 1e-5 of eager's, its running statistics eager's, and each
+    gradient within 3x eager float32's own error plus 1e-3, relative to the tensor's largest
+    gradient (or a thousandth of the model's largest where a tensor's gradient is zero in exact
+    arithmetic, e.g. a BatchNorm shift that a following BatchNorm cancels).
+
+    Eager's own error is its distance from float64 (``yardstick="float64"``), or (``"noise"``) how
+    far its gradients move when the images move by a millionth: in a deep ReLU network on digits'
+    flat, upscaled images some pre-activations sit within rounding of ReLU's kink, and a program
+    that sums in another order (ExecuTorch's convolution loops) routes those elements' gradients
+    the other way, as a millionth of noise does in eager (ResNet-18 at 64 px: 17% of a tensor's
+    largest gradient)."""
+    from executorch.extension.pybindings.portable_lib import _load_for_executorch
+    from executorch.extension.training import TrainingModule
+
+    manifest = read_manifest(artifacts)
+    spec, size = manifest.training_program, manifest.model.input_size
+    x, y = _digits(MAX_BATCH, size)
+    module = TrainingModule(_load_for_executorch(str(artifacts / manifest.artifacts["training_program"]),
+                                                 data_path=str(artifacts / manifest.artifacts["training_weights"])))  # fmt: skip
+    shapes = {t.name: t.shape for t in manifest.tensors.base + manifest.tensors.head}
+    stats = [torch.ones(shapes[n]) if n.endswith("running_var") else torch.zeros(shapes[n]) for n in spec.bn_statistics]
+    other = 2 if batch == MAX_BATCH else MAX_BATCH
+    module.forward_backward(spec.method, (x[:other], y[:other], *stats))
+    x, y = x[:batch], y[:batch]
+    loss, *new_stats = module.forward_backward(spec.method, (x, y, *stats))
+    params = module.named_parameters()
+    gradients = {n: t.clone() for n, t in module.named_gradients().items()}
+    model = build_model(ModelConfig(**manifest.model.model_dump())).train()
+    model.load_state_dict({n: p.detach().clone() for n, p in params.items()}, strict=False)
+    eager_loss = nn.functional.cross_entropy(model(x), y)
+    eager_loss.backward()
+    eager = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+    claim.below(f"batch {batch}: relative |program - eager| loss", abs(float(loss) / float(eager_loss) - 1), 1e-5)
+    state = model.state_dict()
+    claim.close(f"batch {batch}: BatchNorm statistics, program against eager",
+                torch.cat([t.detach().flatten() for t in new_stats]),
+                torch.cat([state[n].flatten() for n in spec.bn_statistics]), rtol=1e-3, atol=1e-4)  # fmt: skip
+    if yardstick == "float64":
+        model64 = copy.deepcopy(model).double()
+        nn.functional.cross_entropy(model64(x.double()), y).backward()
+        reference = {n: p.grad for n, p in model64.named_parameters() if p.grad is not None}
+        spread = {n: _off(eager[n], reference[n], reference) for n in eager}
+    else:
+        reference = eager
+        spread = dict.fromkeys(eager, 0.0)
+        for seed in range(3):
+            noisy = copy.deepcopy(model)
+            noisy.zero_grad()
+            g = torch.Generator().manual_seed(seed)
+            nn.functional.cross_entropy(noisy(x * (1 + 1e-6 * torch.randn(x.shape, generator=g))), y).backward()
+            for n, p in noisy.named_parameters():
+                spread[n] = max(spread[n], _off(p.grad, eager[n], eager))
+    errors = {n: (_off(gradients[n], reference[n], reference), spread[n]) for n in eager}
+    assert set(errors) == set(gradients) == set(spec.parameters)
+    worst = max(errors, key=lambda n: errors[n][0] - 3 * errors[n][1])
+    claim.below(f"batch {batch}: largest gradient error beyond 3x eager's ({yardstick})",
+                errors[worst][0] - 3 * errors[worst][1], 1e-3,
+                f"({worst}: program {errors[worst][0]:.2g}, eager {errors[worst][1]:.2g})")  # fmt: skip
+
+
+def _off(a: torch.Tensor, b: torch.Tensor, every: dict[str, torch.Tensor]) -> float:
+    """max |a - b| relative to b's largest element, floored at a thousandth of the model's largest gradient."""
+    scale = max(float(g.abs().max()) for g in every.values())
+    return float((a.double() - b.double()).abs().max() / max(float(b.abs().max()), 1e-3 * scale))
+
+
+@pytest.mark.export
+def test_the_users_model_exports_with_its_reference_arguments_and_initial_weights(tiny_export, checkpoint):
+    manifest = read_manifest(tiny_export)
+    assert manifest.model.name == TINY and manifest.model.model_args == [("dropout", 0.0)]
+    assert manifest.training_program.variant == "fast" and manifest.kp == 2  # the default for any model
+    model = build_model(ModelConfig(**manifest.model.model_dump()))  # what a device rebuilds
+    parts = split(model, 2)
+    assert manifest.base_names == list(parts.base) and manifest.head_names == list(parts.head)
+    assert {n.rsplit(".", 1)[0] for n in parts.head} >= {"features.9.conv", "classifier.2"}
+    # --init: the user's weights, every tensor (10 classes: the classifier too).
+    tensors = weights.load_checked([tiny_export / "base.safetensors", tiny_export / "head.safetensors"],
+                                   manifest.layout("base") + manifest.layout("head"))  # fmt: skip
+    source = checkpoint[1]
+    assert all(torch.equal(torch.as_tensor(v), source[n]) for n, v in tensors.items())
+
+
+@pytest.mark.export
+@pytest.mark.numeric
+@pytest.mark.parametrize("batch", [2, MAX_BATCH])
+def test_the_users_model_trains_as_eager_pytorch_does(tiny_export, batch, claim):
+    _step_matches_eager(tiny_export, batch, claim)
+
+
+@pytest.mark.export
+@pytest.mark.numeric
+def test_the_users_model_infers_as_eager_pytorch_does(tiny_export, claim):
+    from fedper.device_runtime.training_program import TrainingProgram
+
+    x, _ = _digits(4, 32)
+    manifest = read_manifest(tiny_export)
+    model = build_model(ModelConfig(**manifest.model.model_dump())).eval()
+    tensors = weights.load_checked([tiny_export / "base.safetensors", tiny_export / "head.safetensors"],
+                                   manifest.layout("base") + manifest.layout("head"))  # fmt: skip
+    model.load_state_dict({n: torch.as_tensor(v) for n, v in tensors.items()}, strict=False)
+    program = TrainingProgram(tiny_export)  # its inference program, through the ExecuTorch runtime
+    with torch.no_grad():
+        eager = model(x)
+    claim.close("inference program against eager, logits", program.predict(x), eager, rtol=1e-4, atol=1e-5)
+
+
+def test_the_stock_program_rewrites_what_executorch_cannot_train_and_keeps_the_names() -> None:
+    class Stochastic(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = nn.Conv2d(3, 4, 3)
+            self.bn = nn.BatchNorm2d(4)
+            self.act = nn.SiLU(inplace=True)
+            self.pool = nn.MaxPool2d(2)
+            self.drop = StochasticDepth(0.5, "row")
+            self.dropout = nn.Dropout(0.3, inplace=True)
+            self.fc = nn.Linear(4, 10)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            h = self.drop(self.pool(self.act(self.bn(self.conv(x)))))
+            return self.fc(self.dropout(h.mean((2, 3))))
+
+    model = as_staged(Stochastic(), "stochastic", 10)
+    copy_ = trainable_copy(model)
+    assert isinstance(copy_.act, ProductSiLU) and isinstance(copy_.pool, GatherMaxPool)
+    assert isinstance(copy_.drop, RowDrop) and not copy_.dropout.inplace
+    assert model.dropout.inplace and isinstance(model.act, nn.SiLU)  # the model itself is left as it was
+    step = TrainingStep(model)
+    assert sorted(n for n, _ in step.named_parameters()) == sorted(n for n, _ in model.named_parameters())
+    # RowDrop: each row kept whole (scaled by 1/(1-p)) or dropped, about half of them.
+    x = torch.ones(4000, 2, 3, 3)
+    rows = RowDrop(0.5, "row").train()(x).flatten(1)
+    assert set(rows.unique().tolist()) <= {0.0, 2.0} and bool((rows == rows[:, :1]).all())
+    assert 0.45 < float((rows[:, 0] > 0).float().mean()) < 0.55
+    assert torch.equal(RowDrop(0.5, "row").eval()(x), x)
+    # Max pooling as a gather: eager's values and gradients.
+    a = torch.randn(2, 3, 9, 9, requires_grad=True)
+    b = a.detach().clone().requires_grad_()
+    pool = nn.MaxPool2d(3, 2, 1)
+    pool(a).square().sum().backward()
+    GatherMaxPool(pool)(b).square().sum().backward()
+    assert torch.equal(pool(a), GatherMaxPool(pool)(b)) and torch.equal(a.grad, b.grad)
+
+
+@pytest.mark.parametrize(
+    ("norm", "message"),
+    [
+        (nn.BatchNorm2d(4, momentum=None), r"features.1 \(BatchNorm2d\) has momentum=None .* momentum=0.1"),
+        (nn.BatchNorm2d(4, affine=False), r"features.1 \(BatchNorm2d\) has affine=False"),
+        (nn.BatchNorm2d(4, track_running_stats=False), r"features.1 \(BatchNorm2d\) has track_running_stats=False"),
+        (
+            nn.Sequential(nn.Flatten(2), nn.BatchNorm1d(4), nn.Unflatten(2, (30, 30))),
+            r"features.1.1 \(BatchNorm1d\): the training program supports nn.BatchNorm2d only",
+        ),
+    ],
+)
+def test_a_batchnorm_the_program_cannot_carry_is_refused_with_its_path(norm: nn.Module, message: str) -> None:
+    model = nn.Sequential()
+    model.add_module("features", nn.Sequential(nn.Conv2d(3, 4, 3), norm, nn.AdaptiveAvgPool2d(1), nn.Flatten()))
+    model.add_module("fc", nn.Linear(4, 10))
+    with pytest.raises(ConfigError, match=message):
+        TrainingStep(as_staged(model, "m", 10))
+
+
+def test_a_simulation_of_the_users_model_runs(tmp_path: Path) -> None:
+    from fedper._recipes.simulation import SimulationConfig, run
+
+    sim = SimulationConfig(algorithms=("fedper", "fedavg"), rounds=2, threads=1, out=tmp_path / "run",
+                           model=replace(ModelConfig(), name=TINY, model_args=(("width", 4),)))  # fmt: skip
+    recorder = run(sim, DataConfig(dataset="digits", num_clients=2))
+    results = recorder.results()
+    assert recorder.config["model"]["name"] == TINY and recorder.config["model"]["model_args"] == [["width", 4]]
+    for algorithm in ("fedper", "fedavg"):
+        assert 0.0 <= results.algorithms[algorithm].final_mean_accuracy <= 1.0  # type: ignore[operator]
+    final = weights.load(tmp_path / "run" / "fedper" / "final_base.safetensors")
+    model = build_model(ModelConfig(name=TINY, model_args=(("width", 4),)))
+    assert set(final) == set(split(model, 2).base) and set(final) <= set(exchanged_state(model))
+
+
+@pytest.mark.slow
+def test_fedper_simulate_runs_the_users_model(tmp_path: Path) -> None:
+    assert main(["simulate", "--model", TINY, "--model-arg", "width=4", "--dataset", "digits", "--rounds", "1",
+                 "--num-clients", "2", "--threads", "1", "--out", str(tmp_path / "run")]) == 0  # fmt: skip
+    assert (tmp_path / "run" / "results.json").is_file()
+
+
+@pytest.fixture(scope="module")
+def resnet_export(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """torchvision's ResNet-18 at 64 px (its last BatchNorms see 2x2 maps), the head named by module."""
+    return _export(tmp_path_factory.mktemp("resnet") / "artifacts", "--model", "torchvision:resnet18",
+                   "--input-size", "64", "--head-modules", "layer4,fc")  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.export
+@pytest.mark.numeric
+@pytest.mark.parametrize("batch", [2, MAX_BATCH])
+def test_a_torchvision_model_trains_as_eager_pytorch_does(resnet_export, batch, claim):
+    manifest = read_manifest(resnet_export)
+    assert manifest.kp == 1 and manifest.model.head_modules == ["layer4", "fc"]
+    assert all(n.startswith(("layer4.", "fc.")) for n in manifest.head_names)
+    _step_matches_eager(resnet_export, batch, claim, yardstick="noise")
+
+
+@pytest.mark.slow
+@pytest.mark.export
+def test_the_users_model_trains_with_dropout(tmp_path: Path) -> None:
+    """TinyNet's dropout (in place in the model, p=0.2) draws a new mask at every step of the program."""
+    from executorch.extension.pybindings.portable_lib import _load_for_executorch
+    from executorch.extension.training import TrainingModule
+
+    artifacts = _export(tmp_path / "artifacts", "--model", TINY)
+    manifest = read_manifest(artifacts)
+    spec = manifest.training_program
+    module = TrainingModule(_load_for_executorch(str(artifacts / manifest.artifacts["training_program"]),
+                                                 data_path=str(artifacts / manifest.artifacts["training_weights"])))  # fmt: skip
+    shapes = {t.name: t.shape for t in manifest.tensors.base + manifest.tensors.head}
+    stats = [torch.ones(shapes[n]) for n in spec.bn_statistics]
+    x, y = _digits(8, 32)
+    losses = {float(module.forward_backward(spec.method, (x, y, *stats))[0]) for _ in range(4)}
+    assert len(losses) == 4 and all(torch.isfinite(torch.tensor(sorted(losses))))
