@@ -200,21 +200,13 @@ def init_base(model: StagedModel, checkpoint: Checkpoint, kp: int) -> InitSource
     top = model.layer_groups()[-1]  # the classifier: in the base only at kp=0, and fresh there too
     state = model.state_dict()
     wanted = [n for n in split(model, kp).base if not any(n == p or n.startswith(p + ".") for p in top)]
+    stem, own_stem = checkpoint.tensors.get("conv1.weight"), state.get("conv1.weight")
+    hint = ""
+    small_stem = stem is not None and own_stem is not None and tuple(stem.shape) != tuple(own_stem.shape)
+    if checkpoint.model_name == "resnet34" and small_stem:
+        hint = " (below 128 px the ResNet stem is 3x3; ImageNet checkpoints need --input-size 128 or more)"
+    _check_fits(checkpoint, state, wanted, f"this model's base at kp={kp}", hint)
     named = checkpoint.tensors
-    missing = [n for n in wanted if n not in named]
-    misshaped = [n for n in wanted if n in named and tuple(named[n].shape) != tuple(state[n].shape)]
-    if missing or misshaped:
-        lines = [f"{n}: expected shape {tuple(state[n].shape)}, the checkpoint has {tuple(named[n].shape)}"
-                 for n in misshaped[:SHOWN_MISMATCHES]]  # fmt: skip
-        lines += [f"{n}: missing (expected shape {tuple(state[n].shape)})" for n in missing[:SHOWN_MISMATCHES]]
-        hint = ""
-        if checkpoint.model_name == "resnet34" and "conv1.weight" in misshaped:
-            hint = " (below 128 px the ResNet stem is 3x3; ImageNet checkpoints need --input-size 128 or more)"
-        raise CheckpointError(
-            f"{checkpoint.path} ({checkpoint.layout} layout) does not fit this model's base at kp={kp}: "
-            f"{len(missing)} missing and {len(misshaped)} misshaped of {len(wanted)} base tensors{hint}; first: "
-            + "; ".join(lines)
-        )
     with torch.no_grad():
         for n in wanted:
             state[n].copy_(torch.from_numpy(np.ascontiguousarray(named[n], dtype=np.float32)))
@@ -252,7 +244,9 @@ def init_model_layout(model: StagedModel, checkpoint: Checkpoint) -> InitSource:
     return InitSource(str(checkpoint.path), checkpoint.sha256, checkpoint.layout, len(wanted), fresh, tuple(notes))
 
 
-def _check_fits(checkpoint: Checkpoint, state: Mapping[str, torch.Tensor], wanted: list[str], what: str) -> None:
+def _check_fits(
+    checkpoint: Checkpoint, state: Mapping[str, torch.Tensor], wanted: list[str], what: str, hint: str = ""
+) -> None:
     named = checkpoint.tensors
     missing = [n for n in wanted if n not in named]
     misshaped = [n for n in wanted if n in named and tuple(named[n].shape) != tuple(state[n].shape)]
@@ -262,5 +256,5 @@ def _check_fits(checkpoint: Checkpoint, state: Mapping[str, torch.Tensor], wante
         lines += [f"{n}: missing (expected shape {tuple(state[n].shape)})" for n in missing[:SHOWN_MISMATCHES]]
         raise CheckpointError(
             f"{checkpoint.path} ({checkpoint.layout} layout) does not fit {what}: {len(missing)} missing and "
-            f"{len(misshaped)} misshaped of {len(wanted)} tensors; first: " + "; ".join(lines)
+            f"{len(misshaped)} misshaped of {len(wanted)} tensors{hint}; first: " + "; ".join(lines)
         )
