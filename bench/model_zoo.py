@@ -6,7 +6,11 @@ weights) and size: the fast program (the default export, XNNPACK delegation) and
 program (``--variant plain``) are lowered on a cold path (no export cache) and timed; each
 measurement runs in a fresh process (ExecuTorch's thread pool is set before a program is
 loaded): one warm-up step, then the median of ``--steps`` forward+backward calls (the stock
-program: ``--stock-steps``, one by default: it takes seconds to minutes per step). The stock
+program: ``--stock-steps``, one by default: it takes seconds to minutes per step). Each program
+is lowered for the measured batch as its largest (a program plans for its largest batch), and
+the fast program's planned memory (``export.program_memory.planned_memory``) is set against
+the lower bound of the same step (``step_lower_bound``, as ``bench.train_memory`` computes it:
+parameters, gradients, saved activations, largest transient). The stock
 program of a model with max pooling needs a kernel that computes wrong gradients
 (``executorch_lowering.WRONG_KERNELS``): lowered anyway here, for its time only.
 
@@ -78,14 +82,25 @@ def run_program(pte: str, ptd: str, stat_sizes: str, size: int, batch: int, step
     return {"ms": _median_ms(lambda: module.forward_backward("forward", (x, y, *stats)), steps)}
 
 
+def run_bound(name: str, size: int, batch: int) -> dict[str, float]:
+    from fedper.export.executorch_lowering import example_inputs
+    from fedper.export.program_memory import step_lower_bound
+    from fedper.export.training_graph import training_step
+
+    step = training_step(_model(name), "fast")
+    return {"bound_mib": step_lower_bound(step, example_inputs(step, size, batch)).total / 2**20}
+
+
 def measure(name: str, size: int, batch: int, steps: int, stock_steps: int, workdir: Path) -> dict[str, Any]:
     from fedper.export.channel_major import ChannelMajorStep
     from fedper.export.executorch_lowering import lower_training_program
+    from fedper.export.program_memory import planned_memory
     from fedper.export.training_graph import training_step
 
     model = _model(name)
     row: dict[str, Any] = {"model": f"torchvision:{name}", "input_size": size, "batch": batch}
     row["eager_ms"] = run_child("bench.model_zoo", "eager", name, str(size), str(batch), str(steps))["ms"]
+    row["bound_mib"] = run_child("bench.model_zoo", "bound", name, str(size), str(batch))["bound_mib"]
     variants = ["fast"] + (["plain"] if stock_steps else [])
     for variant in variants:
         step = training_step(model, variant)  # type: ignore[arg-type]
@@ -93,8 +108,10 @@ def measure(name: str, size: int, batch: int, steps: int, stock_steps: int, work
             assert isinstance(step, ChannelMajorStep)
             row["fallbacks"] = [f.warning() for f in step.fallbacks_at(size)]
         start = time.perf_counter()
-        lowered = lower_training_program(step, size, max(64, batch), refuse_missing_kernels=variant == "fast")
+        lowered = lower_training_program(step, size, batch, refuse_missing_kernels=variant == "fast")
         row[f"{variant}_export_s"] = time.perf_counter() - start
+        if variant == "fast":
+            row["planned_mib"] = planned_memory(lowered.program).total / 2**20
         pte, ptd = workdir / f"{name}-{variant}.pte", workdir / f"{name}-{variant}.ptd"
         pte.write_bytes(lowered.program)
         ptd.write_bytes(lowered.weights)
@@ -104,6 +121,7 @@ def measure(name: str, size: int, batch: int, steps: int, stock_steps: int, work
         result = run_child("bench.model_zoo", "program", str(pte), str(ptd), sizes, str(size), str(batch), str(n))
         row[f"{variant}_ms"] = result["ms"]
     row["fast_over_eager"] = row["fast_ms"] / row["eager_ms"]
+    row["planned_over_bound"] = row["planned_mib"] / row["bound_mib"]
     if "plain_ms" in row:
         row["stock_over_fast"] = row["plain_ms"] / row["fast_ms"]
     return row
@@ -118,6 +136,8 @@ def main() -> None:
         kind, *child = sys.argv[2:]
         if kind == "eager":
             print(json.dumps(run_eager(child[0], int(child[1]), int(child[2]), int(child[3]))))
+        elif kind == "bound":
+            print(json.dumps(run_bound(child[0], int(child[1]), int(child[2]))))
         else:
             print(json.dumps(run_program(child[0], child[1], child[2], int(child[3]), int(child[4]), int(child[5]))))
         return
@@ -138,7 +158,8 @@ def main() -> None:
                 stock = f", stock {row['plain_ms']:.0f} ms ({row['stock_over_fast']:.1f}x)" if "plain_ms" in row else ""
                 print(f"{row['model']} {size} px batch {batch}: eager {row['eager_ms']:.0f} ms, fast "
                       f"{row['fast_ms']:.0f} ms ({row['fast_over_eager']:.2f}x eager){stock}; export "
-                      f"{row['fast_export_s']:.0f} s", flush=True)  # fmt: skip
+                      f"{row['fast_export_s']:.0f} s; planned {row['planned_mib']:.0f} MiB "
+                      f"({row['planned_over_bound']:.2f}x the bound)", flush=True)  # fmt: skip
     write_results("model_zoo", {"rows": rows, "steps": args.steps})
 
 
