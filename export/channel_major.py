@@ -95,6 +95,19 @@ def trace(model: nn.Module) -> fx.Graph:
     return _Tracer().trace(model)
 
 
+def trace_failure(model: nn.Module) -> str | None:
+    """Why ``torch.fx`` cannot trace ``model`` (the fast graph is built from its trace), or None.
+
+    Symbolic tracing fails on Python control flow over tensor values or shapes (``if
+    x.shape[-1] > 8``), which ``torch.export`` (the stock program's path) follows."""
+    try:
+        trace(copy.deepcopy(model))
+    except Exception as e:  # any trace error means the same: no fast graph
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        return f"{type(e).__name__}: {first}"
+    return None
+
+
 class ChannelMajorStep(nn.Module):
     def __init__(self, model: nn.Module):
         super().__init__()

@@ -70,6 +70,8 @@ def export(args: argparse.Namespace) -> int:
     Console().print(table)
     for note in report.notes:
         console.print(f"note: {note}", markup=False)
+    for warning in report.warnings:
+        console.print(f"warning: {warning}", markup=False)
     timings = ", ".join(f"{k} {v:.1f} s" for k, v in report.seconds.items())
     console.print(f"export took {report.seconds['total']:.1f} s ({timings}); torch's and ExecuTorch's output: {log}")
     return 0

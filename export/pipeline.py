@@ -122,6 +122,7 @@ class ExportReport:
     seconds: dict[str, float]
     manifest: Manifest
     notes: tuple[str, ...] = ()  # what the user should know about the export (e.g. a classifier started fresh)
+    warnings: tuple[str, ...] = ()  # what makes the program slower than it could be (e.g. the stock program)
 
 
 Progress = Callable[[str], None]
@@ -158,10 +159,16 @@ def run_export(
         )
     model = build_model(mcfg, seed=config.seed)
     notes: list[str] = []
+    warnings: list[str] = []
+
+    def warn(message: str) -> None:
+        warnings.append(message)
+        say(f"warning: {message}")
+
     if model.head_modules and config.kp not in (0, 1):
         notes.append(f"--head-modules names the head ({', '.join(model.head_modules)}): kp {config.kp} is taken as 1")
     if source is None:
-        variant = resolve_variant(config.variant, model, mcfg.input_size)
+        variant = resolve_variant(config.variant, model, warn=warn)
         check_output(model, mcfg)
     split(model, config.kp)  # kp out of range: a clear error before any work
     if config.train == "head" and config.kp == 0:
@@ -174,7 +181,7 @@ def run_export(
     step = training_step(model, variant)
     if isinstance(step, ChannelMajorStep):
         for fallback in step.fallbacks_at(mcfg.input_size):
-            say(f"warning: {fallback.warning()}")
+            warn(fallback.warning())
     cache = None if config.bypass_cache or source is not None else ExportCache(config.cache or default_cache_dir())
     key = program_key(mcfg, variant, config.max_batch, model.state_dict()) if cache is not None else ""
 
@@ -224,7 +231,9 @@ def run_export(
         sizes = {p.name: p.stat().st_size for p in sorted(staging.iterdir())}
     seconds["total"] = time.perf_counter() - start
     assert MANIFEST_FILE in sizes
-    return ExportReport(out=config.out, sizes=sizes, seconds=seconds, manifest=manifest, notes=tuple(notes))
+    return ExportReport(
+        out=config.out, sizes=sizes, seconds=seconds, manifest=manifest, notes=tuple(notes), warnings=tuple(warnings)
+    )
 
 
 def check_planned_batch(program: bytes, max_batch: int) -> None:

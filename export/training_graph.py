@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, Literal, get_args
 
 import torch
@@ -20,7 +20,7 @@ from torch import nn
 
 from fedper.common.errors import ConfigError
 from fedper.export.batchnorm_check import check_batchnorm
-from fedper.export.channel_major import ChannelMajorStep
+from fedper.export.channel_major import ChannelMajorStep, trace_failure
 from fedper.models import StagedModel, exchanged_names
 from fedper.models.split import running_stat_names
 from fedper.models.staged import replace_submodule
@@ -30,12 +30,27 @@ VariantChoice = Literal["auto", "fast", "plain"]
 VARIANTS: tuple[VariantChoice, ...] = get_args(VariantChoice)
 
 
-def resolve_variant(requested: str, model: nn.Module, input_size: int) -> Variant:
-    """``auto`` is ``fast``: the generic fast graph serves every model (an op it has no fast
-    form of runs as the model computes it, named by ``ChannelMajorStep.fallbacks_at``)."""
+def resolve_variant(requested: str, model: nn.Module, warn: Callable[[str], None] | None = None) -> Variant:
+    """``auto`` is ``fast``: the generic fast graph serves every model ``torch.fx`` can trace
+    (an op it has no fast form of runs as the model computes it, named by
+    ``ChannelMajorStep.fallbacks_at``). A model it cannot trace gets the stock program, with a
+    warning through ``warn``; ``fast`` asked for explicitly is then refused."""
     if requested not in VARIANTS:
         raise ConfigError(f"unknown training-graph variant {requested!r}; choose from {VARIANTS}")
-    return "plain" if requested == "plain" else "fast"
+    if requested == "plain":
+        return "plain"
+    failure = trace_failure(model)
+    if failure is None:
+        return "fast"
+    why = (f"the fast training graph is built from the model's torch.fx trace, which failed ({failure}); "
+           "torch.fx cannot follow Python control flow over tensor values or shapes")  # fmt: skip
+    if requested == "fast":
+        raise ConfigError(f"--variant fast: {why}. Make the model's forward traceable, or export --variant plain")
+    if warn is not None:
+        warn(f"{why}. The export falls back to ExecuTorch's stock program (--variant plain), many times slower "
+             "per step than the fast graph (docs/PERFORMANCE.md, 'Any model', measures it); make the model's "
+             "forward traceable by torch.fx to get the fast graph.")  # fmt: skip
+    return "plain"
 
 
 class StatsInputBatchNorm(nn.Module):

@@ -136,6 +136,8 @@ def run_demo(config: DemoConfig) -> RunResults:
     timings["re-partition for kp=0"] = time.perf_counter() - t
     step_ms = median_step_ms(out / "artifacts")
     console.print(f"    {exported.seconds['total']:.0f} s; training step {step_ms:.0f} ms at batch 32 (ExecuTorch)")
+    for warning in exported.warnings:
+        console.print(f"    warning: {warning}", markup=False)
     data = DataConfig(
         dataset="aesthetic-synth",
         partition="user",

@@ -95,6 +95,22 @@ class TinyNet(nn.Module):
         return self.classifier(self.pool(self.features(x)))
 
 
+class ShapeBranchNet(nn.Module):
+    """Branches on its activation's size: ``torch.export`` follows that, ``torch.fx``'s symbolic
+    trace cannot, so the fast graph cannot be built and the export falls back to the stock one."""
+
+    def __init__(self, num_classes: int = 10) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+        self.fc = nn.Linear(4, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.conv(x)
+        if x.shape[-1] > 16:
+            x = x[:, :, ::2, ::2]
+        return self.fc(x.mean((2, 3)))
+
+
 def tiny_net_without_classes(dropout: float = 0.0) -> nn.Module:
     """A callable that takes no ``num_classes``: its classifier has 10 outputs, whatever is asked."""
     return TinyNet(10, dropout)

@@ -9,10 +9,12 @@ import pytest
 import torch
 from torch.nn import functional as F
 
+from fedper.common.errors import ConfigError
 from fedper.export.executorch_lowering import drop_aliases, use_linear_for_transposed_matmul
 from fedper.export.fast_ops import batch_norm_relu, depthwise3x3, depthwise3x3_s2, stem_conv
 from fedper.export.training_graph import resolve_variant, training_step
 from fedper.models import ModelConfig, build_model
+from tests.support.custom_model import ShapeBranchNet
 
 torch.manual_seed(0)
 F64 = {"rtol": 1e-7, "atol": 1e-7}
@@ -103,16 +105,27 @@ def test_fast_step_equals_plain_step_in_float64(input_size, claim):
                 torch.cat([p.grad.flatten() for _, p in plain.named_parameters()]), rtol=1e-9, atol=1e-12)  # fmt: skip
 
 
+def test_a_model_torch_fx_cannot_trace_gets_the_stock_program_with_a_warning_and_fast_is_refused():
+    model, warnings = ShapeBranchNet(), []
+    assert resolve_variant("auto", model, warn=warnings.append) == "plain"
+    assert len(warnings) == 1
+    assert "torch.fx trace, which failed (TraceError:" in warnings[0] and "--variant plain" in warnings[0]
+    with pytest.raises(ConfigError, match="--variant fast: the fast training graph .* Make the model's forward"):
+        resolve_variant("fast", model)
+    assert resolve_variant("plain", model, warn=warnings.append) == "plain" and len(warnings) == 1
+    x, y = torch.randn(2, 3, 32, 32), torch.zeros(2, dtype=torch.long)
+    torch.testing.assert_close(training_step(model, "plain")(x, y)[0], F.cross_entropy(model(x), y))
+
+
 def test_variant_choice():
     """One lowering for every model: auto is the fast graph, whatever the model or input size."""
     mobilenet = build_model(ModelConfig())
-    assert resolve_variant("auto", mobilenet, 32) == "fast"
-    assert resolve_variant("auto", mobilenet, 40) == "fast"  # sides not divisible by 16: im2col there
-    assert resolve_variant("plain", mobilenet, 32) == "plain"
+    assert resolve_variant("auto", mobilenet) == "fast"
+    assert resolve_variant("plain", mobilenet) == "plain"
     resnet = build_model(ModelConfig(name="resnet34"))
-    assert resolve_variant("auto", resnet, 32) == resolve_variant("fast", resnet, 32) == "fast"
+    assert resolve_variant("auto", resnet) == resolve_variant("fast", resnet) == "fast"
     with pytest.raises(ValueError, match="unknown training-graph variant"):
-        resolve_variant("quick", resnet, 32)
+        resolve_variant("quick", resnet)
     ablation = build_model(ModelConfig(base="linear", linear_base_kp=2))
     step = training_step(ablation, "fast")
     assert step.fallbacks_at(32) == []
