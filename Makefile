@@ -8,7 +8,7 @@ INSTALLED := $(VENV)/.installed-test
 BENCH_INSTALLED := $(VENV)/.installed-bench
 DEMO_OUT ?= demo-out
 
-.PHONY: install demo test test-fast test-slow test-portable lint typecheck pytest android-test bench results poisoning bn-sharing dp-results clean
+.PHONY: install demo test test-fast test-slow test-portable lint typecheck pytest android-test bench results resnet34-digits poisoning bn-sharing dp-results clean
 
 install: $(INSTALLED)
 
@@ -69,6 +69,10 @@ test-portable: $(INSTALLED)
 results: $(INSTALLED)
 	$(BIN)/python docs/scripts/data_figure.py docs/img/synth_users.png
 	$(BIN)/python -m fedper._recipes.results_suite --out runs/results --write docs/RESULTS.md
+
+# The FedPer paper's second architecture (torchvision's ResNet-34, head fc) on digits: docs/RESULTS.md.
+resnet34-digits: $(INSTALLED)
+	$(BIN)/python -m fedper._recipes.resnet34_digits --out runs/resnet34 --write docs/RESULTS.md
 
 # The poisoning table of docs/SERVER.md: one hostile device against each aggregation option.
 poisoning: $(INSTALLED)

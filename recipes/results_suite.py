@@ -140,10 +140,10 @@ def paired_difference(runs: list[RunResults], a: str, b: str, against: list[RunR
     return f"{np.mean(diffs):+.3f} ± {se:.3f} ({wins} won / {losses} lost of {len(diffs)})"
 
 
-def tables(runs_by_name: dict[str, list[Path]]) -> str:
-    """The markdown tables: one per EXPERIMENTS table, rows per experiment and algorithm."""
+def tables(runs_by_name: dict[str, list[Path]], experiments: Sequence[Experiment] = EXPERIMENTS) -> str:
+    """The markdown tables: one per experiments' table, rows per experiment and algorithm."""
     lines: list[str] = []
-    for table in dict.fromkeys(e.table for e in EXPERIMENTS):
+    for table in dict.fromkeys(e.table for e in experiments):
         lines += [f"**{table}** (seeds {', '.join(map(str, SEEDS))})", ""]
         lines += [
             "| run | algorithm | kp | base | head | initial base | final mean acc (mean ± std over seeds) | "
@@ -151,7 +151,7 @@ def tables(runs_by_name: dict[str, list[Path]]) -> str:
             "|---|---|---|---|---|---|---|---|---|---|",
         ]
         baselines: dict[str, list[float | None]] = {}
-        for experiment in (e for e in EXPERIMENTS if e.table == table):
+        for experiment in (e for e in experiments if e.table == table):
             runs = [load_results(d) for d in runs_by_name[experiment.name]]
             sim = runs[0].config.get("simulation")
             if not isinstance(sim, dict):
@@ -159,7 +159,13 @@ def tables(runs_by_name: dict[str, list[Path]]) -> str:
             algorithms = list(runs[0].algorithms)
             for algorithm in algorithms:
                 finals = [summary_of(r, algorithm) for r in runs]
-                kp = {"fedper": sim["kp"], "fedavg": 0}.get(algorithm, "-")
+                head_modules = sim.get("head_modules")
+                personal = (
+                    f"head {', '.join(map(str, head_modules))}"
+                    if isinstance(head_modules, list) and head_modules
+                    else sim["kp"]
+                )
+                kp = {"fedper": personal, "fedavg": 0}.get(algorithm, "-")
                 others = [o for o in algorithms if o != algorithm] if algorithm == "fedper" else []
                 paired = "; ".join(f"vs {o}: {paired_difference(runs, algorithm, o)}" for o in others)
                 if experiment.reference and algorithm == "fedper":

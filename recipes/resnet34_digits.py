@@ -1,0 +1,76 @@
+"""``make resnet34-digits``: the FedPer paper's second architecture, end to end, on digits.
+
+ResNet-34 as torchvision builds it (random weights), its classifier ``fc`` the personal head:
+first ``fedper export --model torchvision:resnet34 --head-modules fc`` (the on-device programs,
+as a user makes them; the export's check trains the program through ExecuTorch's runtime),
+then ``fedper simulate`` with the same model and head on digits with 4 classes per client
+(docs/RESULTS.md's digits settings: 20 rounds of 2 local epochs, from scratch), FedPer and
+FedAvg on seeds 0, 1 and 2, paired per client as ``make results`` pairs MobileNet-V1's. The
+table replaces the block between its markers in docs/RESULTS.md (``--write``); runs whose
+``results.json`` exists with the same command are reused.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from fedper._recipes.doc_block import write_block
+from fedper._recipes.results_suite import DIGITS, FEDPER_FEDAVG, SEEDS, Experiment, run_all, tables
+from fedper.common.atomic_write import atomic_write_text
+from fedper.common.errors import FedperError
+from fedper.common.manifest import read_manifest
+
+BEGIN, END = "<!-- resnet34:begin (make resnet34-digits) -->", "<!-- resnet34:end -->"
+MODEL = ("--model", "torchvision:resnet34", "--head-modules", "fc")
+EXPERIMENT = Experiment(
+    "digits-k4-resnet34",
+    "digits, 4 classes per client: ResNet-34 (torchvision, head fc)",
+    (*DIGITS, "--classes-per-client", "4", *FEDPER_FEDAVG, *MODEL),
+)
+
+
+def export(fedper: str, out: Path) -> str:
+    """``fedper export`` of the model for digits; a line saying what it made and how long it took."""
+    start = time.perf_counter()
+    command = [fedper, "export", *MODEL, "--dataset", "digits", "--bypass-cache", "--out", str(out)]
+    wide = {**os.environ, "COLUMNS": "1000"}  # a warning on one line
+    done = subprocess.run(command, capture_output=True, text=True, check=False, env=wide)
+    if done.returncode != 0:
+        output = done.stdout[-2000:] + done.stderr[-2000:]
+        raise FedperError(f"{' '.join(command)} failed ({done.returncode}):\n{output}")
+    manifest = read_manifest(out)
+    warnings = [line for line in (done.stdout + done.stderr).splitlines() if line.startswith("warning:")]
+    return (f"`fedper export {' '.join(MODEL)} --dataset digits`: {time.perf_counter() - start:.0f} s, "
+            f"training program `{manifest.training_program.variant}`, {len(manifest.base_names)} base and "
+            f"{len(manifest.head_names)} head tensors ({', '.join(manifest.head_names)}), "
+            f"{len(warnings)} warnings.")  # fmt: skip
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m fedper._recipes.resnet34_digits", description=__doc__)
+    p.add_argument("--out", type=Path, default=Path("runs/resnet34"), help="where the export and the runs go")
+    p.add_argument("--jobs", type=int, default=2, help="runs at a time (each one torch thread)")
+    p.add_argument("--fedper", default=str(Path(sys.executable).with_name("fedper")), help="the fedper command")
+    p.add_argument("--write", type=Path, default=None, help="replace the block between its markers in this file")
+    args = p.parse_args(argv)
+    start = time.perf_counter()
+    exported = export(args.fedper, args.out / "artifacts")
+    print(exported, file=sys.stderr, flush=True)
+    runs = run_all(args.fedper, args.out, SEEDS, args.jobs, [EXPERIMENT])
+    text = f"{exported}\n\n{tables(runs, [EXPERIMENT])}"
+    atomic_write_text(args.out / "tables.md", text + "\n")
+    print(text)
+    if args.write is not None:
+        write_block(args.write, BEGIN, END, text)
+    print(f"{len(SEEDS)} runs and an export, {time.perf_counter() - start:.0f} s", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
