@@ -6,7 +6,8 @@ weights) and size: the fast program (the default export, XNNPACK delegation) and
 program (``--variant plain``) are lowered on a cold path (no export cache) and timed; each
 measurement runs in a fresh process (ExecuTorch's thread pool is set before a program is
 loaded): one warm-up step, then the median of ``--steps`` forward+backward calls (the stock
-program: ``--stock-steps``, one by default: it takes seconds to minutes per step). Each program
+program: ``--stock-steps``, one by default and without the warm-up: it takes seconds to minutes
+per step, so its one step includes the first call's setup, small beside it). Each program
 is lowered for the measured batch as its largest (a program plans for its largest batch), and
 the fast program's planned memory (``export.program_memory.planned_memory``) is set against
 the lower bound of the same step (``step_lower_bound``, as ``bench.train_memory`` computes it:
@@ -47,8 +48,9 @@ def _batch(size: int, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.randn(batch, 3, size, size, generator=g), torch.randint(0, 10, (batch,), generator=g)
 
 
-def _median_ms(step: Any, steps: int) -> float:
-    step()
+def _median_ms(step: Any, steps: int, warmup: bool = True) -> float:
+    if warmup:
+        step()
     times = []
     for _ in range(steps):
         start = time.perf_counter()
@@ -69,7 +71,9 @@ def run_eager(name: str, size: int, batch: int, steps: int) -> dict[str, float]:
     return {"ms": _median_ms(step, steps)}
 
 
-def run_program(pte: str, ptd: str, stat_sizes: str, size: int, batch: int, steps: int) -> dict[str, float]:
+def run_program(
+    pte: str, ptd: str, stat_sizes: str, size: int, batch: int, steps: int, warmup: bool
+) -> dict[str, float]:
     from executorch.extension.pybindings.portable_lib import _load_for_executorch
     from executorch.extension.training import TrainingModule
 
@@ -79,7 +83,7 @@ def run_program(pte: str, ptd: str, stat_sizes: str, size: int, batch: int, step
     module = TrainingModule(_load_for_executorch(pte, data_path=ptd))
     stats = [torch.ones(int(n)) for n in stat_sizes.split(",") if n]
     x, y = _batch(size, batch)
-    return {"ms": _median_ms(lambda: module.forward_backward("forward", (x, y, *stats)), steps)}
+    return {"ms": _median_ms(lambda: module.forward_backward("forward", (x, y, *stats)), steps, warmup)}
 
 
 def run_bound(name: str, size: int, batch: int) -> dict[str, float]:
@@ -87,7 +91,7 @@ def run_bound(name: str, size: int, batch: int) -> dict[str, float]:
     from fedper.export.program_memory import step_lower_bound
     from fedper.export.training_graph import training_step
 
-    step = training_step(_model(name), "fast")
+    step = training_step(_model(name), "fast")  # type: ignore[arg-type]
     return {"bound_mib": step_lower_bound(step, example_inputs(step, size, batch)).total / 2**20}
 
 
@@ -118,7 +122,10 @@ def measure(name: str, size: int, batch: int, steps: int, stock_steps: int, work
         state = model.state_dict()
         sizes = ",".join(str(state[n].numel()) for n in step.stat_names)
         n = steps if variant == "fast" else stock_steps
-        result = run_child("bench.model_zoo", "program", str(pte), str(ptd), sizes, str(size), str(batch), str(n))
+        warmup = str(int(variant == "fast"))
+        result = run_child(
+            "bench.model_zoo", "program", str(pte), str(ptd), sizes, str(size), str(batch), str(n), warmup
+        )
         row[f"{variant}_ms"] = result["ms"]
     row["fast_over_eager"] = row["fast_ms"] / row["eager_ms"]
     row["planned_over_bound"] = row["planned_mib"] / row["bound_mib"]
@@ -139,7 +146,9 @@ def main() -> None:
         elif kind == "bound":
             print(json.dumps(run_bound(child[0], int(child[1]), int(child[2]))))
         else:
-            print(json.dumps(run_program(child[0], child[1], child[2], int(child[3]), int(child[4]), int(child[5]))))
+            pte, ptd, stat_sizes = child[:3]
+            size, batch, steps = (int(v) for v in child[3:6])
+            print(json.dumps(run_program(pte, ptd, stat_sizes, size, batch, steps, warmup=child[6:] != ["0"])))
         return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--models", default=MODELS)
@@ -147,6 +156,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--stock-steps", type=int, default=1)
     parser.add_argument("--no-stock", action="store_true")
+    parser.add_argument("--name", default="model_zoo", help="results file name (bench/results/NAME.json)")
     args = parser.parse_args()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -160,7 +170,7 @@ def main() -> None:
                       f"{row['fast_ms']:.0f} ms ({row['fast_over_eager']:.2f}x eager){stock}; export "
                       f"{row['fast_export_s']:.0f} s; planned {row['planned_mib']:.0f} MiB "
                       f"({row['planned_over_bound']:.2f}x the bound)", flush=True)  # fmt: skip
-    write_results("model_zoo", {"rows": rows, "steps": args.steps})
+                write_results(args.name, {"rows": rows, "steps": args.steps})  # each row kept as it comes
 
 
 if __name__ == "__main__":
