@@ -1,0 +1,126 @@
+"""An exported model's programs against eager PyTorch: one training step (loss, BatchNorm
+statistics, every gradient) and the inference program's logits, through the ExecuTorch runtime
+as a device runs them. Shared by the export tests of a user's model and of every named model."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Literal
+
+import torch
+from torch import nn
+
+from fedper.common import weights
+from fedper.common.manifest import read_manifest
+from fedper.data import DataConfig, load_dataset, to_tensor
+from fedper.models import ModelConfig, build_model
+from tests.support.numeric_claims import NumericClaims
+
+Yardstick = Literal["float64", "kinks"]
+# One ReLU input within float32 rounding of zero that goes the other way moves its layer's
+# gradients by up to 1.8% in L2 (torchvision's ResNet-18 at 64 px, digits, under the default,
+# AVX2 and AVX-512 kernel sets; 17% of the tensor's largest element): the "kinks" bound.
+KINK_L2 = 0.05
+
+
+def digits(batch: int, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The first ``batch`` digits at ``size`` px, normalized as the digits export declares."""
+    ds = load_dataset(DataConfig(dataset="digits", image_size=size))
+    return to_tensor(ds.images[:batch], ds.mean, ds.std), torch.from_numpy(ds.labels[:batch])
+
+
+def off(a: torch.Tensor, b: torch.Tensor, every: dict[str, torch.Tensor]) -> float:
+    """max |a - b| relative to b's largest element, floored at a thousandth of the model's largest gradient."""
+    scale = max(float(g.abs().max()) for g in every.values())
+    return float((a.double() - b.double()).abs().max() / max(float(b.abs().max()), 1e-3 * scale))
+
+
+def off_l2(a: torch.Tensor, b: torch.Tensor, every: dict[str, torch.Tensor]) -> float:
+    """||a - b|| relative to ||b||, floored at a thousandth of the model's largest gradient norm."""
+    scale = max(float(g.norm()) for g in every.values())
+    return float((a.double() - b.double()).norm() / max(float(b.norm()), 1e-3 * scale))
+
+
+def step_matches_eager(
+    artifacts: Path, batch: int, max_batch: int, claim: NumericClaims, yardstick: Yardstick = "float64"
+) -> None:
+    """One step of the program at ``batch`` (right after one at the other end of its range, so the
+    runtime resizes) on digits: its loss within 1e-5 of eager's, its running statistics eager's,
+    and its gradients against eager's in float64.
+
+    ``float64``: each gradient within 3x eager float32's own error plus 1e-3, relative to the
+    tensor's largest gradient (or a thousandth of the model's largest where a tensor's gradient
+    is zero in exact arithmetic, e.g. a BatchNorm shift that a following BatchNorm cancels).
+
+    ``kinks``, for deep ReLU networks: some ReLU inputs sit within float32 rounding of zero (a
+    channel BatchNorm normalizes from a near-constant map amplifies rounding 300-fold), and any
+    float32 computation that sums in another order (another kernel set, ExecuTorch's) routes
+    their gradients the other way, which moves single elements by up to 17% of a tensor's largest
+    while a millionth of input noise moves nothing. Each gradient is then held to
+    ``KINK_L2`` in relative L2 norm against float64, a wrong formula being off by O(1)."""
+    from executorch.extension.pybindings.portable_lib import _load_for_executorch
+    from executorch.extension.training import TrainingModule
+
+    manifest = read_manifest(artifacts)
+    spec, size = manifest.training_program, manifest.model.input_size
+    x, y = digits(max_batch, size)
+    module = TrainingModule(_load_for_executorch(str(artifacts / manifest.artifacts["training_program"]),
+                                                 data_path=str(artifacts / manifest.artifacts["training_weights"])))  # fmt: skip
+    shapes = {t.name: t.shape for t in manifest.tensors.base + manifest.tensors.head}
+    stats = [torch.ones(shapes[n]) if n.endswith("running_var") else torch.zeros(shapes[n]) for n in spec.bn_statistics]
+    other = 2 if batch == max_batch else max_batch
+    module.forward_backward(spec.method, (x[:other], y[:other], *stats))
+    x, y = x[:batch], y[:batch]
+    loss, *new_stats = module.forward_backward(spec.method, (x, y, *stats))
+    params = module.named_parameters()
+    gradients = {n: t.clone() for n, t in module.named_gradients().items()}
+    model = build_model(ModelConfig(**manifest.model.model_dump())).train()
+    model.load_state_dict({n: p.detach().clone() for n, p in params.items()}, strict=False)
+    eager_loss = nn.functional.cross_entropy(model(x), y)
+    eager_loss.backward()
+    eager = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+    claim.below(f"batch {batch}: relative |program - eager| loss", abs(float(loss) / float(eager_loss) - 1), 1e-5)
+    state = model.state_dict()
+    assert len(new_stats) == len(spec.bn_statistics)
+    if spec.bn_statistics:
+        claim.close(f"batch {batch}: BatchNorm statistics, program against eager",
+                    torch.cat([t.detach().flatten() for t in new_stats]),
+                    torch.cat([state[n].flatten() for n in spec.bn_statistics]), rtol=1e-3, atol=1e-4)  # fmt: skip
+    model64 = copy.deepcopy(model).double()
+    model64.zero_grad()
+    nn.functional.cross_entropy(model64(x.double()), y).backward()
+    reference = {n: p.grad for n, p in model64.named_parameters() if p.grad is not None}
+    assert set(eager) == set(gradients) == set(spec.parameters) == set(reference)
+    if yardstick == "float64":
+        errors = {
+            n: (off(gradients[n], reference[n], reference), off(eager[n], reference[n], reference)) for n in eager
+        }
+        worst = max(errors, key=lambda n: errors[n][0] - 3 * errors[n][1])
+        claim.below(f"batch {batch}: largest gradient error beyond 3x eager's (float64)",
+                    errors[worst][0] - 3 * errors[worst][1], 1e-3,
+                    f"({worst}: program {errors[worst][0]:.2g}, eager {errors[worst][1]:.2g})")  # fmt: skip
+        return
+    l2 = {n: (off_l2(gradients[n], reference[n], reference), off_l2(eager[n], reference[n], reference)) for n in eager}
+    worst = max(l2, key=lambda n: l2[n][0])
+    claim.below(f"batch {batch}: largest relative L2 gradient error against float64 (kinks)", l2[worst][0], KINK_L2,
+                f"({worst}; eager float32's largest: {max(e for _, e in l2.values()):.2g})")  # fmt: skip
+    claim.below(f"batch {batch}: eager float32's largest relative L2 gradient error (kinks)",
+                max(e for _, e in l2.values()), KINK_L2)  # fmt: skip
+
+
+def inference_matches_eager(artifacts: Path, claim: NumericClaims, images: int = 4) -> None:
+    """The inference program's logits (through the ExecuTorch runtime, as a device scores) on
+    digits against eager PyTorch's in eval mode with the exported initial weights."""
+    from fedper.device_runtime.training_program import TrainingProgram
+
+    manifest = read_manifest(artifacts)
+    x, _ = digits(images, manifest.model.input_size)
+    model = build_model(ModelConfig(**manifest.model.model_dump())).eval()
+    tensors = weights.load_checked([artifacts / "base.safetensors", artifacts / "head.safetensors"],
+                                   manifest.layout("base") + manifest.layout("head"))  # fmt: skip
+    model.load_state_dict({n: torch.as_tensor(v) for n, v in tensors.items()}, strict=False)
+    program = TrainingProgram(artifacts)
+    with torch.no_grad():
+        eager = model(x)
+    claim.close("inference program against eager, logits", program.predict(x), eager, rtol=1e-4, atol=1e-5)
