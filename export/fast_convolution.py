@@ -3,9 +3,10 @@ element-wise ops, which ExecuTorch runs fast (XNNPACK's GEMM on its thread pool)
 the stock convolution kernel's loops.
 
 The 3x3 shapes MobileNet-V1 is made of keep the hand-written ops of :mod:`export.fast_ops`
-(flat shifted reads, parity phases); every other shape is an im2col: the padded input read at
-each kernel tap (a strided slice), the taps stacked, one matrix product (a batched one per
-group). Its backward is autograd's: each tap's gradient added back into a padded buffer.
+(flat shifted reads, parity phases); a 1x1 map with a 1x1 output (a late layer at a small input
+size) is its one in-bounds tap's matrix product; every other shape is an im2col: the padded
+input read at each kernel tap (a strided slice), the taps stacked, one matrix product (a batched
+one per group). Its backward is autograd's: each tap's gradient added back into a padded buffer.
 """
 
 from __future__ import annotations
@@ -80,7 +81,9 @@ def convolution(x: Tensor, conv: nn.Conv2d) -> Tensor:
     square3 = (kh, kw, ph, pw, dh, dw) == (3, 3, 1, 1, 1, 1) and sh == sw
     even = h % 2 == 0 and w % 2 == 0
     out: Tensor
-    if (kh, kw, ph, pw) == (1, 1, 0, 0) and groups == 1:
+    if (h, w, ho, wo) == (1, 1, 1, 1) and ph % dh == 0 and pw % dw == 0 and ph // dh < kh and pw // dw < kw:
+        out = _center_tap(x, weight, groups, ph // dh, pw // dw)
+    elif (kh, kw, ph, pw) == (1, 1, 0, 0) and groups == 1:
         xs = x if (sh, sw) == (1, 1) else x[:, :, ::sh, ::sw]
         out = torch.mm(weight.view(cout, cin), xs.reshape(cin, -1)).view(cout, b, ho, wo)
     elif groups == cin == cout and square3 and sh == 1:
@@ -98,6 +101,22 @@ def convolution(x: Tensor, conv: nn.Conv2d) -> Tensor:
     if conv.bias is not None:
         out = out + conv.bias.clone().view(cout, 1, 1, 1)
     return out
+
+
+def _center_tap(x: Tensor, weight: Tensor, groups: int, i: int, j: int) -> Tensor:
+    """A 1x1 map with one 1x1 output (a late layer at a small input size): every other tap reads
+    only padding, so the convolution is tap (i, j)'s matrix product; the other taps' gradients
+    are zero, as they are in the full convolution."""
+    cin, b = x.shape[:2]
+    cout = weight.shape[0]
+    tap = weight[:, :, i : i + 1, j : j + 1].reshape(cout, cin // groups)
+    flat = x.reshape(cin, b)
+    if groups == 1:
+        return torch.mm(tap, flat).view(cout, b, 1, 1)
+    if groups == cin == cout:
+        return (flat * tap).view(cout, b, 1, 1)
+    cg, og = cin // groups, cout // groups
+    return torch.bmm(tap.view(groups, og, cg), flat.view(groups, cg, b)).view(cout, b, 1, 1)
 
 
 def _depthwise(taps: list[Tensor], weight: Tensor) -> Tensor:

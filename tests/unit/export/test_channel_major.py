@@ -56,6 +56,12 @@ CONVOLUTIONS = [
     (4, 3, 3, 1, 0, 1, 1, False, (6, 5)),  # no padding
     (4, 4, 3, 1, 1, 1, 4, False, (6, 6)),  # the 3x3 depthwise op
     (4, 4, 3, 2, 1, 1, 4, False, (6, 6)),  # the 3x3 stride-2 depthwise op
+    # A 1x1 map to a 1x1 output: only the in-bounds tap's product (late layers at 32 px).
+    (6, 5, 3, 1, 1, 1, 1, True, (1, 1)),  # ResNet's layer4 at 32 px
+    (6, 6, 5, 1, 2, 1, 6, False, (1, 1)),  # depthwise 5x5
+    (6, 6, 3, 2, 1, 1, 6, False, (1, 1)),  # stride 2 on a 1x1 map
+    (6, 9, 3, 1, 2, 2, 3, False, (1, 1)),  # grouped, dilated
+    (6, 4, (1, 3), 1, (0, 1), 1, 1, False, (1, 1)),  # rectangular, padded only at the sides
 ]
 
 
