@@ -8,7 +8,7 @@ INSTALLED := $(VENV)/.installed-test
 BENCH_INSTALLED := $(VENV)/.installed-bench
 DEMO_OUT ?= demo-out
 
-.PHONY: install demo test test-fast test-slow test-portable lint typecheck pytest android-test bench results resnet34-digits poisoning bn-sharing dp-results clean
+.PHONY: install demo test test-fast test-slow test-portable test-zoo lint typecheck pytest android-test bench results resnet34-digits poisoning bn-sharing dp-results clean
 
 install: $(INSTALLED)
 
@@ -41,6 +41,12 @@ pytest: $(INSTALLED)
 # Ray, a fresh venv, full simulations, the plain graph's export. CI runs them after `make test`.
 test-slow: $(INSTALLED)
 	$(BIN)/python -m pytest -q -m slow
+
+# Every named model (torchvision's) exported at 32 and 224 px and checked against eager PyTorch,
+# float64 and the simulation through a fleet round: about an hour here (docs/EXPORT.md).
+ZOO_SIZES ?= 32,224
+test-zoo: $(INSTALLED)
+	FEDPER_ZOO=$(ZOO_SIZES) $(BIN)/python -m pytest -q -m zoo tests/integration/test_model_zoo.py
 
 # The edit loop: lint and the tests that need no export and no process and are not decided by
 # float results (training: `make test-portable` runs those on every kernel set).

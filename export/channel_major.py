@@ -28,6 +28,7 @@ from torch import fx, nn
 from fedper.export.batchnorm_check import check_batchnorm
 from fedper.export.fast_convolution import UnsupportedConvolutionError, convolution, pad2d
 from fedper.export.fast_ops import activation, batch_norm_relu
+from fedper.export.random_masks import dropout, stochastic_depth
 from fedper.models.split import running_stat_names
 
 Tensor = torch.Tensor
@@ -267,17 +268,17 @@ class _Run:
         ):
             return _flatten(cm)
         if type(module) is nn.Dropout and cm is not None:
-            return ChannelMajor(_dropout(cm.t, module.p))
+            return ChannelMajor(dropout(cm.t, module.p))
         if type(module) is nn.Dropout and isinstance(value, Tensor):
-            return _dropout(value, module.p)
+            return dropout(value, module.p)
         if isinstance(module, nn.MaxPool2d) and cm is not None:
             pooled = _max_pool(cm.t, module)
             if pooled is not None:
                 return ChannelMajor(pooled)
         if isinstance(module, nn.AdaptiveAvgPool2d) and cm is not None and _is_one(module.output_size):
             return ChannelMajor(_global_mean(cm.t))
-        if type(module).__name__ == "StochasticDepth" and cm is not None and module.mode == "row":
-            return ChannelMajor(_row_drop(cm.t, float(module.p)))  # type: ignore[arg-type]
+        if type(module).__name__ == "StochasticDepth" and cm is not None:
+            return ChannelMajor(stochastic_depth(cm.t, float(module.p), str(module.mode), batch_dim=1))  # type: ignore[arg-type]
         if cm is None:
             return self._fallback(node, "")
         return self._fallback(node, f"no fast form of {type(module).__name__}")
@@ -324,9 +325,9 @@ class _Run:
             if not training:
                 return first
             if cm is not None:
-                return ChannelMajor(_dropout(cm.t, p))
+                return ChannelMajor(dropout(cm.t, p))
             assert isinstance(first, Tensor)
-            return _dropout(first, p)
+            return dropout(first, p)
         if target in (F.max_pool2d, torch.max_pool2d) and cm is not None:
             pooled = _max_pool(cm.t, nn.MaxPool2d(*args[1:], **dict(node.kwargs)))  # type: ignore[arg-type]
             if pooled is not None:
@@ -393,30 +394,10 @@ def _global_mean(t: Tensor) -> Tensor:
     return t.view(c, b, h * w).mean(dim=2).view(c, b, 1, 1)
 
 
-def _dropout(t: Tensor, p: float) -> Tensor:
-    """Dropout from ``rand`` of the tensor's shape and a comparison: ``rand_like`` allocates with
-    ``empty_permuted`` and the in-place form draws with ``bernoulli_``, which ExecuTorch lacks."""
-    if p == 0:
-        return t
-    if p >= 1:
-        return t * 0.0
-    keep = (torch.rand(t.shape, dtype=t.dtype) >= p).to(t.dtype)
-    return t * keep * (1.0 / (1.0 - p))
-
-
 def _dropout_arguments(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[float, bool]:
     p = args[1] if len(args) > 1 else kwargs.get("p", 0.5)
     training = args[2] if len(args) > 2 else kwargs.get("training", True)
     return float(p), bool(training)
-
-
-def _row_drop(t: Tensor, p: float) -> Tensor:
-    """torchvision's stochastic depth (mode "row"): each image's whole residual dropped with p."""
-    if p == 0:
-        return t
-    b = t.shape[1]
-    keep = (torch.rand(1, b, 1, 1) >= p).to(t.dtype) * (1.0 / (1.0 - p))
-    return t * keep
 
 
 def _max_pool(t: Tensor, pool: nn.MaxPool2d) -> Tensor | None:

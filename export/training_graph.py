@@ -21,6 +21,7 @@ from torch import nn
 from fedper.common.errors import ConfigError
 from fedper.export.batchnorm_check import check_batchnorm
 from fedper.export.channel_major import ChannelMajorStep, trace_failure
+from fedper.export.random_masks import stochastic_depth
 from fedper.models import StagedModel, exchanged_names
 from fedper.models.split import running_stat_names
 from fedper.models.staged import replace_submodule
@@ -131,22 +132,17 @@ def _hint(size: int | torch.SymInt) -> int | torch.SymInt:
 
 
 class RowDrop(nn.Module):
-    """torchvision's ``StochasticDepth`` in training, from ``rand`` and a comparison: torchvision
-    draws its mask with an in-place ``bernoulli_``, which ExecuTorch has no kernel for. Each row
-    (``mode="row"``: each example; ``"batch"``: the whole batch) is kept with probability 1 - p
-    and scaled by 1 / (1 - p), as torchvision's ``stochastic_depth`` does."""
+    """torchvision's ``StochasticDepth`` in training (:func:`export.random_masks.stochastic_depth`):
+    torchvision draws its mask with an in-place ``bernoulli_``, which ExecuTorch has no kernel for."""
 
     def __init__(self, p: float, mode: str):
         super().__init__()
         self.p, self.mode = float(p), mode
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not self.training or self.p == 0.0:
+        if not self.training:
             return x
-        survival = 1.0 - self.p
-        size = [x.shape[0] if self.mode == "row" else 1] + [1] * (x.dim() - 1)
-        keep = (torch.rand(size, dtype=x.dtype, device=x.device) < survival).to(x.dtype)
-        return x * (keep / survival) if survival > 0.0 else x * keep
+        return stochastic_depth(x, self.p, self.mode, batch_dim=0)
 
 
 class GatherMaxPool(nn.Module):

@@ -308,9 +308,35 @@ def test_dropout_draws_a_mask_from_rand_in_place_or_not_on_either_layout():
                           nn.Dropout(0.5, inplace=True), nn.Linear(64, 10))  # fmt: skip
     step = ChannelMajorStep(model)
     assert step.fallbacks_at(8) == []
-    from fedper.export.channel_major import _dropout
+    from fedper.export.random_masks import dropout
 
     x = torch.ones(64, 4, 8, 8)
-    dropped = _dropout(x, 0.25)
+    dropped = dropout(x, 0.25)
     assert set(dropped.unique().tolist()) == {0.0, float(torch.tensor(4.0 / 3.0))}
     assert 0.2 < float((dropped == 0).float().mean()) < 0.3
+
+
+@pytest.mark.parametrize("mode", ["row", "batch"])
+def test_stochastic_depth_drops_whole_examples_or_the_whole_batch_on_either_layout(mode):
+    from torchvision.ops import StochasticDepth
+
+    from fedper.export.random_masks import stochastic_depth
+
+    torch.manual_seed(0)
+    for batch_dim in (0, 1):  # [B, C, H, W] (the stock program's rewrite) and channel-major
+        shape = [5, 5, 3, 3]
+        shape[batch_dim] = 200
+        kept = stochastic_depth(torch.ones(shape), 0.5, mode, batch_dim).movedim(batch_dim, 0).flatten(1)
+        assert set(kept.unique().tolist()) <= {0.0, 2.0}
+        per_example = kept[:, 0]
+        assert torch.equal(kept, per_example[:, None].expand_as(kept))  # whole examples
+        if mode == "batch":
+            assert per_example.unique().numel() == 1
+        else:
+            assert 0.35 < float((per_example == 0).float().mean()) < 0.65
+    # The fast graph translates torchvision's module in either mode: no fallback.
+    model = nn.Sequential(nn.Conv2d(3, 4, 1), StochasticDepth(0.2, mode), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+                          nn.Linear(4, 10))  # fmt: skip
+    assert ChannelMajorStep(model).fallbacks_at(8) == []
+    with pytest.raises(ValueError, match="mode must be 'row' or 'batch'"):
+        stochastic_depth(torch.ones(2, 2), 0.5, "column", 0)
