@@ -71,7 +71,10 @@ def zoo_export(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPath
 def test_the_program_trains_as_eager_pytorch_does(zoo_export, batch, claim):
     manifest = read_manifest(zoo_export)
     assert manifest.training_program.variant == "fast"
-    assert manifest.kp == 1 and len(manifest.head_names) == 2  # the classifier's weight and bias
+    head = MODELS[manifest.model.name.removeprefix("torchvision:")][1]
+    assert manifest.kp == 1 and manifest.model.head_modules == [head]
+    assert manifest.head_names and all(n.startswith(f"{head}.") for n in manifest.head_names)
+    assert not any(n.startswith(f"{head}.") for n in manifest.base_names)
     step_matches_eager(zoo_export, batch, MAX_BATCH, claim, yardstick="kinks")
 
 
