@@ -112,8 +112,10 @@ def measure(name: str, size: int, batch: int, steps: int, stock_steps: int, work
             assert isinstance(step, ChannelMajorStep)
             row["fallbacks"] = [f.warning() for f in step.fallbacks_at(size)]
         start = time.perf_counter()
-        lowered = lower_training_program(step, size, batch, refuse_missing_kernels=variant == "fast")
+        phases: dict[str, float] = {}
+        lowered = lower_training_program(step, size, batch, phases=phases, refuse_missing_kernels=variant == "fast")
         row[f"{variant}_export_s"] = time.perf_counter() - start
+        row[f"{variant}_export_phases_s"] = phases
         if variant == "fast":
             row["planned_mib"] = planned_memory(lowered.program).total / 2**20
         pte, ptd = workdir / f"{name}-{variant}.pte", workdir / f"{name}-{variant}.ptd"

@@ -6,7 +6,8 @@ as a user makes them; the export's check trains the program through ExecuTorch's
 then ``fedper simulate`` with the same model and head on digits with 4 classes per client
 (docs/RESULTS.md's digits settings: 20 rounds of 2 local epochs, from scratch), FedPer and
 FedAvg on seeds 0, 1 and 2, paired per client as ``make results`` pairs MobileNet-V1's. The
-table replaces the block between its markers in docs/RESULTS.md (``--write``); runs whose
+table replaces the block between its markers in docs/RESULTS.md (``--write``, which also copies
+seed 0's accuracy-per-round plot into docs/img); runs whose
 ``results.json`` exists with the same command are reused.
 """
 
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -68,6 +70,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(text)
     if args.write is not None:
         write_block(args.write, BEGIN, END, text)
+        plot = runs[EXPERIMENT.name][0] / "accuracy_per_round.png"  # seed 0's
+        shutil.copyfile(plot, args.write.parent / "img" / f"{EXPERIMENT.name.replace('-', '_')}_accuracy_per_round.png")
     print(f"{len(SEEDS)} runs and an export, {time.perf_counter() - start:.0f} s", file=sys.stderr)
     return 0
 
