@@ -136,6 +136,36 @@ def measure(name: str, size: int, batch: int, steps: int, stock_steps: int, work
     return row
 
 
+TARGETS = {"stock_over_fast_224": 10.0, "fast_over_eager": 2.0, "planned_over_bound": 2.0, "export_s": 180.0}
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    """The markdown table of docs/PERFORMANCE.md and docs/EXPORT.md; a figure beyond its target
+    (``TARGETS``: >= 10x the stock program at 224 px, <= 2x eager, planned <= 2x the bound,
+    export <= 3 minutes) is marked with a dagger."""
+
+    def mark(value: float, bad: bool, spec: str, unit: str) -> str:
+        return f"{value:{spec}}{unit}{' †' if bad else ''}"
+
+    lines = ["| model | input, batch | eager | fast program (x eager) | stock program (x fast) | planned (x bound) | export (fast / stock) |",
+             "|---|---|---|---|---|---|---|"]  # fmt: skip
+    for r in rows:
+        stock = "-"
+        if "plain_ms" in r:
+            slow = r["input_size"] >= 224 and r["stock_over_fast"] < TARGETS["stock_over_fast_224"]
+            stock = f"{r['plain_ms']:.0f} ms ({mark(r['stock_over_fast'], slow, '.1f', 'x')})"
+        fast = f"{r['fast_ms']:.0f} ms ({mark(r['fast_over_eager'], r['fast_over_eager'] > TARGETS['fast_over_eager'], '.2f', 'x')})"
+        planned = (
+            f"{r['planned_mib']:.0f} MiB ({mark(r['planned_over_bound'], r['planned_over_bound'] > 2, '.2f', 'x')})"
+        )
+        export = mark(r["fast_export_s"], r["fast_export_s"] > TARGETS["export_s"], ".0f", " s")
+        if "plain_export_s" in r:
+            export += f" / {r['plain_export_s']:.0f} s"
+        lines.append(f"| `{r['model']}` | {r['input_size']} px, {r['batch']} | {r['eager_ms']:.0f} ms | {fast} | {stock} | "
+                     f"{planned} | {export} |")  # fmt: skip
+    return "\n".join(lines)
+
+
 def main() -> None:
     import sys
 
@@ -159,7 +189,13 @@ def main() -> None:
     parser.add_argument("--stock-steps", type=int, default=1)
     parser.add_argument("--no-stock", action="store_true")
     parser.add_argument("--name", default="model_zoo", help="results file name (bench/results/NAME.json)")
+    parser.add_argument("--table", type=Path, help="print the table of this results file and exit")
     args = parser.parse_args()
+    if args.table is not None:
+        import json
+
+        print(table(json.loads(args.table.read_text())["rows"]))
+        return
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for spec in args.sizes.split(","):
@@ -173,6 +209,7 @@ def main() -> None:
                       f"{row['fast_export_s']:.0f} s; planned {row['planned_mib']:.0f} MiB "
                       f"({row['planned_over_bound']:.2f}x the bound)", flush=True)  # fmt: skip
                 write_results(args.name, {"rows": rows, "steps": args.steps})  # each row kept as it comes
+    print(table(rows))
 
 
 if __name__ == "__main__":
