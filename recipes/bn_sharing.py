@@ -20,7 +20,6 @@ seeds (mean ± SE, won / lost); it replaces the block between the markers in doc
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from collections.abc import Sequence
@@ -38,6 +37,7 @@ from fedper._recipes.results_suite import (
     run_one,
     summary_of,
 )
+from fedper._recipes.suite_options import suite_parser
 from fedper.common.atomic_write import atomic_write_text
 from fedper.run_results import RunResults, load_results, report_number
 
@@ -103,10 +103,7 @@ def write_into(doc: Path, text: str) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m fedper._recipes.bn_sharing", description=__doc__)
-    p.add_argument("--out", type=Path, default=Path("runs/bn_sharing"), help="where the runs go (reused)")
-    p.add_argument("--fedper", default=str(Path(sys.executable).with_name("fedper")), help="the fedper command")
-    p.add_argument("--write", type=Path, default=None, help="replace the bn-sharing block of this markdown file")
+    p = suite_parser("bn_sharing", __doc__, Path("runs/bn_sharing"), "bn-sharing", jobs=False)
     args = p.parse_args(argv)
     start = time.perf_counter()
     runs = run_all(args.fedper, args.out, SEEDS)

@@ -14,7 +14,6 @@ markers in docs/RESULTS.md (``--write``).
 
 from __future__ import annotations
 
-import argparse
 import math
 import sys
 import time
@@ -25,6 +24,7 @@ import numpy as np
 
 from fedper._recipes.doc_block import write_block
 from fedper._recipes.results_suite import SEEDS, SYNTH, Experiment, mean_std, run_all, summary_of
+from fedper._recipes.suite_options import suite_parser
 from fedper.common.atomic_write import atomic_write_text
 from fedper.common.dp.accountant import smallest_noise_multiplier
 from fedper.common.errors import FedperError
@@ -133,11 +133,7 @@ def table(runs_by_name: dict[str, list[Path]]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m fedper._recipes.dp_suite", description=__doc__)
-    p.add_argument("--out", type=Path, default=Path("runs/dp"), help="where the runs go (reused)")
-    p.add_argument("--fedper", default=str(Path(sys.executable).with_name("fedper")), help="the fedper command")
-    p.add_argument("--jobs", type=int, default=2, help="runs at a time (one torch thread each)")
-    p.add_argument("--write", type=Path, default=None, help="replace the dp block of this markdown file")
+    p = suite_parser("dp_suite", __doc__, Path("runs/dp"), "dp")
     args = p.parse_args(argv)
     start = time.perf_counter()
     runs = run_all(args.fedper, args.out, SEEDS, args.jobs, experiments())

@@ -19,7 +19,6 @@ beside the weights.
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import re
@@ -36,6 +35,7 @@ from tqdm import tqdm
 from fedper._recipes.doc_block import write_block
 from fedper._recipes.results_suite import DIGITS, SYNTH, Experiment, mean_std, paired_difference, run_all, summary_of
 from fedper._recipes.simulation import Arrays, SimulationConfig, run
+from fedper._recipes.suite_options import suite_parser
 from fedper.common import weights
 from fedper.common.atomic_write import atomic_write_text
 from fedper.common.robust_aggregate import (
@@ -316,11 +316,7 @@ def table(results: Results) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m fedper._recipes.poisoning", description=__doc__)
-    p.add_argument("--out", type=Path, default=Path("runs/poisoning"), help="where the runs go (reused)")
-    p.add_argument("--jobs", type=int, default=2, help="runs at a time (each one torch thread)")
-    p.add_argument("--write", type=Path, default=None, help="replace the poisoning block of this markdown file")
-    p.add_argument("--fedper", default=str(Path(sys.executable).with_name("fedper")), help="the fedper command")
+    p = suite_parser("poisoning", __doc__, Path("runs/poisoning"), "poisoning")
     args = p.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()

@@ -13,7 +13,6 @@ seed 0's accuracy-per-round plot into docs/img); runs whose
 
 from __future__ import annotations
 
-import argparse
 import os
 import shutil
 import subprocess
@@ -24,6 +23,7 @@ from pathlib import Path
 
 from fedper._recipes.doc_block import write_block
 from fedper._recipes.results_suite import DIGITS, FEDPER_FEDAVG, SEEDS, Experiment, run_all, tables
+from fedper._recipes.suite_options import suite_parser
 from fedper.common.atomic_write import atomic_write_text
 from fedper.common.errors import FedperError
 from fedper.common.manifest import read_manifest
@@ -55,11 +55,7 @@ def export(fedper: str, out: Path) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m fedper._recipes.resnet34_digits", description=__doc__)
-    p.add_argument("--out", type=Path, default=Path("runs/resnet34"), help="where the export and the runs go")
-    p.add_argument("--jobs", type=int, default=2, help="runs at a time (each one torch thread)")
-    p.add_argument("--fedper", default=str(Path(sys.executable).with_name("fedper")), help="the fedper command")
-    p.add_argument("--write", type=Path, default=None, help="replace the block between its markers in this file")
+    p = suite_parser("resnet34_digits", __doc__, Path("runs/resnet34"), "resnet34")
     args = p.parse_args(argv)
     start = time.perf_counter()
     exported = export(args.fedper, args.out / "artifacts")

@@ -11,7 +11,6 @@ docs/RESULTS.md (``--write``).
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import shutil
@@ -28,6 +27,7 @@ import numpy as np
 
 from fedper._recipes import bn_modes, pretrain_probe
 from fedper._recipes.doc_block import write_block
+from fedper._recipes.suite_options import suite_parser
 from fedper.common.atomic_write import atomic_write_text
 from fedper.common.errors import FedperError
 from fedper.pretrained import PACKAGED_BASE
@@ -363,11 +363,7 @@ def write_into(doc: Path, text: str) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m fedper._recipes.results_suite", description=__doc__)
-    p.add_argument("--out", type=Path, default=Path("runs/results"), help="where the runs go")
-    p.add_argument("--jobs", type=int, default=2, help="runs at a time (each one torch thread)")
-    p.add_argument("--fedper", default=str(Path(sys.executable).with_name("fedper")), help="the fedper command")
-    p.add_argument("--write", type=Path, default=None, help="replace the tables block of this markdown file")
+    p = suite_parser("results_suite", __doc__, Path("runs/results"), "tables")
     args = p.parse_args(argv)
     start = time.perf_counter()
     runs = run_all(args.fedper, args.out, SEEDS, args.jobs)
