@@ -410,7 +410,8 @@ def lower_training_program(
         for op in PRESERVED_OPS:
             table.pop(op, None)
         clock = _PhaseClock(phases if phases is not None else {})
-        joint = trace_joint(step, input_size, max_batch, table)
+        with conv_backend_without_batch_guards():
+            joint = trace_joint(step, input_size, max_batch, table)
         drop_aliases(joint.graph_module)
         use_linear_for_transposed_matmul(joint.graph_module)
         clock.lap("trace and decompose")
@@ -434,7 +435,61 @@ def lower_training_program(
         manager = edge.to_executorch(ExecutorchBackendConfig(external_constants=True, external_mutable_weights=True))
         lowered = _split_files(manager)
         clock.lap("to_executorch")
+    check_planned_batch(lowered.program, max_batch)
     return lowered
+
+
+def check_planned_batch(program: bytes, max_batch: int) -> None:
+    """Refuse a training program whose tensors are planned for fewer images than ``max_batch``
+    (a guard on the batch size added while lowering): the runtime would refuse a device's larger
+    batches with an error code."""
+    from executorch.exir._serialize._program import deserialize_pte_binary
+
+    pte = deserialize_pte_binary(program)
+    plans = getattr(pte, "program", pte).execution_plan
+    planned = int(plans[0].values[plans[0].inputs[0]].val.sizes[0])
+    if planned != max_batch:
+        raise ExportError(
+            f"the training program was planned for batches of at most {planned} images, not --max-batch "
+            f"{max_batch} (a guard on the batch size was added while lowering)"
+        )
+
+
+@contextlib.contextmanager
+def conv_backend_without_batch_guards() -> Iterator[None]:
+    """While lowering, choose the convolution backend of a batch-dynamic input from its example
+    batch, without a guard on the batch.
+
+    Tracing a convolution on fake tensors asks ATen which backend it would run
+    (``torch._C._select_conv_backend``), only to know its output's memory format; ATen's
+    heuristics compare the batch with 16 (for some 1x1 convolutions), which adds the guard
+    ``batch < 16`` to the trace: the program then plans its tensors for at most 15 images and
+    refuses a larger batch at run time, whatever ``--max-batch`` says. Which backend eager
+    would pick does not change the program (a contiguous NCHW output either way)."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    original = torch._C._select_conv_backend
+
+    def select(input_: torch.Tensor, weight: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        if any(isinstance(d, torch.SymInt) for d in input_.shape):
+            shape = [_hint(d) for d in input_.shape]
+            if all(isinstance(d, int) for d in shape):
+                with unset_fake_temporarily():
+                    input_ = torch.empty(1, dtype=input_.dtype).expand(shape)
+        return original(input_, weight, *args, **kwargs)
+
+    torch._C._select_conv_backend = select
+    try:
+        yield
+    finally:
+        torch._C._select_conv_backend = original
+
+
+def _hint(size: int | torch.SymInt) -> int | torch.SymInt:
+    """A symbolic size's example value (the size itself where it has none)."""
+    if isinstance(size, torch.SymInt) and size.node.hint is not None:
+        return int(size.node.hint)
+    return size
 
 
 class _PhaseClock:

@@ -47,7 +47,6 @@ from fedper.export.onnx_export import ONNX_OPSET, export_onnx
 from fedper.export.training_graph import (
     Variant,
     VariantChoice,
-    conv_backend_without_batch_guards,
     resolve_variant,
     training_step,
 )
@@ -196,9 +195,7 @@ def run_export(
         else:
             t = time.perf_counter()
             say("exporting the training program (forward + backward)...")
-            with conv_backend_without_batch_guards():
-                lowered = lower_training_program(step, mcfg.input_size, config.max_batch)
-            check_planned_batch(lowered.program, config.max_batch)
+            lowered = lower_training_program(step, mcfg.input_size, config.max_batch)
             (staging / ARTIFACT_FILES["training_program"]).write_bytes(lowered.program)
             (staging / ARTIFACT_FILES["training_weights"]).write_bytes(lowered.weights)
             seconds["training program"] = time.perf_counter() - t
@@ -234,22 +231,6 @@ def run_export(
     return ExportReport(
         out=config.out, sizes=sizes, seconds=seconds, manifest=manifest, notes=tuple(notes), warnings=tuple(warnings)
     )
-
-
-def check_planned_batch(program: bytes, max_batch: int) -> None:
-    """Refuse a training program whose tensors are planned for fewer images than ``max_batch``
-    (a guard on the batch size added while lowering), before the rest of the export runs: the
-    runtime would refuse a device's larger batches with an error code."""
-    from executorch.exir._serialize._program import deserialize_pte_binary
-
-    pte = deserialize_pte_binary(program)
-    plans = getattr(pte, "program", pte).execution_plan
-    planned = int(plans[0].values[plans[0].inputs[0]].val.sizes[0])
-    if planned != max_batch:
-        raise ExportConfigError(
-            f"the training program was planned for batches of at most {planned} images, not --max-batch "
-            f"{max_batch} (a guard on the batch size was added while lowering)"
-        )
 
 
 def check_output(model: StagedModel, mcfg: ModelConfig) -> None:

@@ -9,10 +9,9 @@ state keys, so the program serves any kp.
 
 from __future__ import annotations
 
-import contextlib
 import copy
-from collections.abc import Callable, Iterator
-from typing import Any, Literal, get_args
+from collections.abc import Callable
+from typing import Literal, get_args
 
 import torch
 import torch.nn.functional as F
@@ -92,43 +91,6 @@ class StatsInputBatchNorm(nn.Module):
             (1 - m) * running_var + m * unbiased,
         )
         return y
-
-
-@contextlib.contextmanager
-def conv_backend_without_batch_guards() -> Iterator[None]:
-    """While lowering, choose the convolution backend of a batch-dynamic input from its example
-    batch, without a guard on the batch.
-
-    Tracing a convolution on fake tensors asks ATen which backend it would run
-    (``torch._C._select_conv_backend``), only to know its output's memory format; ATen's
-    heuristics compare the batch with 16 (for some 1x1 convolutions), which adds the guard
-    ``batch < 16`` to the trace: the program then plans its tensors for at most 15 images and
-    refuses a larger batch at run time, whatever ``--max-batch`` says. Which backend eager
-    would pick does not change the program (a contiguous NCHW output either way)."""
-    from torch._subclasses.fake_tensor import unset_fake_temporarily
-
-    original = torch._C._select_conv_backend
-
-    def select(input_: torch.Tensor, weight: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-        if any(isinstance(d, torch.SymInt) for d in input_.shape):
-            shape = [_hint(d) for d in input_.shape]
-            if all(isinstance(d, int) for d in shape):
-                with unset_fake_temporarily():
-                    input_ = torch.empty(1, dtype=input_.dtype).expand(shape)
-        return original(input_, weight, *args, **kwargs)
-
-    torch._C._select_conv_backend = select
-    try:
-        yield
-    finally:
-        torch._C._select_conv_backend = original
-
-
-def _hint(size: int | torch.SymInt) -> int | torch.SymInt:
-    """A symbolic size's example value (the size itself where it has none)."""
-    if isinstance(size, torch.SymInt) and size.node.hint is not None:
-        return int(size.node.hint)
-    return size
 
 
 class RowDrop(nn.Module):
