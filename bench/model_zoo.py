@@ -189,12 +189,12 @@ def main() -> None:
     parser.add_argument("--stock-steps", type=int, default=1)
     parser.add_argument("--no-stock", action="store_true")
     parser.add_argument("--name", default="model_zoo", help="results file name (bench/results/NAME.json)")
-    parser.add_argument("--table", type=Path, help="print the table of this results file and exit")
+    parser.add_argument("--table", type=Path, nargs="+", help="print the table of these results files and exit")
     args = parser.parse_args()
     if args.table is not None:
         import json
 
-        print(table(json.loads(args.table.read_text())["rows"]))
+        print(table([row for path in args.table for row in json.loads(path.read_text())["rows"]]))
         return
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
