@@ -43,10 +43,14 @@ test-slow: $(INSTALLED)
 	$(BIN)/python -m pytest -q -m slow
 
 # Every named model (torchvision's) exported at 32 and 224 px and checked against eager PyTorch,
-# float64 and the simulation through a fleet round: about an hour here (docs/EXPORT.md).
+# float64 and the simulation through a fleet round, claims in test-zoo/claims.md: about an hour
+# here (docs/EXPORT.md).
 ZOO_SIZES ?= 32,224
 test-zoo: $(INSTALLED)
-	FEDPER_ZOO=$(ZOO_SIZES) $(BIN)/python -m pytest -q -m zoo tests/integration/test_model_zoo.py
+	mkdir -p test-zoo
+	FEDPER_ZOO=$(ZOO_SIZES) $(BIN)/python -m pytest -q -m zoo tests/integration/test_model_zoo.py \
+		--junitxml=test-zoo/zoo.xml; status=$$?; \
+		$(BIN)/python -m tests.support.portable --claims test-zoo/zoo.xml > test-zoo/claims.md; exit $$status
 
 # The edit loop: lint and the tests that need no export and no process and are not decided by
 # float results (training: `make test-portable` runs those on every kernel set).
@@ -98,4 +102,4 @@ bench: $(BENCH_INSTALLED)
 	$(BIN)/python -m bench
 
 clean:
-	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache $(DEMO_OUT) android_demo/core/build test-portable
+	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache $(DEMO_OUT) android_demo/core/build test-portable test-zoo
