@@ -406,12 +406,13 @@ def lower_training_program(
         logging.getLogger("torch").setLevel(logging.ERROR)
         if shortcuts:
             skipping.enter_context(unchanging_passes_skipped())
+        # Every pass re-traces the graph on fake tensors, asking for convolution backends again.
+        skipping.enter_context(conv_backend_without_batch_guards())
         table = {**_default_decomposition_table(), **DECOMPOSITIONS}
         for op in PRESERVED_OPS:
             table.pop(op, None)
         clock = _PhaseClock(phases if phases is not None else {})
-        with conv_backend_without_batch_guards():
-            joint = trace_joint(step, input_size, max_batch, table)
+        joint = trace_joint(step, input_size, max_batch, table)
         drop_aliases(joint.graph_module)
         use_linear_for_transposed_matmul(joint.graph_module)
         clock.lap("trace and decompose")
@@ -439,15 +440,20 @@ def lower_training_program(
     return lowered
 
 
-def check_planned_batch(program: bytes, max_batch: int) -> None:
-    """Refuse a training program whose tensors are planned for fewer images than ``max_batch``
-    (a guard on the batch size added while lowering): the runtime would refuse a device's larger
-    batches with an error code."""
+def planned_batch(program: bytes) -> int:
+    """The largest batch a training program's first input (the images) is planned for."""
     from executorch.exir._serialize._program import deserialize_pte_binary
 
     pte = deserialize_pte_binary(program)
     plans = getattr(pte, "program", pte).execution_plan
-    planned = int(plans[0].values[plans[0].inputs[0]].val.sizes[0])
+    return int(plans[0].values[plans[0].inputs[0]].val.sizes[0])
+
+
+def check_planned_batch(program: bytes, max_batch: int) -> None:
+    """Refuse a training program whose tensors are planned for fewer images than ``max_batch``
+    (a guard on the batch size added while lowering): the runtime would refuse a device's larger
+    batches with an error code."""
+    planned = planned_batch(program)
     if planned != max_batch:
         raise ExportError(
             f"the training program was planned for batches of at most {planned} images, not --max-batch "

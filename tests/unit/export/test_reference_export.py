@@ -208,3 +208,34 @@ def test_the_users_model_trains_with_dropout(tmp_path: Path) -> None:
     x, y = digits(8, 32)
     losses = {float(module.forward_backward(spec.method, (x, y, *stats))[0]) for _ in range(4)}
     assert len(losses) == 4 and all(torch.isfinite(torch.tensor(sorted(losses))))
+
+
+class PooledGate(nn.Module):
+    """A 1x1 convolution of a pooled (1x1) map, as squeeze-and-excitation has: while tracing, ATen's
+    choice of its backend compares the batch with 16, a guard that would plan the program for 15."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.gate = nn.Conv2d(8, 8, 1)
+        self.fc = nn.Linear(8, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(torch.flatten(self.gate(self.pool(self.conv(x))), 1))
+
+
+@pytest.mark.export
+def test_the_stock_program_is_planned_for_its_largest_batch_and_a_guarded_one_is_refused(monkeypatch):
+    import contextlib
+
+    from fedper.export import executorch_lowering
+    from fedper.export.executorch_lowering import ExportError, lower_training_program, planned_batch
+
+    step = TrainingStep(as_staged(PooledGate(), "pooled-gate", 10))
+    lowered = lower_training_program(step, 8, 32, refuse_missing_kernels=False)
+    assert planned_batch(lowered.program) == 32
+    # Without the backend's guard kept out (every pass of the lowering re-traces), the check refuses.
+    monkeypatch.setattr(executorch_lowering, "conv_backend_without_batch_guards", contextlib.nullcontext)
+    with pytest.raises(ExportError, match="planned for batches of at most 15 images, not --max-batch 32"):
+        lower_training_program(step, 8, 32, refuse_missing_kernels=False)
