@@ -13,6 +13,8 @@ seed 0's accuracy-per-round plot into docs/img); runs whose
 
 from __future__ import annotations
 
+import csv
+import math
 import os
 import shutil
 import subprocess
@@ -20,6 +22,8 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+
+import numpy as np
 
 from fedper._recipes.doc_block import write_block
 from fedper._recipes.results_suite import DIGITS, FEDPER_FEDAVG, SEEDS, Experiment, run_all, tables
@@ -54,6 +58,38 @@ def export(fedper: str, out: Path) -> str:
             f"{len(warnings)} warnings.")  # fmt: skip
 
 
+CHECKPOINTS = (3, 5, 10, 15, 20)
+
+
+def _accuracies(run: Path) -> dict[tuple[str, int, int], float]:
+    """(algorithm, round, client) -> the client's accuracy at the start of that round (metrics.csv)."""
+    with (run / "metrics.csv").open() as f:
+        return {(r["algorithm"], int(r["round"]), int(r["client"])): float(r["accuracy"]) for r in csv.DictReader(f)}
+
+
+def per_round_table(runs: Sequence[Path], rounds: Sequence[int] = CHECKPOINTS) -> str:
+    """How fast each algorithm gets there: the clients' mean accuracy at the start of some rounds
+    (mean ± std over seeds) and FedPer - FedAvg per client at that round, pooled over seeds."""
+    seen = [_accuracies(r) for r in runs]
+    lines = [
+        "| at the start of round | fedper | fedavg | fedper - fedavg per client (mean ± SE) |",
+        "|---|---|---|---|",
+    ]
+    for n in rounds:
+        means: dict[str, list[float]] = {"fedper": [], "fedavg": []}
+        diffs: list[float] = []
+        for acc in seen:
+            clients = sorted(c for (a, r, c) in acc if a == "fedper" and r == n)
+            for algorithm in means:
+                means[algorithm].append(float(np.mean([acc[(algorithm, n, c)] for c in clients])))
+            diffs += [acc[("fedper", n, c)] - acc[("fedavg", n, c)] for c in clients]
+        se = float(np.std(diffs, ddof=1)) / math.sqrt(len(diffs))
+        won, lost = sum(d > 0 for d in diffs), sum(d < 0 for d in diffs)
+        cells = " | ".join(f"{np.mean(v):.3f} ± {np.std(v):.3f}" for v in means.values())
+        lines.append(f"| {n} | {cells} | {np.mean(diffs):+.3f} ± {se:.3f} ({won} won / {lost} lost of {len(diffs)}) |")
+    return "\n".join(lines)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = suite_parser("resnet34_digits", __doc__, Path("runs/resnet34"), "resnet34")
     args = p.parse_args(argv)
@@ -61,7 +97,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     exported = export(args.fedper, args.out / "artifacts")
     print(exported, file=sys.stderr, flush=True)
     runs = run_all(args.fedper, args.out, SEEDS, args.jobs, [EXPERIMENT])
-    text = f"{exported}\n\n{tables(runs, [EXPERIMENT])}"
+    text = f"{exported}\n\n{tables(runs, [EXPERIMENT])}\n**On the way** (seeds 0, 1, 2)\n\n"
+    text += per_round_table(runs[EXPERIMENT.name])
     atomic_write_text(args.out / "tables.md", text + "\n")
     print(text)
     if args.write is not None:
