@@ -28,6 +28,7 @@ class ExecuTorchInference:
         self._program = Path(program).read_bytes()
         self._names = list(weight_names)
         self._module: object | None = None
+        self._weights = b""
 
     def set_weights(self, tensors: Mapping[str, torch.Tensor]) -> None:
         from executorch.extension.pybindings.portable_lib import _load_for_executorch_from_buffer
@@ -35,8 +36,12 @@ class ExecuTorchInference:
         missing = [n for n in self._names if n not in tensors]
         if missing:
             raise KeyError(f"inference weights lack {len(missing)} tensor(s), e.g. {missing[:3]}")
-        ptd = encode_ptd({n: tensors[n].float() for n in self._names})
-        self._module = _load_for_executorch_from_buffer(self._program, data_map_buffer=ptd)
+        # The loaded program reads its weights from this buffer without copying it: the buffer
+        # must live as long as the module (freed, a large model's scoring read freed memory and
+        # crashed: torchvision's ResNet-34).
+        weights = encode_ptd({n: tensors[n].float() for n in self._names})
+        module = _load_for_executorch_from_buffer(self._program, data_map_buffer=weights)
+        self._module, self._weights = module, weights
 
     def predict(self, x: torch.Tensor) -> torch.Tensor:
         if self._module is None:
