@@ -57,8 +57,10 @@ def step_matches_eager(
     channel BatchNorm normalizes from a near-constant map amplifies rounding 300-fold), and any
     float32 computation that sums in another order (another kernel set, ExecuTorch's) routes
     their gradients the other way, which moves single elements by up to 17% of a tensor's largest
-    while a millionth of input noise moves nothing. Each gradient is then held to
-    ``KINK_L2`` in relative L2 norm against float64, a wrong formula being off by O(1)."""
+    while a millionth of input noise moves nothing. The loss is then held to float64's within 3x
+    eager float32's own error (plus 1e-5), and each gradient to float64's in relative L2 within
+    ``KINK_L2`` or 3x eager float32's own error, whichever is larger: a wrong formula is off by
+    O(1) where float32 is well conditioned (at larger batches: MobileNetV2 at batch 8, 1.6e-6)."""
     from executorch.extension.pybindings.portable_lib import _load_for_executorch
     from executorch.extension.training import TrainingModule
 
@@ -80,7 +82,8 @@ def step_matches_eager(
     eager_loss = nn.functional.cross_entropy(model(x), y)
     eager_loss.backward()
     eager = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
-    claim.below(f"batch {batch}: relative |program - eager| loss", abs(float(loss) / float(eager_loss) - 1), 1e-5)
+    if yardstick == "float64":
+        claim.below(f"batch {batch}: relative |program - eager| loss", abs(float(loss) / float(eager_loss) - 1), 1e-5)
     state = model.state_dict()
     assert len(new_stats) == len(spec.bn_statistics)
     if spec.bn_statistics:
@@ -89,7 +92,15 @@ def step_matches_eager(
                     torch.cat([state[n].flatten() for n in spec.bn_statistics]), rtol=1e-3, atol=1e-4)  # fmt: skip
     model64 = copy.deepcopy(model).double()
     model64.zero_grad()
-    nn.functional.cross_entropy(model64(x.double()), y).backward()
+    loss64 = nn.functional.cross_entropy(model64(x.double()), y)
+    loss64.backward()
+    if yardstick == "kinks":
+        # At a batch of 2 a late BatchNorm of 1x1 maps normalizes two values, and float32's own
+        # loss is off float64's by percents (torchvision's MobileNetV2 at 32 px: 4%, ResNet-34: 15%).
+        eager_error = abs(float(eager_loss) / float(loss64) - 1)
+        claim.below(f"batch {batch}: relative |program - float64| loss beyond 3x eager float32's",
+                    abs(float(loss) / float(loss64) - 1) - 3 * eager_error, 1e-5,
+                    f"(eager float32's: {eager_error:.2g})")  # fmt: skip
     reference = {n: p.grad for n, p in model64.named_parameters() if p.grad is not None}
     assert set(eager) == set(gradients) == set(spec.parameters) == set(reference)
     if yardstick == "float64":
@@ -102,11 +113,10 @@ def step_matches_eager(
                     f"({worst}: program {errors[worst][0]:.2g}, eager {errors[worst][1]:.2g})")  # fmt: skip
         return
     l2 = {n: (off_l2(gradients[n], reference[n], reference), off_l2(eager[n], reference[n], reference)) for n in eager}
-    worst = max(l2, key=lambda n: l2[n][0])
-    claim.below(f"batch {batch}: largest relative L2 gradient error against float64 (kinks)", l2[worst][0], KINK_L2,
-                f"({worst}; eager float32's largest: {max(e for _, e in l2.values()):.2g})")  # fmt: skip
-    claim.below(f"batch {batch}: eager float32's largest relative L2 gradient error (kinks)",
-                max(e for _, e in l2.values()), KINK_L2)  # fmt: skip
+    worst = max(l2, key=lambda n: l2[n][0] - max(KINK_L2, 3 * l2[n][1]))
+    claim.below(f"batch {batch}: largest relative L2 gradient error against float64 beyond max({KINK_L2}, 3x eager's)",
+                l2[worst][0] - max(KINK_L2, 3 * l2[worst][1]), 0.0,
+                f"({worst}: program {l2[worst][0]:.2g}, eager float32 {l2[worst][1]:.2g})")  # fmt: skip
 
 
 def inference_matches_eager(artifacts: Path, claim: NumericClaims, images: int = 4) -> None:
