@@ -79,6 +79,7 @@ def step_matches_eager(
     gradients = {n: t.clone() for n, t in module.named_gradients().items()}
     model = build_model(ModelConfig(**manifest.model.model_dump())).train()
     model.load_state_dict({n: p.detach().clone() for n, p in params.items()}, strict=False)
+    model64 = copy.deepcopy(model).double()  # before the forward updates the running statistics
     eager_loss = nn.functional.cross_entropy(model(x), y)
     eager_loss.backward()
     eager = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
@@ -86,14 +87,24 @@ def step_matches_eager(
         claim.below(f"batch {batch}: relative |program - eager| loss", abs(float(loss) / float(eager_loss) - 1), 1e-5)
     state = model.state_dict()
     assert len(new_stats) == len(spec.bn_statistics)
-    if spec.bn_statistics:
+    if spec.bn_statistics and yardstick == "float64":
         claim.close(f"batch {batch}: BatchNorm statistics, program against eager",
                     torch.cat([t.detach().flatten() for t in new_stats]),
                     torch.cat([state[n].flatten() for n in spec.bn_statistics]), rtol=1e-3, atol=1e-4)  # fmt: skip
-    model64 = copy.deepcopy(model).double()
-    model64.zero_grad()
     loss64 = nn.functional.cross_entropy(model64(x.double()), y)
     loss64.backward()
+    if spec.bn_statistics and yardstick == "kinks":
+        # Two values per channel in a late 1x1 map: their variance cancels in float32 (program and
+        # eager alike), so the statistics are held to float64's within 3x eager's own distance.
+        state64 = model64.state_dict()
+        exact = torch.cat([state64[n].flatten() for n in spec.bn_statistics])
+
+        def distance(stats: list[torch.Tensor]) -> float:
+            return float((torch.cat([t.detach().flatten().double() for t in stats]) - exact).norm() / exact.norm())
+
+        eager_distance = distance([state[n] for n in spec.bn_statistics])
+        claim.below(f"batch {batch}: BatchNorm statistics' relative L2 distance from float64 beyond 3x eager's",
+                    distance(new_stats) - 3 * eager_distance, 1e-5, f"(eager float32's: {eager_distance:.2g})")  # fmt: skip
     if yardstick == "kinks":
         # At a batch of 2 a late BatchNorm of 1x1 maps normalizes two values, and float32's own
         # loss is off float64's by percents (torchvision's MobileNetV2 at 32 px: 4%, ResNet-34: 15%).
