@@ -17,8 +17,12 @@ def _run(root: Path, accuracies: dict[tuple[str, int, int], float]) -> Path:
 
 def test_each_round_gives_the_seeds_means_and_the_paired_per_client_difference(tmp_path: Path) -> None:
     # Two seeds, two clients: FedPer ahead by 0.2 and 0.4 on seed 0, level and behind by 0.1 on seed 1.
-    seed0 = _run(tmp_path / "s0", {("fedper", 5, 0): 0.6, ("fedper", 5, 1): 0.8, ("fedavg", 5, 0): 0.4, ("fedavg", 5, 1): 0.4})
-    seed1 = _run(tmp_path / "s1", {("fedper", 5, 0): 0.5, ("fedper", 5, 1): 0.5, ("fedavg", 5, 0): 0.5, ("fedavg", 5, 1): 0.6})
+    seed0 = _run(
+        tmp_path / "s0", {("fedper", 5, 0): 0.6, ("fedper", 5, 1): 0.8, ("fedavg", 5, 0): 0.4, ("fedavg", 5, 1): 0.4}
+    )
+    seed1 = _run(
+        tmp_path / "s1", {("fedper", 5, 0): 0.5, ("fedper", 5, 1): 0.5, ("fedavg", 5, 0): 0.5, ("fedavg", 5, 1): 0.6}
+    )
     table = per_round_table([seed0, seed1], rounds=(5,))
     row = table.splitlines()[2]
     # fedper: seed means 0.7 and 0.5; fedavg: 0.4 and 0.55; differences 0.2, 0.4, 0.0, -0.1 (mean 0.125,
