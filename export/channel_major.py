@@ -27,7 +27,7 @@ from torch import fx, nn
 
 from fedper.export.batchnorm_check import check_batchnorm
 from fedper.export.fast_convolution import UnsupportedConvolutionError, convolution, pad2d
-from fedper.export.fast_ops import activation, batch_norm_relu
+from fedper.export.fast_ops import activation, batch_norm_relu, max_pool
 from fedper.export.random_masks import dropout, stochastic_depth
 from fedper.models.split import running_stat_names
 
@@ -401,7 +401,9 @@ def _dropout_arguments(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[f
 
 
 def _max_pool(t: Tensor, pool: nn.MaxPool2d) -> Tensor | None:
-    """Max pooling as the maximum of the window's strided reads (-inf padding). Not ExecuTorch's
+    """Max pooling as the maximum of the window's strided reads (-inf padding): an odd window
+    padded to keep the size, at stride 1 or 2, with :func:`export.fast_ops.max_pool`'s
+    hand-written backward; any other with autograd's. Not ExecuTorch's
     ``max_pool2d_with_indices``: its backward kernel gave gradients off by orders of magnitude
     in the lowered program (1.5.1, measured here). None for ceil mode or returned indices (the
     model's own op computes those)."""
@@ -410,6 +412,9 @@ def _max_pool(t: Tensor, pool: nn.MaxPool2d) -> Tensor | None:
     (kh, kw), (sh, sw), (ph, pw), (dh, dw) = (_pair(v) for v in (pool.kernel_size, pool.stride, pool.padding,
                                                                   pool.dilation))  # fmt: skip
     h, w = t.shape[2:]
+    same_odd = kh == kw >= 3 and kh % 2 == 1 and ph == pw == kh // 2 and (dh, dw) == (1, 1) and sh == sw
+    if same_odd and (sh == 1 or (sh == 2 and h % 2 == 0 and w % 2 == 0)):
+        return max_pool(t, kh, sh)[0]
     ho, wo = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1, (w + 2 * pw - dw * (kw - 1) - 1) // sw + 1
     padded = pad2d(t, ph, pw, float("-inf"))
     out: Tensor | None = None

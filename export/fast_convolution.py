@@ -2,11 +2,13 @@
 element-wise ops, which ExecuTorch runs fast (XNNPACK's GEMM on its thread pool), instead of
 the stock convolution kernel's loops.
 
-The 3x3 shapes MobileNet-V1 is made of keep the hand-written ops of :mod:`export.fast_ops`
-(flat shifted reads, parity phases); a 1x1 map with a 1x1 output (a late layer at a small input
-size) is its one in-bounds tap's matrix product; every other shape is an im2col: the padded
-input read at each kernel tap (a strided slice), the taps stacked, one matrix product (a batched
-one per group). Its backward is autograd's: each tap's gradient added back into a padded buffer.
+Hand-written ops of :mod:`export.fast_ops` (flat shifted reads, parity phases) compute a
+depthwise convolution of an odd square window padded to keep the size (stride 1, or 2 on even
+sides: MobileNets, EfficientNets), a dense 3x3 one at stride 1 (ResNets' blocks) and the stem's;
+a 1x1 map with a 1x1 output (a late layer at a small input size) is its one in-bounds tap's
+matrix product; every other shape is an im2col: the padded input read at each kernel tap (a
+strided slice), the taps stacked, one matrix product (a batched one per group). Its backward is
+autograd's: each tap's gradient added back into a padded buffer.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from fedper.export.fast_ops import conv3x3, depthwise3x3, depthwise3x3_s2, stem_conv
+from fedper.export.fast_ops import conv3x3, depthwise, depthwise_s2, stem_conv
 
 Tensor = torch.Tensor
 
@@ -79,6 +81,8 @@ def convolution(x: Tensor, conv: nn.Conv2d) -> Tensor:
         raise UnsupportedConvolutionError(f"an empty output ({ho}x{wo}) from a {h}x{w} input")
     weight = conv.weight.clone()  # not the parameter itself: XNNPACK would bake it in as a constant
     square3 = (kh, kw, ph, pw, dh, dw) == (3, 3, 1, 1, 1, 1) and sh == sw
+    # an odd square window padded to keep the size ("same"), as MobileNets and EfficientNets use
+    same_odd = kh == kw >= 3 and kh % 2 == 1 and ph == pw == kh // 2 and (dh, dw) == (1, 1) and sh == sw
     even = h % 2 == 0 and w % 2 == 0
     out: Tensor
     if (h, w, ho, wo) == (1, 1, 1, 1) and ph % dh == 0 and pw % dw == 0 and ph // dh < kh and pw // dw < kw:
@@ -86,10 +90,10 @@ def convolution(x: Tensor, conv: nn.Conv2d) -> Tensor:
     elif (kh, kw, ph, pw) == (1, 1, 0, 0) and groups == 1:
         xs = x if (sh, sw) == (1, 1) else x[:, :, ::sh, ::sw]
         out = torch.mm(weight.view(cout, cin), xs.reshape(cin, -1)).view(cout, b, ho, wo)
-    elif groups == cin == cout and square3 and sh == 1:
-        out = depthwise3x3(x, weight)[0]
-    elif groups == cin == cout and square3 and sh == 2 and even:
-        out = depthwise3x3_s2(x, weight)[0]
+    elif groups == cin == cout and same_odd and sh == 1:
+        out = depthwise(x, weight)[0]
+    elif groups == cin == cout and same_odd and sh == 2 and even:
+        out = depthwise_s2(x, weight)[0]
     elif groups == 1 and square3 and (sh == 1 or (sh == 2 and even)) and not x.requires_grad:
         out = stem_conv(x, weight, sh)[0].view(cout, b, ho, wo)  # the image: no input gradient
     elif groups == 1 and square3 and sh == 1:

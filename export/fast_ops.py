@@ -16,7 +16,7 @@ formulas touch every activation as few times as possible. Each op is checked aga
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -34,10 +34,16 @@ def _row_sum(x: Tensor, groups: int) -> Tensor:
     return x.view(c, groups, n // groups).sum(dim=1).sum(dim=1, keepdim=True)
 
 
-def _column_masks(width: int, hw: int) -> Tensor:
-    """[3, HW]: tap column j (0, 1, 2) reads inside the image at each output position."""
-    col = torch.arange(hw) % width
-    return torch.stack([(col > 0).float(), torch.ones(hw), (col < width - 1).float()])
+def _column_masks(width: int, n: int, shifts: Iterable[int]) -> list[Tensor]:
+    """[N] per shift ``dx``: a read ``dx`` columns to the side of each flat position stays in its row."""
+    col = torch.arange(n) % width
+    return [torch.ones(n) if dx == 0 else (col > -dx - 1).float() if dx < 0 else (col < width - dx).float()
+            for dx in shifts]  # fmt: skip
+
+
+def _window_masks(width: int, hw: int, p: int = 1) -> Tensor:
+    """[2p+1, HW]: tap column j (0 .. 2p) of a (2p+1)-wide window reads inside the image."""
+    return torch.stack(_column_masks(width, hw, range(-p, p + 1)))
 
 
 # ExecuTorch's optimized ``mul`` vectorizes operands of equal rank that differ in at most one
@@ -58,19 +64,23 @@ def _mask_columns(x: Tensor, mask: Tensor) -> Tensor:
     return x * mask.view(1, 1, n).expand(c, 1, n)
 
 
-def _pad_flat(x: Tensor, width: int) -> Tensor:
-    """[C, B, HW] -> [C, B, HW + 2W + 2]: zeros before and after each image, for shifted reads."""
+def _pad_flat(x: Tensor, width: int, p: int = 1, fill: float = 0.0) -> Tensor:
+    """[C, B, HW] -> [C, B, HW + 2(pW + p)]: ``fill`` before and after each image, for reads
+    shifted by up to ``p`` rows and columns."""
     c, b, _ = x.shape
-    zeros = torch.zeros(c, b, width + 1, dtype=x.dtype)
+    if fill == 0.0:
+        zeros = torch.zeros(c, b, p * width + p, dtype=x.dtype)
+    else:
+        zeros = torch.full((c, b, p * width + p), fill, dtype=x.dtype)
     return torch.cat([zeros, x, zeros], dim=2)
 
 
-def _correlate(padded: Tensor, taps: Tensor, width: int, hw: int) -> Tensor:
-    """sum_k padded[:, :, off_k : off_k + HW] * taps[:, k] for the 9 taps of a 3x3 window."""
+def _correlate(padded: Tensor, taps: Tensor, width: int, hw: int, k: int = 3) -> Tensor:
+    """sum_t padded[:, :, off_t : off_t + HW] * taps[:, t] for the k*k taps of a k x k window."""
     out: Tensor | None = None
-    for k in range(9):
-        off = (k // 3) * width + k % 3
-        term = padded[:, :, off : off + hw] * taps[:, k : k + 1, :]
+    for t in range(k * k):
+        off = (t // k) * width + t % k
+        term = padded[:, :, off : off + hw] * taps[:, t : t + 1, :]
         out = term if out is None else out + term
     assert out is not None
     return out
@@ -140,32 +150,34 @@ def _bn_backward(ctx: Any, grad: Tensor, *_unused: Tensor) -> tuple[Any, ...]:
 batch_norm_relu.register_autograd(_bn_backward, setup_context=_bn_setup)
 
 
-# --- 3x3 depthwise convolution, stride 1, on [C, B, H, W] -----------------------------------
+# --- k x k depthwise convolution (k odd, padding k // 2), stride 1, on [C, B, H, W] --------
 
 
-def _depthwise3x3(x: Tensor, weight: Tensor) -> tuple[Tensor, Tensor]:
+def _depthwise(x: Tensor, weight: Tensor) -> tuple[Tensor, Tensor]:
     c, b, h, w = x.shape
-    hw = h * w
-    padded = _pad_flat(x.reshape(c, b, hw), w)
-    taps = weight.reshape(c, 9, 1) * _column_masks(w, hw).repeat(3, 1).view(1, 9, hw)
-    return _correlate(padded, taps, w, hw).view(c, b, h, w), padded
+    k = weight.shape[-1]
+    p, hw = k // 2, h * w
+    padded = _pad_flat(x.reshape(c, b, hw), w, p)
+    taps = weight.reshape(c, k * k, 1) * _window_masks(w, hw, p).repeat(k, 1).view(1, k * k, hw)
+    return _correlate(padded, taps, w, hw, k).view(c, b, h, w), padded
 
 
-@torch.library.custom_op("fedper::depthwise3x3", mutates_args=())
-def depthwise3x3(x: Tensor, weight: Tensor) -> tuple[Tensor, Tensor]:
-    """3x3 depthwise convolution with zero padding 1: (output, the padded flat input).
+@torch.library.custom_op("fedper::depthwise", mutates_args=())
+def depthwise(x: Tensor, weight: Tensor) -> tuple[Tensor, Tensor]:
+    """k x k depthwise convolution (k odd) with zero padding k // 2: (output, the padded flat input).
 
-    Tap (i, j) reads the flattened image shifted by (i-1)*W + (j-1): flat zero padding
+    Tap (i, j) reads the flattened image shifted by (i-p)*W + (j-p): flat zero padding
     covers reads above/below the image and per-column masks cover reads past its sides.
     """
-    out, padded = _depthwise3x3(x, weight)
+    out, padded = _depthwise(x, weight)
     return out.clone(), padded.clone()
 
 
-@depthwise3x3.register_fake
+@depthwise.register_fake
 def _(x: Tensor, weight: Tensor) -> Any:
     c, b, h, w = x.shape
-    return torch.empty_like(x), x.new_empty(c, b, h * w + 2 * w + 2)
+    p = weight.shape[-1] // 2
+    return torch.empty_like(x), x.new_empty(c, b, h * w + 2 * (p * w + p))
 
 
 def _dw_setup(ctx: Any, inputs: tuple[Tensor, Tensor], output: tuple[Tensor, Tensor]) -> None:
@@ -178,125 +190,302 @@ def _dw_setup(ctx: Any, inputs: tuple[Tensor, Tensor], output: tuple[Tensor, Ten
 def _dw_backward(ctx: Any, grad: Tensor, _grad_padded: Tensor) -> tuple[Tensor, Tensor]:
     padded, weight = ctx.saved_tensors
     c, b, h, w = ctx.shape
-    hw = h * w
+    k = weight.shape[-1]
+    p, hw = k // 2, h * w
     g = grad.reshape(c, b, hw)
-    masks = _column_masks(w, hw)
-    # Taps of the left/right columns only count where they read inside the image: mask the
+    masks = _window_masks(w, hw, p)
+    # Taps of the side columns only count where they read inside the image: mask the
     # gradient once per column instead of every product, then reduce along contiguous rows.
-    g_cols = [_mask_columns(g, masks[0]), g, _mask_columns(g, masks[2])]
+    g_cols = [g if j == p else _mask_columns(g, masks[j]) for j in range(k)]
     grad_w = []
-    for k in range(9):
-        off = (k // 3) * w + k % 3
-        product = g_cols[k % 3] * padded[:, :, off : off + hw]
+    for t in range(k * k):
+        off = (t // k) * w + t % k
+        product = g_cols[t % k] * padded[:, :, off : off + hw]
         grad_w.append(_row_sum(product.view(c, b * hw), b))
     # The input gradient is the same correlation with the kernel flipped; the column
     # masks move with it (a read past the left side becomes a write past the right).
-    flipped = weight.reshape(c, 9).flip(1).view(c, 9, 1) * masks.repeat(3, 1).view(1, 9, hw)
-    grad_x = _correlate(_pad_flat(g, w), flipped, w, hw).view(c, b, h, w)
-    return grad_x, torch.cat(grad_w, dim=1).view(c, 1, 3, 3)
+    flipped = weight.reshape(c, k * k).flip(1).view(c, k * k, 1) * masks.repeat(k, 1).view(1, k * k, hw)
+    grad_x = _correlate(_pad_flat(g, w, p), flipped, w, hw, k).view(c, b, h, w)
+    return grad_x, torch.cat(grad_w, dim=1).view(c, 1, k, k)
 
 
-depthwise3x3.register_autograd(_dw_backward, setup_context=_dw_setup)
+depthwise.register_autograd(_dw_backward, setup_context=_dw_setup)
 
 
-# --- 3x3 depthwise convolution, stride 2, on [C, B, H, W] (H, W even) ---------------------
+# --- k x k depthwise convolution (k odd, padding k // 2), stride 2, on [C, B, H, W] (H, W even)
 #
-# Output (ho, wo) reads input rows 2ho-1, 2ho, 2ho+1 and columns 2wo-1, 2wo, 2wo+1. Split
-# the input into its four (row, column) parity phases, each [C, B, H/2, W/2]: tap (i, j)
-# reads phase (i != 1, j != 1) shifted back by (i == 0, j == 0). All the arithmetic then
-# runs at the output resolution, a quarter of the input's.
+# Output (ho, wo) reads input rows 2ho + i - p (i = 0 .. k-1) and the same columns. Split the
+# input into its four (row, column) parity phases, each [C, B, H/2, W/2]: tap (i, j) reads
+# phase ((i-p) mod 2, (j-p) mod 2) shifted by (floor((i-p)/2), floor((j-p)/2)) rows and
+# columns. All the arithmetic then runs at the output resolution, a quarter of the input's.
 
 
-def _phases(x: Tensor) -> Tensor:
-    """[4, C, B, Ho*Wo + Wo + 1]: the parity phases (ee, eo, oe, oo), flat, with Wo+1 zeros
-    in front so a read one row or column back lands on zeros at the top edge."""
+def _shift(i: int, p: int) -> int:
+    """Rows (or columns) tap ``i`` reads away from the output position, in its phase."""
+    return (i - p) // 2
+
+
+def _column_shifts(k: int) -> list[int]:
+    """The nonzero column shifts of a k-wide window's taps in their phases, in tap order."""
+    return list(dict.fromkeys(s for j in range(k) if (s := _shift(j, k // 2))))
+
+
+def _phase_padding(k: int) -> tuple[int, int]:
+    """(before, after): the most rows a tap reads back and ahead in its phase; each row read
+    back or ahead takes Wo + 1 zeros (a row and a column of shift)."""
+    p = k // 2
+    return -_shift(0, p), _shift(k - 1, p)
+
+
+def _phases(x: Tensor, before: int = 1, after: int = 0, fill: float = 0.0) -> Tensor:
+    """[4, C, B, Ho*Wo + (before + after)(Wo+1)]: the parity phases (ee, eo, oe, oo), flat, with
+    ``fill`` around so a read back or ahead lands on it past the top or bottom edge."""
     c, b, h, w = x.shape
     ho, wo = h // 2, w // 2
     rows = [x[:, :, 0::2, :], x[:, :, 1::2, :]]
     flat = [r[:, :, :, col::2].reshape(c, b, ho * wo) for r in rows for col in (0, 1)]
-    zeros = torch.zeros(c, b, wo + 1, dtype=x.dtype)
-    return torch.stack([torch.cat([zeros, f], dim=2) for f in flat])
+
+    def filled(n: int) -> Tensor:
+        return torch.zeros(c, b, n, dtype=x.dtype) if fill == 0.0 else torch.full((c, b, n), fill, dtype=x.dtype)
+
+    front = filled(before * (wo + 1))
+    if after == 0:
+        return torch.stack([torch.cat([front, f], dim=2) for f in flat])
+    back = filled(after * (wo + 1))
+    return torch.stack([torch.cat([front, f, back], dim=2) for f in flat])
 
 
-def _s2_read(phases: Tensor, i: int, j: int, ho: int, wo: int) -> Tensor:
+def _s2_read(phases: Tensor, i: int, j: int, ho: int, wo: int, p: int = 1, before: int = 1) -> Tensor:
     """Tap (i, j) of every output position, [C, B, Ho*Wo] (column wrap not yet masked)."""
-    phase = phases[2 * int(i != 1) + int(j != 1)]
-    start = (wo + 1) - int(i == 0) * wo - int(j == 0)
+    phase = phases[2 * ((i - p) % 2) + (j - p) % 2]
+    start = before * (wo + 1) + _shift(i, p) * wo + _shift(j, p)
     return phase[:, :, start : start + ho * wo]
 
 
-def _first_column_mask(wo: int, n: int) -> Tensor:
-    return (torch.arange(n) % wo > 0).float()
-
-
-def _depthwise3x3_s2(x: Tensor, weight: Tensor) -> tuple[Tensor, Tensor]:
+def _depthwise_s2(x: Tensor, weight: Tensor) -> tuple[Tensor, Tensor]:
     c, b, h, w = x.shape
+    k = weight.shape[-1]
+    p, (before, after) = k // 2, _phase_padding(k)
     ho, wo = h // 2, w // 2
-    phases = _phases(x)
-    keep = _first_column_mask(wo, ho * wo)
-    taps = weight.reshape(c, 9)
+    phases = _phases(x, before, after)
+    masks = dict(zip(_column_shifts(k), _column_masks(wo, ho * wo, _column_shifts(k)), strict=True))
+    taps = weight.reshape(c, k * k)
     out: Tensor | None = None
-    for k in range(9):
-        i, j = divmod(k, 3)
-        read = _s2_read(phases, i, j, ho, wo)
-        # Column 0 masks the taps that would wrap to the row above (reading column wo-1 at wo = 0).
-        term = read * (taps[:, k : k + 1].view(c, 1, 1) * keep) if j == 0 else _scale_channels(read, taps[:, k])
+    for t in range(k * k):
+        i, j = divmod(t, k)
+        read = _s2_read(phases, i, j, ho, wo, p, before)
+        dx = _shift(j, p)
+        # the reads that would wrap to the neighbouring row masked
+        term = _scale_channels(read, taps[:, t]) if dx == 0 else read * (taps[:, t : t + 1].view(c, 1, 1) * masks[dx])
         out = term if out is None else out + term
     assert out is not None
     return out.view(c, b, ho, wo), phases
 
 
-@torch.library.custom_op("fedper::depthwise3x3_s2", mutates_args=())
-def depthwise3x3_s2(x: Tensor, weight: Tensor) -> tuple[Tensor, Tensor]:
-    """3x3 depthwise convolution, stride 2, zero padding 1: (output, the input's phases)."""
-    out, phases = _depthwise3x3_s2(x, weight)
+@torch.library.custom_op("fedper::depthwise_s2", mutates_args=())
+def depthwise_s2(x: Tensor, weight: Tensor) -> tuple[Tensor, Tensor]:
+    """k x k depthwise convolution (k odd), stride 2, zero padding k // 2: (output, the input's phases)."""
+    out, phases = _depthwise_s2(x, weight)
     return out.clone(), phases.clone()
 
 
-@depthwise3x3_s2.register_fake
+@depthwise_s2.register_fake
 def _(x: Tensor, weight: Tensor) -> Any:
     c, b, h, w = x.shape
     ho, wo = h // 2, w // 2
-    return x.new_empty(c, b, ho, wo), x.new_empty(4, c, b, ho * wo + wo + 1)
+    before, after = _phase_padding(weight.shape[-1])
+    return x.new_empty(c, b, ho, wo), x.new_empty(4, c, b, ho * wo + (before + after) * (wo + 1))
 
 
 def _dw2_backward(ctx: Any, grad: Tensor, _grad_phases: Tensor) -> tuple[Tensor, Tensor]:
     phases, weight = ctx.saved_tensors
     c, b, h, w = ctx.shape
+    k = weight.shape[-1]
+    p, (before, after) = k // 2, _phase_padding(k)
     ho, wo = h // 2, w // 2
     n = ho * wo
     g = grad.reshape(c, b, n)
-    keep_first = _first_column_mask(wo, n)
-    g_masked = _mask_columns(g, keep_first)
-    taps = weight.reshape(c, 9)
+    shifts = _column_shifts(k)
+    g_masked = {dx: _mask_columns(g, mask) for dx, mask in zip(shifts, _column_masks(wo, n, shifts), strict=True)}
+    taps = weight.reshape(c, k * k)
     grad_w = []
-    for k in range(9):
-        i, j = divmod(k, 3)
-        product = (g_masked if j == 0 else g) * _s2_read(phases, i, j, ho, wo)
+    for t in range(k * k):
+        i, j = divmod(t, k)
+        dx = _shift(j, p)
+        product = g_masked.get(dx, g) * _s2_read(phases, i, j, ho, wo, p, before)
         grad_w.append(_row_sum(product.view(c, b * n), b))
-    # Each phase collects g * w from the taps that read it, shifted forward again: pad g at
-    # the end, read one row / column ahead, and mask the column that would wrap.
-    keep_last = (torch.arange(n) % wo < wo - 1).float()
-    gpad = torch.cat([g, torch.zeros(c, b, wo + 1, dtype=g.dtype)], dim=2)
+    # Each phase collects g * w from the taps that read it, shifted the other way: pad g, read
+    # as far ahead (back) as the tap read back (ahead), and mask the columns that would wrap.
+    wraps = dict(zip(shifts, _column_masks(wo, n, [-dx for dx in shifts]), strict=True))
+    tail = torch.zeros(c, b, before * (wo + 1), dtype=g.dtype)
+    if after == 0:
+        gpad = torch.cat([g, tail], dim=2)
+    else:
+        gpad = torch.cat([torch.zeros(c, b, after * (wo + 1), dtype=g.dtype), g, tail], dim=2)
     grad_phase: list[Tensor | None] = [None, None, None, None]
-    for k in range(9):
-        i, j = divmod(k, 3)
-        start = int(i == 0) * wo + int(j == 0)
-        if j == 0:
-            term = gpad[:, :, start : start + n] * (taps[:, k : k + 1].view(c, 1, 1) * keep_last)
+    for t in range(k * k):
+        i, j = divmod(t, k)
+        dy, dx = _shift(i, p), _shift(j, p)
+        start = after * (wo + 1) - dy * wo - dx
+        if dx == 0:
+            term = _scale_channels(gpad[:, :, start : start + n], taps[:, t])
         else:
-            term = _scale_channels(gpad[:, :, start : start + n], taps[:, k])
-        p = 2 * int(i != 1) + int(j != 1)
-        previous = grad_phase[p]
-        grad_phase[p] = term if previous is None else previous + term
+            term = gpad[:, :, start : start + n] * (taps[:, t : t + 1].view(c, 1, 1) * wraps[dx])
+        q = 2 * ((i - p) % 2) + (j - p) % 2
+        previous = grad_phase[q]
+        grad_phase[q] = term if previous is None else previous + term
     ee, eo, oe, oo = (t.view(c, b, ho, wo, 1) for t in grad_phase if t is not None)
     even_rows = torch.cat([ee, eo], dim=4).view(c, b, ho, 1, w)
     odd_rows = torch.cat([oe, oo], dim=4).view(c, b, ho, 1, w)
     grad_x = torch.cat([even_rows, odd_rows], dim=3).view(c, b, h, w)
-    return grad_x, torch.cat(grad_w, dim=1).view(c, 1, 3, 3)
+    return grad_x, torch.cat(grad_w, dim=1).view(c, 1, k, k)
 
 
-depthwise3x3_s2.register_autograd(_dw2_backward, setup_context=_dw_setup)
+depthwise_s2.register_autograd(_dw2_backward, setup_context=_dw_setup)
+
+
+# --- k x k max pooling (k odd, padding k // 2), stride 1 or 2, on [C, B, H, W] --------------
+#
+# The window's reads as the depthwise ops make them (flat shifted reads at stride 1, parity
+# phases at stride 2), padded with -inf; a read that wraps to the neighbouring row gets -inf
+# added. The backward routes each output's gradient to the first read (in row-major window
+# order) equal to the maximum, as PyTorch's max_pool2d does, with exact arithmetic only:
+# out - read is 0 exactly where the read is the maximum, so ceil(clamp(out - read, 0, 1)) is
+# 0 there and 1 elsewhere (-inf reads give +inf differences, hence 1).
+
+
+def _wrap_penalties(width: int, n: int, shifts: list[int]) -> dict[int, Tensor]:
+    """Per column shift: [N], 0 where the read stays in its row and -inf where it wraps."""
+    masks = _column_masks(width, n, shifts)
+    return {dx: torch.where(m > 0, 0.0, float("-inf")) for dx, m in zip(shifts, masks, strict=True)}
+
+
+def _pool_reads(x_arranged: Tensor, k: int, stride: int, shape: tuple[int, ...]) -> list[Tensor]:
+    """Each window tap's reads, [C, B, N] at the output resolution, -inf outside the image."""
+    c, _, h, w = shape
+    p = k // 2
+    if stride == 1:
+        hw = h * w
+        shifts = [j - p for j in range(k) if j != p]
+        penalty = _wrap_penalties(w, hw, shifts)
+        reads = []
+        for t in range(k * k):
+            i, j = divmod(t, k)
+            read = x_arranged[:, :, i * w + j : i * w + j + hw]
+            reads.append(read if j == p else read + penalty[j - p].view(1, 1, hw).expand(c, 1, hw))
+        return reads
+    ho, wo = h // 2, w // 2
+    before = _phase_padding(k)[0]
+    penalty = _wrap_penalties(wo, ho * wo, _column_shifts(k))
+    reads = []
+    for t in range(k * k):
+        i, j = divmod(t, k)
+        read = _s2_read(x_arranged, i, j, ho, wo, p, before)
+        dx = _shift(j, p)
+        reads.append(read if dx == 0 else read + penalty[dx].view(1, 1, ho * wo).expand(c, 1, ho * wo))
+    return reads
+
+
+def _max_pool(x: Tensor, k: int, stride: int) -> tuple[Tensor, Tensor]:
+    c, b, h, w = x.shape
+    p = k // 2
+    if stride == 1:
+        arranged = _pad_flat(x.reshape(c, b, h * w), w, p, float("-inf"))
+    else:
+        arranged = _phases(x, *_phase_padding(k), fill=float("-inf"))
+    out: Tensor | None = None
+    for read in _pool_reads(arranged, k, stride, tuple(x.shape)):
+        out = read if out is None else torch.maximum(out, read)
+    assert out is not None
+    return out.view(c, b, h // stride, w // stride), arranged
+
+
+@torch.library.custom_op("fedper::max_pool", mutates_args=())
+def max_pool(x: Tensor, k: int, stride: int) -> tuple[Tensor, Tensor]:
+    """k x k max pooling (k odd), padding k // 2 (-inf), stride 1 or 2 (even sides):
+    (output, the input arranged for the window's reads)."""
+    out, arranged = _max_pool(x, k, stride)
+    return out.clone(), arranged.clone()
+
+
+@max_pool.register_fake
+def _(x: Tensor, k: int, stride: int) -> Any:
+    c, b, h, w = x.shape
+    p = k // 2
+    if stride == 1:
+        return torch.empty_like(x), x.new_empty(c, b, h * w + 2 * (p * w + p))
+    ho, wo = h // 2, w // 2
+    before, after = _phase_padding(k)
+    return x.new_empty(c, b, ho, wo), x.new_empty(4, c, b, ho * wo + (before + after) * (wo + 1))
+
+
+def _pool_setup(ctx: Any, inputs: tuple[Any, ...], output: tuple[Tensor, Tensor]) -> None:
+    x, k, stride = inputs
+    ctx.save_for_backward(output[1], output[0])
+    ctx.shape, ctx.k, ctx.stride = tuple(x.shape), k, stride
+
+
+def _pool_backward(ctx: Any, grad: Tensor, _grad_arranged: Tensor) -> tuple[Tensor, None, None]:
+    arranged, out = ctx.saved_tensors
+    c, b, h, w = ctx.shape
+    k, stride = ctx.k, ctx.stride
+    n = (h // stride) * (w // stride)
+    flat_out, g = out.reshape(c, b, n), grad.reshape(c, b, n)
+    free: Tensor | None = None  # 1 where no earlier read was the maximum
+    shares = []
+    for read in _pool_reads(arranged, k, stride, ctx.shape):
+        miss = torch.ceil(torch.clamp(flat_out - read, 0.0, 1.0))
+        if free is None:
+            taken, free = 1.0 - miss, miss
+        else:
+            still = free * miss
+            taken, free = free - still, still
+        shares.append(g * taken)
+    # Each tap's share goes back to where it read, with no column mask: a read that wrapped
+    # was never the maximum, so its share is zero there.
+    if stride == 1:
+        return _gather_flat(shares, k, w, h * w).view(c, b, h, w), None, None
+    return _gather_phases(shares, k, h, w), None, None
+
+
+def _gather_flat(shares: list[Tensor], k: int, width: int, hw: int) -> Tensor:
+    """sum_t shares[t] moved from the output positions to the input positions tap t read."""
+    p = k // 2
+    total: Tensor | None = None
+    for t, share in enumerate(shares):
+        i, j = divmod(t, k)
+        padded = _pad_flat(share, width, p)
+        start = (2 * p - i) * width + (2 * p - j)
+        moved = padded[:, :, start : start + hw]
+        total = moved if total is None else total + moved
+    assert total is not None
+    return total
+
+
+def _gather_phases(shares: list[Tensor], k: int, h: int, w: int) -> Tensor:
+    """The stride-2 form of :func:`_gather_flat`: each share into its parity phase, then the
+    phases interleaved back into [C, B, H, W]."""
+    c, b, n = shares[0].shape
+    p, (before, after) = k // 2, _phase_padding(k)
+    ho, wo = h // 2, w // 2
+    grad_phase: list[Tensor | None] = [None, None, None, None]
+    for t, share in enumerate(shares):
+        i, j = divmod(t, k)
+        dy, dx = _shift(i, p), _shift(j, p)
+        parts = [torch.zeros(c, b, after * (wo + 1), dtype=share.dtype)] if after else []
+        padded = torch.cat([*parts, share, torch.zeros(c, b, before * (wo + 1), dtype=share.dtype)], dim=2)
+        start = after * (wo + 1) - dy * wo - dx
+        moved = padded[:, :, start : start + n]
+        q = 2 * ((i - p) % 2) + (j - p) % 2
+        previous = grad_phase[q]
+        grad_phase[q] = moved if previous is None else previous + moved
+    ee, eo, oe, oo = (t.view(c, b, ho, wo, 1) for t in grad_phase if t is not None)
+    even_rows = torch.cat([ee, eo], dim=4).view(c, b, ho, 1, w)
+    odd_rows = torch.cat([oe, oo], dim=4).view(c, b, ho, 1, w)
+    return torch.cat([even_rows, odd_rows], dim=3).view(c, b, h, w)
+
+
+max_pool.register_autograd(_pool_backward, setup_context=_pool_setup)
 
 
 # --- the stem: a 3x3 convolution of the image (groups=1) as im2col + one matrix product ----
@@ -309,7 +498,7 @@ def _stem_conv(x: Tensor, weight: Tensor, stride: int) -> tuple[Tensor, Tensor]:
     if stride == 1:
         hw = h * w
         padded = _pad_flat(x.reshape(cin, b, hw), w)
-        masks = _column_masks(w, hw)
+        masks = _window_masks(w, hw)
         for k in range(9):
             off = (k // 3) * w + k % 3
             tap = padded[:, :, off : off + hw]
@@ -317,7 +506,7 @@ def _stem_conv(x: Tensor, weight: Tensor, stride: int) -> tuple[Tensor, Tensor]:
     else:  # stride 2: read the taps from the parity phases, at the output resolution
         ho, wo = h // 2, w // 2
         phases = _phases(x)
-        keep = _first_column_mask(wo, ho * wo)
+        (keep,) = _column_masks(wo, ho * wo, [-1])
         for k in range(9):
             i, j = divmod(k, 3)
             tap = _s2_read(phases, i, j, ho, wo)
@@ -388,7 +577,7 @@ def _conv3x3_backward(ctx: Any, grad: Tensor, _grad_cols: Tensor) -> tuple[Tenso
     # offset; its column mask moves to the other side (as in the depthwise backward).
     grad_cols = torch.mm(weight.permute(0, 2, 3, 1).reshape(cout, 9 * cin).t(), grad)
     padded = _pad_flat(grad_cols.view(9 * cin, b, hw), w)
-    masks = _column_masks(w, hw)
+    masks = _window_masks(w, hw)
     grad_x: Tensor | None = None
     for k in range(9):
         flipped = 8 - k
@@ -407,8 +596,9 @@ conv3x3.register_autograd(_conv3x3_backward, setup_context=_conv3x3_setup)
 # The ATen bodies that replace the custom ops once the joint graph exists.
 DECOMPOSITIONS: dict[Any, Callable[..., Any]] = {
     torch.ops.fedper.batch_norm_relu.default: _batch_norm_relu,
-    torch.ops.fedper.depthwise3x3.default: _depthwise3x3,
-    torch.ops.fedper.depthwise3x3_s2.default: _depthwise3x3_s2,
+    torch.ops.fedper.depthwise.default: _depthwise,
+    torch.ops.fedper.depthwise_s2.default: _depthwise_s2,
+    torch.ops.fedper.max_pool.default: _max_pool,
     torch.ops.fedper.stem_conv.default: _stem_conv,
     torch.ops.fedper.conv3x3.default: lambda x, weight: _stem_conv(x, weight, 1),
 }

@@ -46,7 +46,7 @@ CONVOLUTIONS = [
     (4, 6, 3, 1, 1, 1, 1, False, (7, 1)),  # one column: every tap to the sides reads padding
     (4, 6, 3, 2, 1, 1, 1, True, (7, 9)),  # odd sides
     (4, 6, 7, 2, 3, 1, 1, False, (16, 16)),  # ResNet's ImageNet stem
-    (6, 6, 5, 2, 2, 1, 6, False, (9, 8)),  # depthwise 5x5 (MobileNet-V3, EfficientNet)
+    (6, 6, 5, 2, 2, 1, 6, False, (9, 8)),  # depthwise 5x5, stride 2 on an odd side: im2col
     (6, 6, 3, 1, 2, 2, 6, True, (7, 7)),  # dilated depthwise
     (6, 9, 3, 1, 1, 1, 3, False, (5, 6)),  # grouped
     (6, 12, 3, 1, 1, 1, 6, False, (5, 5)),  # depthwise with a channel multiplier: grouped
@@ -54,8 +54,10 @@ CONVOLUTIONS = [
     (4, 8, 1, 1, 0, 1, 2, True, (3, 5)),  # grouped 1x1
     (4, 3, (1, 3), 1, (0, 1), 1, 1, False, (4, 5)),  # rectangular kernel
     (4, 3, 3, 1, 0, 1, 1, False, (6, 5)),  # no padding
-    (4, 4, 3, 1, 1, 1, 4, False, (6, 6)),  # the 3x3 depthwise op
-    (4, 4, 3, 2, 1, 1, 4, False, (6, 6)),  # the 3x3 stride-2 depthwise op
+    (4, 4, 3, 1, 1, 1, 4, False, (6, 6)),  # the depthwise op, 3x3
+    (4, 4, 3, 2, 1, 1, 4, False, (6, 6)),  # the stride-2 depthwise op, 3x3
+    (6, 6, 5, 1, 2, 1, 6, True, (5, 7)),  # the depthwise op, 5x5 (MobileNet-V3, EfficientNet)
+    (6, 6, 5, 2, 2, 1, 6, False, (8, 10)),  # the stride-2 depthwise op, 5x5
     # A 1x1 map to a 1x1 output: only the in-bounds tap's product (late layers at 32 px).
     (6, 5, 3, 1, 1, 1, 1, True, (1, 1)),  # ResNet's layer4 at 32 px
     (6, 6, 5, 1, 2, 1, 6, False, (1, 1)),  # depthwise 5x5

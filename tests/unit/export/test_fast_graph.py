@@ -11,7 +11,7 @@ from torch.nn import functional as F
 
 from fedper.common.errors import ConfigError
 from fedper.export.executorch_lowering import drop_aliases, use_linear_for_transposed_matmul
-from fedper.export.fast_ops import batch_norm_relu, depthwise3x3, depthwise3x3_s2, stem_conv
+from fedper.export.fast_ops import batch_norm_relu, depthwise, depthwise_s2, max_pool, stem_conv
 from fedper.export.training_graph import resolve_variant, training_step
 from fedper.models import ModelConfig, build_model
 from tests.support.custom_model import ShapeBranchNet
@@ -26,23 +26,48 @@ def _cm(x):
 
 
 @pytest.mark.parametrize(
-    ("stride", "shape"),
-    [(1, (2, 5, 6, 7)), (1, (3, 4, 2, 2)), (1, (1, 8, 1, 5)), (1, (2, 3, 9, 1)),
-     (2, (2, 5, 8, 6)), (2, (3, 2, 2, 2)), (2, (1, 4, 14, 14))],
+    ("k", "stride", "shape"),
+    [(3, 1, (2, 5, 6, 7)), (3, 1, (3, 4, 2, 2)), (3, 1, (1, 8, 1, 5)), (3, 1, (2, 3, 9, 1)),
+     (3, 2, (2, 5, 8, 6)), (3, 2, (3, 2, 2, 2)), (3, 2, (1, 4, 14, 14)),
+     (5, 1, (2, 3, 7, 6)), (5, 1, (1, 4, 2, 3)), (5, 1, (2, 2, 1, 9)), (7, 1, (2, 3, 8, 5)),
+     (5, 2, (2, 3, 8, 10)), (5, 2, (1, 4, 2, 2)), (5, 2, (2, 2, 4, 6)), (7, 2, (2, 3, 10, 8)),
+     (7, 2, (1, 2, 2, 4)), (9, 2, (1, 2, 12, 6))],
 )  # fmt: skip
 @pytest.mark.numeric
-def test_depthwise_matches_conv2d(stride, shape, claim):
+def test_depthwise_matches_conv2d(k, stride, shape, claim):
     b, c, h, w = shape
     x = torch.randn(b, c, h, w, dtype=torch.float64, requires_grad=True)
-    weight = torch.randn(c, 1, 3, 3, dtype=torch.float64, requires_grad=True)
-    ref = F.conv2d(x, weight, stride=stride, padding=1, groups=c)
-    out, _ = (depthwise3x3 if stride == 1 else depthwise3x3_s2)(_cm(x), weight)
+    weight = torch.randn(c, 1, k, k, dtype=torch.float64, requires_grad=True)
+    ref = F.conv2d(x, weight, stride=stride, padding=k // 2, groups=c)
+    out, _ = (depthwise if stride == 1 else depthwise_s2)(_cm(x), weight)
     claim.close("output", out.detach(), _cm(ref).detach(), **F64)
     g = torch.randn_like(ref)
     gx, gw = torch.autograd.grad(ref, (x, weight), g)
     fx, fw = torch.autograd.grad(out, (x, weight), _cm(g))
     claim.close("input gradient", fx, gx, **F64)
     claim.close("weight gradient", fw, gw, **F64)
+
+
+@pytest.mark.parametrize(
+    ("k", "stride", "shape"),
+    [(3, 2, (2, 3, 8, 6)), (3, 2, (1, 2, 2, 2)), (3, 1, (2, 3, 7, 5)), (3, 1, (1, 2, 1, 4)),
+     (5, 1, (2, 2, 6, 7)), (5, 2, (2, 2, 8, 10)), (7, 2, (1, 2, 10, 6))],
+)  # fmt: skip
+@pytest.mark.parametrize("ties", [False, True])
+@pytest.mark.numeric
+def test_max_pool_matches_max_pool2d_and_sends_a_tie_to_the_first_maximum(k, stride, shape, ties, claim):
+    """With ``ties``, small integers (many equal values in a window): max_pool2d's gradient goes
+    to the first maximum in the window's row-major order, and so must ours."""
+    b, c, h, w = shape
+    x = torch.randint(-2, 3, shape).double() if ties else torch.randn(b, c, h, w, dtype=torch.float64)
+    x.requires_grad_(True)
+    ref = F.max_pool2d(x, k, stride, k // 2)
+    out, _ = max_pool(_cm(x), k, stride)
+    claim.close("output", out.detach(), _cm(ref).detach(), **F64)
+    g = torch.randn_like(ref)
+    (expected,) = torch.autograd.grad(ref, (x,), g)
+    (got,) = torch.autograd.grad(out, (x,), _cm(g))
+    claim.close("input gradient", got, expected, **F64)
 
 
 @pytest.mark.parametrize("stride", [1, 2])
