@@ -145,12 +145,15 @@ def drop_aliases(graph_module: torch.fx.GraphModule) -> int:
 
 
 # XNNPACK's configs the training program uses beside the matrix products: arithmetic that is
-# exact per element (``add``, ``sub``, ``mul``) and ops that only move or select values
-# (``cat``, ``permute``, ``relu``, ``clamp``, ``ceil``), so the program computes the same bits
-# as on ExecuTorch's kernels, on the thread pool. The others (``div``, ``sqrt``, ``rsqrt``, ...)
-# compute right gradients but made the step no faster (docs/PERFORMANCE.md).
-XNNPACK_CONFIGS = ("AddConfig", "SubConfig", "MulConfig", "CatConfig", "PermuteConfig", "ReLUConfig", "ClampConfig",
-                   "CeilConfig")  # fmt: skip
+# exact per element (``add``, ``sub``, ``mul``, ``maximum``) and ops that only move or select
+# values (``cat``, ``permute``, ``relu``, ``clamp``, ``ceil``), so the program computes the same
+# bits as on ExecuTorch's kernels, on the thread pool; and ``sigmoid`` (SiLU's and
+# squeeze-and-excitation's), XNNPACK's own approximation, within 2.2 float32 epsilons of the
+# exact value (ExecuTorch's kernel: 1.2; ``tests/unit/export/test_export_shortcuts.py``) and
+# ~10x faster. The others (``div``, ``sqrt``, ``rsqrt``, ...) compute right gradients but made
+# the step no faster (docs/PERFORMANCE.md).
+XNNPACK_CONFIGS = ("AddConfig", "SubConfig", "MulConfig", "MaximumConfig", "CatConfig", "PermuteConfig",
+                   "ReLUConfig", "ClampConfig", "CeilConfig", "SigmoidConfig")  # fmt: skip
 
 
 def delegate_to_xnnpack(
@@ -314,8 +317,8 @@ class _NoPasses:
 # What the delegated partitions may hold for :func:`_only_the_xnnpack_passes_needed` to choose
 # XNNPACK's passes, and the one pass that rewrites each (the others leave these ops alone).
 _PASS_FREE_OPS = frozenset(
-    {"aten.linear.default", "aten.add.Tensor", "aten.sub.Tensor", "aten.mul.Tensor", "aten.permute_copy.default",
-     "aten.clamp.default", "aten.ceil.default"}
+    {"aten.linear.default", "aten.add.Tensor", "aten.sub.Tensor", "aten.mul.Tensor", "aten.maximum.default",
+     "aten.permute_copy.default", "aten.clamp.default", "aten.ceil.default", "aten.sigmoid.default"}
 )  # fmt: skip
 _PASS_FOR_OP = {
     "aten.mm.default": "ConvertToLinearPass",  # a matrix product from a linear layer becomes linear
