@@ -35,7 +35,7 @@ from bench.common import run_child, write_results
 MODELS = "mobilenet_v2,mobilenet_v3_small,mobilenet_v3_large,resnet18,resnet34,efficientnet_b0"
 
 
-def _model(name: str) -> torch.nn.Module:
+def torchvision_model(name: str) -> torch.nn.Module:
     import torchvision
 
     torch.manual_seed(0)
@@ -61,7 +61,7 @@ def _median_ms(step: Any, steps: int, warmup: bool = True) -> float:
 
 def run_eager(name: str, size: int, batch: int, steps: int) -> dict[str, float]:
     torch.set_num_threads(1)
-    model = _model(name)
+    model = torchvision_model(name)
     x, y = _batch(size, batch)
 
     def step() -> None:
@@ -91,7 +91,7 @@ def run_bound(name: str, size: int, batch: int) -> dict[str, float]:
     from fedper.export.program_memory import step_lower_bound
     from fedper.export.training_graph import training_step
 
-    step = training_step(_model(name), "fast")  # type: ignore[arg-type]
+    step = training_step(torchvision_model(name), "fast")  # type: ignore[arg-type]
     return {"bound_mib": step_lower_bound(step, example_inputs(step, size, batch)).total / 2**20}
 
 
@@ -101,7 +101,7 @@ def measure(name: str, size: int, batch: int, steps: int, stock_steps: int, work
     from fedper.export.program_memory import planned_memory
     from fedper.export.training_graph import training_step
 
-    model = _model(name)
+    model = torchvision_model(name)
     row: dict[str, Any] = {"model": f"torchvision:{name}", "input_size": size, "batch": batch}
     row["eager_ms"] = run_child("bench.model_zoo", "eager", name, str(size), str(batch), str(steps))["ms"]
     row["bound_mib"] = run_child("bench.model_zoo", "bound", name, str(size), str(batch))["bound_mib"]

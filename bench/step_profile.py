@@ -16,8 +16,8 @@ The tracer adds its own cost to every event, so the totals are above ``bench.tra
 the shares and the 1 -> 2 thread ratios are what this benchmark is for (Amdahl's law: the
 step cannot go faster at 2 threads than its single-threaded part allows).
 
-Usage: python -m bench.step_profile [--alpha 0.25] [--size 32] [--batch 32] [--threads 1,2]
-       [--steps 5] [--name step_profile]
+Usage: python -m bench.step_profile [--alpha 0.25 | --model torchvision:NAME] [--size 32]
+       [--batch 32] [--threads 1,2] [--steps 5] [--name step_profile]
 """
 
 from __future__ import annotations
@@ -31,6 +31,8 @@ import time
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from bench.common import run_child, write_results
 
@@ -83,13 +85,21 @@ def profile_child(
     return {"totals": totals, "ops": ops}
 
 
-def measure(alpha: float, size: int, batch: int, threads: list[int], steps: int, workdir: Path) -> dict[str, Any]:
+def measure(
+    alpha: float, model_name: str | None, size: int, batch: int, threads: list[int], steps: int, workdir: Path
+) -> dict[str, Any]:
     from fedper.export.executorch_lowering import lower_training_program
     from fedper.export.training_graph import training_step
     from fedper.models import ModelConfig, build_model
 
-    model = build_model(ModelConfig(alpha=alpha, input_size=size), seed=0)
-    step = training_step(model, "fast")
+    model: torch.nn.Module
+    if model_name is None:
+        model = build_model(ModelConfig(alpha=alpha, input_size=size), seed=0)
+    else:
+        from bench.model_zoo import torchvision_model
+
+        model = torchvision_model(model_name.removeprefix("torchvision:"))
+    step = training_step(model, "fast")  # type: ignore[arg-type]
     start = time.perf_counter()
     lowered = lower_training_program(step, size, max(64, batch))
     export_s = time.perf_counter() - start
@@ -102,7 +112,7 @@ def measure(alpha: float, size: int, batch: int, threads: list[int], steps: int,
         t: run_child("bench.step_profile", str(pte), str(ptd), str(stats), str(size), str(batch), str(steps), str(t))
         for t in threads
     }
-    return {"alpha": alpha, "input_size": size, "batch": batch, "export_s": export_s, "steps": steps,
+    return {"alpha": alpha, "model": model_name or "mobilenet_v1", "input_size": size, "batch": batch, "export_s": export_s, "steps": steps,
             "threads": {str(t): run for t, run in runs.items()}}  # fmt: skip
 
 
@@ -124,7 +134,9 @@ def summarize(result: dict[str, Any]) -> dict[str, Any]:
 def print_table(result: dict[str, Any], top: int = 20) -> None:
     threads = list(result["threads"])
     first = result["threads"][threads[0]]["ops"]
-    print(f"width {result['alpha']}, {result['input_size']} px, batch {result['batch']} (ms per step, with the tracer)")
+    name = result.get("model", "mobilenet_v1")
+    what = f"width {result['alpha']}" if name == "mobilenet_v1" else name
+    print(f"{what}, {result['input_size']} px, batch {result['batch']} (ms per step, with the tracer)")
     header = " | ".join(f"{t} thread(s)" for t in threads)
     print(f"| op | engine | calls | {header} |")
     for op, row in sorted(first.items(), key=lambda item: -float(item[1]["ms"]))[:top]:
@@ -138,6 +150,7 @@ def print_table(result: dict[str, Any], top: int = 20) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--alpha", type=float, default=0.25)
+    parser.add_argument("--model", help="a named torchvision model (torchvision:NAME) instead of MobileNet-V1")
     parser.add_argument("--size", type=int, default=32)
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--threads", default="1,2")
@@ -151,7 +164,7 @@ def main() -> None:
         return
     with tempfile.TemporaryDirectory() as tmp:
         threads = [int(t) for t in args.threads.split(",")]
-        result = measure(args.alpha, args.size, args.batch, threads, args.steps, Path(tmp))
+        result = measure(args.alpha, args.model, args.size, args.batch, threads, args.steps, Path(tmp))
     result["summary"] = summarize(result)
     print_table(result)
     print(f"wrote {write_results(args.name, result)}")
