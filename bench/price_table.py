@@ -19,6 +19,7 @@ package has no module to call: it uses only what both trees define (``build_mode
 ``training_step``, ``lower_training_program``). The demo's time (the fourth target) is ``make demo``'s.
 
 Usage: python -m bench.price_table [--before 39bb1a0] [--sizes 0.25/32/32,...] [--repeats 3]
+       [--name price_table]
 """
 
 from __future__ import annotations
@@ -176,6 +177,7 @@ def main() -> None:
     parser.add_argument("--sizes", default=SIZES, help="alpha/input/step batch,...")
     parser.add_argument("--steps", type=int, default=5, help="timed steps per measurement")
     parser.add_argument("--repeats", type=int, default=3, help="runs of each measurement (median reported)")
+    parser.add_argument("--name", default="price_table", help="results file name (bench/results/NAME.json)")
     parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -199,7 +201,7 @@ def main() -> None:
     print(table(rows))
     for check in checks:
         print(f"{'met' if check['met'] else 'NOT met'}: {check['target']} ({check['value']:.2f})")
-    print("wrote", write_results("price_table", {"before": args.before, "rows": rows, "targets": checks}))
+    print("wrote", write_results(args.name, {"before": args.before, "rows": rows, "targets": checks}))
 
 
 if __name__ == "__main__":
