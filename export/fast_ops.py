@@ -257,9 +257,25 @@ def _phases(x: Tensor, before: int = 1, after: int = 0, fill: float = 0.0) -> Te
 
 def _s2_read(phases: Tensor, i: int, j: int, ho: int, wo: int, p: int = 1, before: int = 1) -> Tensor:
     """Tap (i, j) of every output position, [C, B, Ho*Wo] (column wrap not yet masked)."""
-    phase = phases[2 * ((i - p) % 2) + (j - p) % 2]
+    phase = phases[_phase_of(i, j, p)]
     start = before * (wo + 1) + _shift(i, p) * wo + _shift(j, p)
     return phase[:, :, start : start + ho * wo]
+
+
+def _phase_of(i: int, j: int, p: int) -> int:
+    """The parity phase (0 ee, 1 eo, 2 oe, 3 oo) tap (i, j) of a window padded by p reads."""
+    return 2 * ((i - p) % 2) + (j - p) % 2
+
+
+def _interleave(phases: list[Tensor | None], h: int, w: int) -> Tensor:
+    """Four flat parity phases ([C, B, H/2 * W/2] each, all present) back into [C, B, H, W]."""
+    present = [t for t in phases if t is not None]
+    c, b = present[0].shape[:2]
+    ho, wo = h // 2, w // 2
+    ee, eo, oe, oo = (t.view(c, b, ho, wo, 1) for t in present)
+    even_rows = torch.cat([ee, eo], dim=4).view(c, b, ho, 1, w)
+    odd_rows = torch.cat([oe, oo], dim=4).view(c, b, ho, 1, w)
+    return torch.cat([even_rows, odd_rows], dim=3).view(c, b, h, w)
 
 
 def _depthwise_s2(x: Tensor, weight: Tensor) -> tuple[Tensor, Tensor]:
@@ -331,14 +347,10 @@ def _dw2_backward(ctx: Any, grad: Tensor, _grad_phases: Tensor) -> tuple[Tensor,
             term = _scale_channels(gpad[:, :, start : start + n], taps[:, t])
         else:
             term = gpad[:, :, start : start + n] * (taps[:, t : t + 1].view(c, 1, 1) * wraps[dx])
-        q = 2 * ((i - p) % 2) + (j - p) % 2
+        q = _phase_of(i, j, p)
         previous = grad_phase[q]
         grad_phase[q] = term if previous is None else previous + term
-    ee, eo, oe, oo = (t.view(c, b, ho, wo, 1) for t in grad_phase if t is not None)
-    even_rows = torch.cat([ee, eo], dim=4).view(c, b, ho, 1, w)
-    odd_rows = torch.cat([oe, oo], dim=4).view(c, b, ho, 1, w)
-    grad_x = torch.cat([even_rows, odd_rows], dim=3).view(c, b, h, w)
-    return grad_x, torch.cat(grad_w, dim=1).view(c, 1, k, k)
+    return _interleave(grad_phase, h, w), torch.cat(grad_w, dim=1).view(c, 1, k, k)
 
 
 depthwise_s2.register_autograd(_dw2_backward, setup_context=_dw_setup)
@@ -467,7 +479,7 @@ def _gather_phases(shares: list[Tensor], k: int, h: int, w: int) -> Tensor:
     phases interleaved back into [C, B, H, W]."""
     c, b, n = shares[0].shape
     p, (before, after) = k // 2, _phase_padding(k)
-    ho, wo = h // 2, w // 2
+    wo = w // 2
     grad_phase: list[Tensor | None] = [None, None, None, None]
     for t, share in enumerate(shares):
         i, j = divmod(t, k)
@@ -476,13 +488,10 @@ def _gather_phases(shares: list[Tensor], k: int, h: int, w: int) -> Tensor:
         padded = torch.cat([*parts, share, torch.zeros(c, b, before * (wo + 1), dtype=share.dtype)], dim=2)
         start = after * (wo + 1) - dy * wo - dx
         moved = padded[:, :, start : start + n]
-        q = 2 * ((i - p) % 2) + (j - p) % 2
+        q = _phase_of(i, j, p)
         previous = grad_phase[q]
         grad_phase[q] = moved if previous is None else previous + moved
-    ee, eo, oe, oo = (t.view(c, b, ho, wo, 1) for t in grad_phase if t is not None)
-    even_rows = torch.cat([ee, eo], dim=4).view(c, b, ho, 1, w)
-    odd_rows = torch.cat([oe, oo], dim=4).view(c, b, ho, 1, w)
-    return torch.cat([even_rows, odd_rows], dim=3).view(c, b, h, w)
+    return _interleave(grad_phase, h, w)
 
 
 max_pool.register_autograd(_pool_backward, setup_context=_pool_setup)
