@@ -2,7 +2,8 @@
 (the fast lowering), at each input size of ``FEDPER_ZOO`` (``make test-zoo``: 32 and 224 px):
 
 - the training program's loss, BatchNorm statistics and gradients against eager PyTorch and
-  float64 (``tests/support/program_check.py``), at its smallest and largest batch;
+  float64 (``tests/support/program_check.py``), at its smallest and largest batch (at 32 px, the
+  smallest batch's gradients are beyond float32: see the test);
 - the inference program's logits against eager;
 - a device round through the Python runtime: a 2-device fleet running the exported program
   against a real ``fedper serve`` over HTTP, and ``fedper simulate``'s first round on the same
@@ -75,7 +76,14 @@ def test_the_program_trains_as_eager_pytorch_does(zoo_export, batch, claim):
     assert manifest.kp == 1 and manifest.model.head_modules == [head]
     assert manifest.head_names and all(n.startswith(f"{head}.") for n in manifest.head_names)
     assert not any(n.startswith(f"{head}.") for n in manifest.base_names)
-    step_matches_eager(zoo_export, batch, MAX_BATCH, claim, yardstick="kinks")
+    # Every named model ends on 1x1 maps at 32 px: at a batch of 2 (or 4) its late BatchNorms
+    # normalize 2 (4) values per channel, eager float32's own forward is up to 5e-3 off float64's
+    # at MobileNetV2's last BatchNorm (batch 4), a ReLU6 input there within 4e-4 of zero goes
+    # either way, and one such flip moves every gradient below it by 10% (measured 2026-12-05;
+    # docs/EXPORT.md). There the small batch checks the loss and statistics (the forward and the
+    # resize); the gradients are checked at the largest batch, and at both at 224 px.
+    ill_conditioned = batch < MAX_BATCH and manifest.model.input_size <= 32
+    step_matches_eager(zoo_export, batch, MAX_BATCH, claim, yardstick="kinks", gradients=not ill_conditioned)
 
 
 @pytest.mark.numeric
