@@ -24,8 +24,13 @@ if TYPE_CHECKING:
     from torch.fx.passes.infra.partitioner import Partition
 
 from fedper.common.errors import FedperError
+from fedper.export.delegation_lookups import graph_reordered, lookups_indexed
 from fedper.export.fast_ops import DECOMPOSITIONS
-from fedper.export.unchanging_passes import in_contiguous_dim_order, unchanging_passes_skipped
+from fedper.export.unchanging_passes import (
+    in_contiguous_dim_order,
+    spec_propagation_without_retrace,
+    unchanging_passes_skipped,
+)
 
 
 class ExportError(FedperError, RuntimeError):
@@ -169,8 +174,9 @@ def delegate_to_xnnpack(
     stays alive until then; per run, the program plans a third of the memory, steps faster and
     computes bit-identical results (docs/PERFORMANCE.md). ``extra_configs``:
     more of XNNPACK's partitioner configs (``bench/xnnpack_elementwise.py`` tries others).
-    ``fast_partitioning``: with :func:`_only_the_xnnpack_passes_needed` and
-    :func:`_consecutive_nodes_stay_in_place`, which give the same bytes in a fraction of the time
+    ``fast_partitioning``: with :func:`_only_the_xnnpack_passes_needed`,
+    :func:`_consecutive_nodes_stay_in_place` and :func:`export.delegation_lookups.lookups_indexed`,
+    which give the same bytes in a fraction of the time
     (``bench.export_time`` and ``tests/unit/export/test_export_shortcuts.py`` compare)."""
     from executorch.backends.xnnpack.partition.config import generic_node_configs
     from executorch.backends.xnnpack.partition.config.gemm_configs import AddmmConfig, LinearConfig, MMConfig
@@ -192,6 +198,7 @@ def delegate_to_xnnpack(
         if fast_partitioning:
             shortcuts.enter_context(_only_the_xnnpack_passes_needed())
             shortcuts.enter_context(_consecutive_nodes_stay_in_place())
+            shortcuts.enter_context(lookups_indexed())
         return edge.to_backend(partitioner)
 
 
@@ -254,6 +261,7 @@ def _sorting_in_place() -> Iterator[None]:
 
     def sort_in_place(graph_module: torch.fx.GraphModule) -> torch.fx.GraphModule:
         stable_topological_sort(graph_module.graph)
+        graph_reordered(graph_module.graph)
         return graph_module
 
     original = lowered_backend_module.legalize_graph
@@ -409,6 +417,7 @@ def lower_training_program(
         logging.getLogger("torch").setLevel(logging.ERROR)
         if shortcuts:
             skipping.enter_context(unchanging_passes_skipped())
+            skipping.enter_context(spec_propagation_without_retrace())
         # Every pass re-traces the graph on fake tensors, asking for convolution backends again.
         skipping.enter_context(conv_backend_without_batch_guards())
         table = {**_default_decomposition_table(), **DECOMPOSITIONS}

@@ -10,11 +10,14 @@ rewrites none of them. Three of them never change the training graph: ``Normaliz
 dim order; every tensor of the step is contiguous). Together they were 31 s of a 209 s export
 (docs/PERFORMANCE.md). Each is skipped only when the graph holds nothing it rewrites, so the
 program's bytes are the same (``tests/unit/export/test_export_shortcuts.py``, ``bench.export_time``).
+Likewise ``SpecPropPass``'s own re-trace, where every node already carries its value
+(:func:`spec_propagation_without_retrace`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import operator
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -98,3 +101,43 @@ def unchanging_passes_skipped() -> Iterator[None]:
                 del cls.call
             else:
                 cls.call = method
+
+
+def has_current_values(graph_module: torch.fx.GraphModule) -> bool:
+    """Whether every placeholder and op of ``graph_module`` already carries its value's metadata
+    (``meta["val"]``), which ``SpecPropPass`` would otherwise re-trace the graph to make."""
+    return all(
+        "val" in node.meta
+        for node in _nodes(graph_module)
+        if node.op == "placeholder" or (node.op == "call_function" and node.target is not operator.getitem)
+    )
+
+
+@contextlib.contextmanager
+def spec_propagation_without_retrace() -> Iterator[None]:
+    """While open, ``to_executorch``'s ``SpecPropPass`` makes the tensor specs from the values
+    the graph carries instead of first re-tracing it on fake tensors, where every node carries
+    one (:func:`has_current_values`). The re-trace runs every delegate's original program again
+    (~2,000 of them for EfficientNet-B0 at 224 px: a sixth of its export) to recompute values the
+    edge dialect's passes and the delegation have already set. The program's bytes are the same
+    (``tests/unit/export/test_export_shortcuts.py``, ``bench.export_time``)."""
+    from executorch.exir.passes import spec_prop_pass
+    from torch.fx.passes.infra.pass_base import PassResult
+
+    retrace = spec_prop_pass.ExportPass
+
+    class RetraceWhereNeeded:
+        def __call__(self, graph_module: torch.fx.GraphModule) -> PassResult | None:
+            if has_current_values(graph_module):
+                # A new module over the same graph, as the re-trace returns one: to_executorch
+                # moves the result's submodules (the delegates) into the program's own module.
+                module = torch.fx.GraphModule(graph_module, graph_module.graph)
+                module.meta.update(graph_module.meta)
+                return PassResult(module, False)
+            return retrace()(graph_module)
+
+    spec_prop_pass.ExportPass = RetraceWhereNeeded
+    try:
+        yield
+    finally:
+        spec_prop_pass.ExportPass = retrace

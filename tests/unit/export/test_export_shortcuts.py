@@ -4,7 +4,9 @@
 op a partition holds (matrix products, ``add``/``sub``/``mul``/``maximum``, ``cat``, ``permute``,
 ``relu``, ``clamp``, ``ceil``, ``sigmoid``), and skips the re-sort after a partition of consecutive nodes;
 ``unchanging_passes_skipped`` skips three of ExecuTorch's edge and ``to_executorch`` passes on a
-graph holding nothing they rewrite. The training graph's bytes are compared by
+graph holding nothing they rewrite; ``spec_propagation_without_retrace`` makes the tensor specs
+from the values the graph carries; ``lookups_indexed`` answers the delegation's per-partition
+lookups from an index (checked against ExecuTorch's scans). The training graph's bytes are compared by
 ``bench.export_time`` (minutes); here, generated graphs of the same ops, mixed with ops XNNPACK
 is not given, are lowered both ways, and each skip is shown to run where it has work.
 """
@@ -24,6 +26,7 @@ from fedper.export.unchanging_passes import (
     has_plain_transpose,
     has_reduction_on_permuted_layout,
     has_view_op,
+    spec_propagation_without_retrace,
     unchanging_passes_skipped,
 )
 
@@ -99,6 +102,7 @@ def _lowered(module: torch.nn.Module, fast: bool, inputs: tuple[torch.Tensor, ..
         warnings.simplefilter("ignore")
         if fast:
             shortcuts.enter_context(unchanging_passes_skipped())
+            shortcuts.enter_context(spec_propagation_without_retrace())
         edge = to_edge(torch.export.export(module, inputs, strict=False), compile_config=config)
         return bytes(delegate_to_xnnpack(edge, fast_partitioning=fast).to_executorch().buffer)
 
@@ -208,3 +212,56 @@ def test_the_delegated_sigmoid_is_within_a_few_epsilons_of_the_exact_value():
     exact = torch.sigmoid(x.double())
     relative = ((y.double() - exact).abs() / exact).max().item() / torch.finfo(torch.float32).eps
     assert relative < 4.0, f"{relative:.2f} epsilons"
+
+
+def _delegate_handles(module: torch.nn.Module, fast: bool) -> tuple[list[int], bytes]:
+    """The debug handle of each delegate call, in the graph's order, and the program's bytes."""
+    from executorch.exir import to_edge
+
+    inputs = tuple(torch.randn(SIZE, SIZE) for _ in range(3))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        edge = to_edge(torch.export.export(module, inputs, strict=False), compile_config=edge_compile_config())
+        lowered = delegate_to_xnnpack(edge, fast_partitioning=fast)
+        handles = [
+            node.meta["debug_handle"]
+            for node in lowered.exported_program().graph.nodes
+            if node.op == "call_function" and "call_delegate" in str(node.target)
+        ]
+        return handles, bytes(lowered.to_executorch().buffer)
+
+
+def test_indexed_lookups_give_the_same_delegates_handles_and_bytes(monkeypatch):
+    """``lookups_indexed`` (a partition's nodes from an index, debug handles counted): with many
+    partitions between ops XNNPACK is not given, and a partition that is not one run of the
+    graph (a transpose used by a later matrix product: the graph is re-sorted, the index
+    rebuilt), each lookup answers as ExecuTorch's scan does, and the delegates, their debug
+    handles and the program are the same."""
+    import fedper.export.delegation_lookups as lookups
+    import fedper.export.executorch_lowering as lowering
+
+    monkeypatch.setattr(lookups, "CHECKED", True)  # each indexed answer against ExecuTorch's scan
+    reorders: list[object] = []
+    original = lowering.graph_reordered
+    monkeypatch.setattr(lowering, "graph_reordered", lambda graph: (reorders.append(graph), original(graph)))
+    steps = [("t", (0,)), ("exp", (1,)), ("mm", (3, 2))]
+    for k in range(12):
+        last = 3 + len(steps) - 1
+        steps += [("add", (last, k % 3)), ("exp", (last + 1,)), ("mul", (last + 2, last)), ("neg", (last + 3,))]
+    module = Generated(steps, [3 + len(steps) - 1])
+    fast_handles, fast_bytes = _delegate_handles(module, fast=True)
+    slow_handles, slow_bytes = _delegate_handles(module, fast=False)
+    assert len(fast_handles) >= 12 and reorders
+    assert fast_handles == slow_handles and len(set(fast_handles)) == len(fast_handles)
+    assert fast_bytes == slow_bytes
+
+
+def test_the_spec_propagation_retraces_a_graph_without_values():
+    """The re-trace is skipped only where every node carries its value: a graph fresh from
+    ``torch.fx`` carries none, one from ``torch.export`` all."""
+    from fedper.export.unchanging_passes import has_current_values
+
+    module = Generated([("mm", (0, 1)), ("add", (3, 2))], [4])
+    inputs = tuple(torch.randn(SIZE, SIZE) for _ in range(3))
+    assert not has_current_values(torch.fx.symbolic_trace(module))
+    assert has_current_values(torch.export.export(module, inputs, strict=False).graph_module)
