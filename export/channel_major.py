@@ -27,7 +27,7 @@ from torch import fx, nn
 
 from fedper.export.batchnorm_check import check_batchnorm
 from fedper.export.fast_convolution import UnsupportedConvolutionError, convolution, pad2d
-from fedper.export.fast_ops import activation, batch_norm_relu, max_pool
+from fedper.export.fast_ops import activation, batch_norm_relu, max_pool, same_odd_window
 from fedper.export.random_masks import dropout, stochastic_depth
 from fedper.models.split import running_stat_names
 
@@ -412,8 +412,7 @@ def _max_pool(t: Tensor, pool: nn.MaxPool2d) -> Tensor | None:
     (kh, kw), (sh, sw), (ph, pw), (dh, dw) = (_pair(v) for v in (pool.kernel_size, pool.stride, pool.padding,
                                                                   pool.dilation))  # fmt: skip
     h, w = t.shape[2:]
-    same_odd = kh == kw >= 3 and kh % 2 == 1 and ph == pw == kh // 2 and (dh, dw) == (1, 1) and sh == sw
-    if same_odd and (sh == 1 or (sh == 2 and h % 2 == 0 and w % 2 == 0)):
+    if same_odd_window((kh, kw), (ph, pw), (dh, dw), (sh, sw)) and (sh == 1 or (sh == 2 and h % 2 == 0 and w % 2 == 0)):
         return max_pool(t, kh, sh)[0]
     ho, wo = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1, (w + 2 * pw - dw * (kw - 1) - 1) // sw + 1
     padded = pad2d(t, ph, pw, float("-inf"))

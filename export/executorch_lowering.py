@@ -153,7 +153,7 @@ def drop_aliases(graph_module: torch.fx.GraphModule) -> int:
 # exact per element (``add``, ``sub``, ``mul``, ``maximum``) and ops that only move or select
 # values (``cat``, ``permute``, ``relu``, ``clamp``, ``ceil``), so the program computes the same
 # bits as on ExecuTorch's kernels, on the thread pool; and ``sigmoid`` (SiLU's and
-# squeeze-and-excitation's), XNNPACK's own approximation, within 2.2 float32 epsilons of the
+# squeeze-and-excitation's), XNNPACK's own approximation, within 2.1 float32 epsilons of the
 # exact value (ExecuTorch's kernel: 1.2; ``tests/unit/export/test_export_shortcuts.py``) and
 # ~10x faster. The others (``div``, ``sqrt``, ``rsqrt``, ...) compute right gradients but made
 # the step no faster (docs/PERFORMANCE.md).

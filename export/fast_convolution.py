@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from fedper.export.fast_ops import conv3x3, depthwise, depthwise_s2, stem_conv
+from fedper.export.fast_ops import conv3x3, depthwise, depthwise_s2, same_odd_window, stem_conv
 
 Tensor = torch.Tensor
 
@@ -81,8 +81,7 @@ def convolution(x: Tensor, conv: nn.Conv2d) -> Tensor:
         raise UnsupportedConvolutionError(f"an empty output ({ho}x{wo}) from a {h}x{w} input")
     weight = conv.weight.clone()  # not the parameter itself: XNNPACK would bake it in as a constant
     square3 = (kh, kw, ph, pw, dh, dw) == (3, 3, 1, 1, 1, 1) and sh == sw
-    # an odd square window padded to keep the size ("same"), as MobileNets and EfficientNets use
-    same_odd = kh == kw >= 3 and kh % 2 == 1 and ph == pw == kh // 2 and (dh, dw) == (1, 1) and sh == sw
+    same_odd = same_odd_window((kh, kw), (ph, pw), (dh, dw), (sh, sw))  # MobileNets', EfficientNets'
     even = h % 2 == 0 and w % 2 == 0
     out: Tensor
     if (h, w, ho, wo) == (1, 1, 1, 1) and ph % dh == 0 and pw % dw == 0 and ph // dh < kh and pw // dw < kw:

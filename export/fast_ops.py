@@ -64,15 +64,26 @@ def _mask_columns(x: Tensor, mask: Tensor) -> Tensor:
     return x * mask.view(1, 1, n).expand(c, 1, n)
 
 
+def same_odd_window(kernel: tuple[int, int], padding: tuple[int, int], dilation: tuple[int, int],
+                    stride: tuple[int, int]) -> bool:  # fmt: skip
+    """An odd square window padded to keep the size ("same"), undilated, the same stride both
+    ways: the windows :func:`depthwise`, :func:`depthwise_s2` and :func:`max_pool` compute (at
+    stride 2 on even sides only)."""
+    (kh, kw), (ph, pw) = kernel, padding
+    return kh == kw >= 3 and kh % 2 == 1 and ph == pw == kh // 2 and dilation == (1, 1) and stride[0] == stride[1]
+
+
+def _filled(c: int, b: int, n: int, fill: float, dtype: torch.dtype) -> Tensor:
+    """[C, B, N] of ``fill`` (``zeros`` for 0, so the zero-padded graphs keep their ops)."""
+    return torch.zeros(c, b, n, dtype=dtype) if fill == 0.0 else torch.full((c, b, n), fill, dtype=dtype)
+
+
 def _pad_flat(x: Tensor, width: int, p: int = 1, fill: float = 0.0) -> Tensor:
     """[C, B, HW] -> [C, B, HW + 2(pW + p)]: ``fill`` before and after each image, for reads
     shifted by up to ``p`` rows and columns."""
     c, b, _ = x.shape
-    if fill == 0.0:
-        zeros = torch.zeros(c, b, p * width + p, dtype=x.dtype)
-    else:
-        zeros = torch.full((c, b, p * width + p), fill, dtype=x.dtype)
-    return torch.cat([zeros, x, zeros], dim=2)
+    around = _filled(c, b, p * width + p, fill, x.dtype)
+    return torch.cat([around, x, around], dim=2)
 
 
 def _correlate(padded: Tensor, taps: Tensor, width: int, hw: int, k: int = 3) -> Tensor:
@@ -244,14 +255,10 @@ def _phases(x: Tensor, before: int = 1, after: int = 0, fill: float = 0.0) -> Te
     ho, wo = h // 2, w // 2
     rows = [x[:, :, 0::2, :], x[:, :, 1::2, :]]
     flat = [r[:, :, :, col::2].reshape(c, b, ho * wo) for r in rows for col in (0, 1)]
-
-    def filled(n: int) -> Tensor:
-        return torch.zeros(c, b, n, dtype=x.dtype) if fill == 0.0 else torch.full((c, b, n), fill, dtype=x.dtype)
-
-    front = filled(before * (wo + 1))
+    front = _filled(c, b, before * (wo + 1), fill, x.dtype)
     if after == 0:
         return torch.stack([torch.cat([front, f], dim=2) for f in flat])
-    back = filled(after * (wo + 1))
+    back = _filled(c, b, after * (wo + 1), fill, x.dtype)
     return torch.stack([torch.cat([front, f, back], dim=2) for f in flat])
 
 
