@@ -289,8 +289,8 @@ class Device:
             except RefusedError as exc:
                 self.emit(Refused(task.round, exc.code))
                 raise
-            self.storage.commit_head(sha)
             secure.unmask()
+            self.storage.commit_head(sha)  # only now is this device's input in the sum
             report = RoundReport(task.round, task.model_version, client.num_samples, accuracy, accuracy_after,
                                  None if np.isnan(loss) else loss, True, None)  # fmt: skip
             self.emit(Uploaded(report))

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from fedper.common import weights
-from fedper.common.atomic_write import atomic_write_bytes, atomic_write_text
+from fedper.common.atomic_write import atomic_write_bytes, atomic_write_text, fsync_directory
 
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
@@ -108,5 +108,7 @@ class DeviceStorage:
         weights.save(self.staged_head_path(manifest_sha), tensors)
 
     def commit_head(self, manifest_sha: str) -> None:
-        """The staged head becomes the head: one rename, so a crash leaves one or the other whole."""
+        """The staged head becomes the head: one rename, so a crash leaves one or the other whole,
+        made durable by syncing the directory (until then a power cut can undo the rename)."""
         os.replace(self.staged_head_path(manifest_sha), self.head_path(manifest_sha))
+        fsync_directory(self.head_path(manifest_sha).parent)

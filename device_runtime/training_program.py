@@ -139,6 +139,10 @@ class TrainingProgram:
         self._evaluator_stale = True
         return float(outputs[0].item())
 
+    def last_gradients(self) -> dict[str, torch.Tensor]:
+        """The gradients of the last step (or check), copied: what another runtime's are compared with."""
+        return {n: g.detach().clone() for n, g in self._module.named_gradients().items()}
+
     def check_batch(self, batch: int) -> None:
         """One forward and backward of zeros at ``batch`` (nothing changes): the program runs at
         that size and gives a finite loss and a gradient of every parameter's shape."""

@@ -22,22 +22,3 @@ def encode_ptd(tensors: Mapping[str, torch.Tensor]) -> bytes:
         buffers.append(t.numpy().tobytes())
     cord: Cord = FlatTensorSerializer().serialize(DataPayload(buffers=buffers, named_data=entries))
     return bytes(cord)
-
-
-def decode_ptd(data: bytes) -> dict[str, torch.Tensor]:
-    """Read every float32 tensor of a ``.ptd`` back (for tests and inspection)."""
-    import numpy as np
-    from executorch.exir._serialize._cord import Cord
-    from executorch.extension.flat_tensor.serialize.serialize import FlatTensorSerializer
-
-    payload = FlatTensorSerializer().deserialize(Cord(data))
-    out: dict[str, torch.Tensor] = {}
-    for name, entry in payload.named_data.items():
-        layout = entry.tensor_layout
-        if layout is None:
-            continue
-        raw = bytes(payload.buffers[entry.buffer_index])
-        n = int(np.prod(layout.sizes)) if layout.sizes else 1
-        arr = np.frombuffer(raw, dtype=np.float32, count=n).reshape(layout.sizes)
-        out[name] = torch.from_numpy(arr.copy())
-    return out

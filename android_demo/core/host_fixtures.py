@@ -9,7 +9,6 @@ base holds tensors that ``artifacts`` keeps personal.
 ``host_fixtures.py onnx-inputs OUT``: model.onnx of the same model (MobileNet 0.25 @ 32 px, seed 0) as
 ``make`` exported, and input_names.txt: ONNX Runtime's input names for it, one a line, in order (what
 the Java ``OrtSession.getInputNames()`` reports on a phone); ir_version.txt: its ONNX IR version.
-``host_fixtures.py verify-ptd FILE``: checks a ``.ptd`` the Java side rewrote, with ExecuTorch's reader.
 ``host_fixtures.py verify-secagg FILE``: what the Java secure-aggregation device sealed for its
 neighbours (``secagg/case.json``'s round) must open in Python's sessions and give back its secrets.
 ``make`` also writes ``clipping/<case>/``: a received and a trained base and what Python's clipping
@@ -34,15 +33,6 @@ EXPECTED_FROM_JAVA = {
 JAVA_METADATA = {"num_samples": "12", "base_version": "3", "metric.accuracy": "0.75"}
 
 
-def ptd_tensors() -> dict[str, np.ndarray]:
-    """What python_written.ptd holds; the Java test writes ``1 - 2 * value`` into each."""
-    return {
-        "stem.conv.weight": (np.arange(4 * 3 * 3 * 3, dtype=np.float32).reshape(4, 3, 3, 3) - 50) / 7,
-        "blocks.0.dw.bn.running_var": np.linspace(0.5, 2.0, 8, dtype=np.float32),
-        "classifier.bias": np.array([0.25, -0.5, 1e-3], dtype=np.float32),
-    }
-
-
 def make(out: Path) -> None:
     from fedper.common.manifest import read_manifest, write_manifest
     from fedper.export.pipeline import write_server_only_export
@@ -61,11 +51,6 @@ def make(out: Path) -> None:
         "scalar": np.array(42.0, dtype=np.float32),
     }
     save_file(tensors, str(out / "python_written.safetensors"), metadata={"note": "written by python", "n": "7"})
-    import torch
-
-    from fedper.device_runtime.weights_file import encode_ptd
-
-    (out / "python_written.ptd").write_bytes(encode_ptd({k: torch.from_numpy(v) for k, v in ptd_tensors().items()}))
     clipping_cases(out / "clipping", out / "artifacts")
     secagg_case(out / "secagg")
 
@@ -207,18 +192,6 @@ def onnx_inputs(out: Path) -> None:
     (out / "ir_version.txt").write_text(f"{onnx.load(str(out / 'model.onnx')).ir_version}\n")
 
 
-def verify_ptd(path: Path) -> int:
-    from fedper.device_runtime.weights_file import decode_ptd
-
-    got = decode_ptd(path.read_bytes())
-    for name, value in ptd_tensors().items():
-        want = (1 - 2 * value).astype(np.float32)
-        if got[name].numpy().tobytes() != want.tobytes():
-            print(f"{name}: {got[name]} != {want}")
-            return 1
-    return 0 if sorted(got) == sorted(ptd_tensors()) else 1
-
-
 def verify(path: Path) -> int:
     tensors = load_file(str(path))
     from safetensors import safe_open
@@ -245,8 +218,6 @@ if __name__ == "__main__":
         make(target)
     elif command == "onnx-inputs":
         onnx_inputs(target)
-    elif command == "verify-ptd":
-        sys.exit(verify_ptd(target))
     elif command == "verify-secagg":
         sys.exit(verify_secagg(target))
     else:

@@ -73,14 +73,16 @@ def test_twenty_devices_three_dropping_after_sharing_keys_and_what_the_server_sa
     lock = threading.Lock()
     devices: dict[int, Device] = {}
     errors: list[BaseException] = []
+    traces = {i: RecordingTransport() for i in range(DEVICES)}  # what each device asked, and got
+    events: dict[int, list[object]] = {i: [] for i in range(DEVICES)}
 
     def run(i: int) -> None:
-        client = ProtocolClient(proxy.url)
+        client = ProtocolClient(proxy.url, transport=traces[i])
         options = DeviceOptions(client_id=i, seed=0, max_idle_wait=0.5)
         faults = Faults(dropout=1.0 if i < DROPPING else 0.0)
         local = share(DATA, i)
         device = Device(client, DeviceStorage(tmp_path / f"device_{i}"), lambda _m: local, options, ENROLL,
-                        compute_lock=lock, plan=faults)  # fmt: skip
+                        on_event=events[i].append, compute_lock=lock, plan=faults)  # fmt: skip
         devices[i] = device
         try:
             device.run(max_rounds=1)
@@ -108,7 +110,12 @@ def test_twenty_devices_three_dropping_after_sharing_keys_and_what_the_server_sa
         v0 = httpx.get(f"{server.url}/v1/models/0/base", headers=admin())
     assert info["state"] == "closed", info
     survivors = sorted(deltas)
-    assert len(survivors) == DEVICES - DROPPING
+    if len(survivors) != DEVICES - DROPPING:  # say what the honest devices left out saw, and the server
+        out = [i for i, d in devices.items() if i >= DROPPING and d.device_id not in deltas]
+        seen = "\n".join(f"device {i} ({devices[i].device_id}): events {events[i]}\n  " + "\n  ".join(traces[i].trace)
+                         for i in out)  # fmt: skip
+        log = "".join((tmp_path).glob("server-*.log").__next__().read_text().splitlines(keepends=True)[-60:])
+        pytest.fail(f"{len(survivors)} survivors, not {DEVICES - DROPPING}; round {info}\n{seen}\nserver log:\n{log}")
     samples = {d.device_id: Client(*share(DATA, i).tensors(manifest)).num_samples for i, d in devices.items()}
     cap = 1000
     w = np.array([min(samples[d], cap) for d in survivors], dtype=np.float64)

@@ -21,6 +21,10 @@ public final class Constraints {
       throw new UnsupportedOperationException("stub");
     }
 
+    public Builder setRequiresBatteryNotLow(boolean requiresBatteryNotLow) {
+      throw new UnsupportedOperationException("stub");
+    }
+
     public Builder setRequiredNetworkType(NetworkType networkType) {
       throw new UnsupportedOperationException("stub");
     }

@@ -11,6 +11,11 @@ public abstract class ListenableWorker {
     throw new UnsupportedOperationException("stub");
   }
 
+  /** True once WorkManager stopped this worker (a constraint lost, the work cancelled or replaced). */
+  public final boolean isStopped() {
+    throw new UnsupportedOperationException("stub");
+  }
+
   public final Context getApplicationContext() {
     throw new UnsupportedOperationException("stub");
   }

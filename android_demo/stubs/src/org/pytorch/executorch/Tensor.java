@@ -20,6 +20,10 @@ public abstract class Tensor {
     throw new UnsupportedOperationException("stub");
   }
 
+  public java.nio.Buffer getRawDataBuffer() {
+    throw new UnsupportedOperationException("stub");
+  }
+
   public float[] getDataAsFloatArray() {
     throw new UnsupportedOperationException("stub");
   }

@@ -22,7 +22,7 @@ import org.fedper.core.Tensor;
  * Runtime's Java run() accepts only the model's required inputs; ScoringFeeds builds exactly those.
  * The caller closes the scorer (try-with-resources, or when replacing it).
  */
-final class OnnxScorer implements AutoCloseable {
+final class OnnxScorer implements Scorer {
   private final OrtEnvironment env;
   private final OrtSession.SessionOptions options;
   private final OrtSession session;
@@ -50,8 +50,7 @@ final class OnnxScorer implements AutoCloseable {
     }
   }
 
-  /** Logits for one normalized NCHW image under these base + head weights. */
-  float[] logits(float[] pixels, Map<String, Tensor> weights) throws OrtException {
+  @Override public float[] logits(float[] pixels, Map<String, Tensor> weights) throws OrtException {
     int s = manifest.inputSize;
     Map<String, Tensor> feeds = ScoringFeeds.feeds(
         manifest, session.getInputNames(), new Tensor(new long[] {1, 3, s, s}, pixels), weights);
@@ -92,19 +91,11 @@ final class OnnxScorer implements AutoCloseable {
     return weighted / sum;
   }
 
-  static int argmax(float[] v) {
-    int best = 0;
-    for (int k = 1; k < v.length; k++) {
-      if (v[k] > v[best]) {
-        best = k;
-      }
-    }
-    return best;
-  }
-
-  @Override public void close() throws OrtException {
+  @Override public void close() throws IOException {
     try {
       session.close();
+    } catch (OrtException ex) {
+      throw new IOException("closing the ONNX Runtime session: " + ex.getMessage(), ex);
     } finally {
       options.close();
     }

@@ -28,7 +28,7 @@ import org.fedper.core.RoundLoop;
 /**
  * One federated round in the background, only when the phone is charging, idle and on an
  * unmetered network (as production FL systems schedule training), so the user never pays for it.
- * A round never runs beside another one (they would share round.ptd and the head store). Everything
+ * A round never runs beside another one (they would share the head store). Everything
  * a round does, every wait and every HTTP exchange included, is within one budget that ends well
  * before WorkManager stops a worker (10 minutes); a round that would overrun it hands back with
  * Result.retry(), its trained head uncommitted.
@@ -68,11 +68,17 @@ public final class RoundWorker extends Worker {
    * The "take part now" button, as unique work (repeated taps queue one round, not many). It cannot
    * share the periodic job's unique name: that job is always enqueued, so KEEP would drop every tap
    * and REPLACE would cancel the schedule without stopping a round already running; the ROUND lock
-   * keeps the two from running at once.
+   * keeps the two from running at once. The user asked, so neither charging nor idle is required;
+   * what is (the button's label says so): a network connection and a battery that is not low.
+   * WorkManager waits until both hold and stops the round when one is lost.
    */
   static void runNow(Context context) {
-    WorkManager.getInstance(context).enqueueUniqueWork(
-        UNIQUE_NOW, ExistingWorkPolicy.KEEP, new OneTimeWorkRequest.Builder(RoundWorker.class).build());
+    Constraints constraints = new Constraints.Builder()
+        .setRequiredNetworkType(NetworkType.CONNECTED)
+        .setRequiresBatteryNotLow(true)
+        .build();
+    WorkManager.getInstance(context).enqueueUniqueWork(UNIQUE_NOW, ExistingWorkPolicy.KEEP,
+        new OneTimeWorkRequest.Builder(RoundWorker.class).setConstraints(constraints).build());
   }
 
   static DeviceStore store(Context context) {
@@ -89,6 +95,7 @@ public final class RoundWorker extends Worker {
     }
     List<ExecuTorchTrainer> trainers = new ArrayList<>();
     RoundBudget budget = new RoundBudget(ROUND_BUDGET_SECONDS, RoundBudget.Clock.SYSTEM, Backoff.Sleeper.REAL);
+    budget.stopWhen(this::isStopped); // a constraint lost: the round stops, nothing more is sent
     try {
       RoundLoop loop = new RoundLoop(
           new ProtocolClient(BuildConfig.SERVER_URL, budget),
@@ -101,7 +108,8 @@ public final class RoundWorker extends Worker {
             }
           },
           (dir, manifest) -> {
-            ExecuTorchTrainer t = new ExecuTorchTrainer(dir, manifest);
+            ExecuTorchTrainer t = new ExecuTorchTrainer(dir, manifest, BuildConfig.EXECUTORCH_VERSION,
+                () -> new OnnxScorer(dir.resolve(manifest.artifacts.get("onnx_model")), manifest));
             trainers.add(t);
             return t;
           },
@@ -121,6 +129,10 @@ public final class RoundWorker extends Worker {
             r.round, accuracy(r.accuracy), accuracy(r.accuracyAfter), r.numSamples)).apply();
       }
       return Result.success();
+    } catch (ProtocolException.Stopped ex) {
+      // WorkManager ignores a stopped worker's result and runs it again when its constraints hold.
+      status.edit().putString("last", "stopped (" + ex.getMessage() + "); will try again later").apply();
+      return Result.retry();
     } catch (ProtocolException.OutOfTime ex) {
       status.edit().putString("last", ex.getMessage() + "; will try again later").apply();
       return Result.retry();

@@ -30,6 +30,10 @@ public final class Manifest {
   public final List<String> bnStatistics;
   /** training_program.parameters: the program's trainable tensors, as the program names them. */
   public final List<String> trainingParameters;
+  /** training_program.inputs: what the method takes, in order ("x", "y", then the statistics). */
+  public final List<String> trainingInputs;
+  /** training_program.outputs: what the method returns, in order ("loss", then the statistics). */
+  public final List<String> trainingOutputs;
   public final int minBatch;
   public final int maxBatch;
   /** training.trainable: all (base and head) or head only (the base is uploaded unchanged). */
@@ -71,6 +75,8 @@ public final class Manifest {
     this.trainingMethod = program.string(ManifestKeys.TrainingProgramSpec.METHOD, ManifestKeys.TrainingProgramSpec.METHOD_DEFAULT);
     this.bnStatistics = program.strings(ManifestKeys.TrainingProgramSpec.BN_STATISTICS);
     this.trainingParameters = program.strings(ManifestKeys.TrainingProgramSpec.PARAMETERS);
+    this.trainingInputs = program.strings(ManifestKeys.TrainingProgramSpec.INPUTS);
+    this.trainingOutputs = program.strings(ManifestKeys.TrainingProgramSpec.OUTPUTS);
     this.minBatch = program.integer(ManifestKeys.TrainingProgramSpec.MIN_BATCH, ManifestKeys.TrainingProgramSpec.MIN_BATCH_DEFAULT);
     this.maxBatch = Math.toIntExact(program.integer(ManifestKeys.TrainingProgramSpec.MAX_BATCH));
     if (minBatch < 1 || maxBatch < minBatch) {

@@ -57,6 +57,19 @@ public class ProtocolException extends Exception {
     }
   }
 
+  /**
+   * The scheduler stopped the round (WorkManager stops a worker when a constraint is lost: the
+   * phone unplugged, off Wi-Fi): nothing more is sent and the trained head stays uncommitted, as
+   * for OutOfTime; WorkManager runs the work again when the constraints hold.
+   */
+  public static final class Stopped extends ProtocolException {
+    private static final long serialVersionUID = 1L;
+
+    public Stopped(String message) {
+      super(0, "stopped", message);
+    }
+  }
+
   /** Network trouble or a 5xx that outlasted every retry: try again later. */
   public static final class Transient extends ProtocolException {
     private static final long serialVersionUID = 1L;

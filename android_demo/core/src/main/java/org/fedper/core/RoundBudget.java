@@ -1,12 +1,15 @@
 package org.fedper.core;
 
 import java.util.Locale;
+import java.util.function.BooleanSupplier;
 
 /**
  * One wall-clock budget for everything a round does. WorkManager stops a worker after 10 minutes,
  * so every wait counts against it: backoff sleeps, Retry-After sleeps, each HTTP exchange (its
  * timeout is capped by what is left) and training (checked between steps). When a wait would not
- * fit, OutOfTime is thrown at once instead of sleeping into the limit.
+ * fit, OutOfTime is thrown at once instead of sleeping into the limit. The scheduler's stop signal
+ * (stopWhen) is checked at the same points: once it is raised, the next check, wait or exchange
+ * throws Stopped instead.
  */
 public final class RoundBudget {
   /** Monotonic nanoseconds; tests substitute a clock they advance themselves. */
@@ -20,6 +23,7 @@ public final class RoundBudget {
   private final Backoff.Sleeper sleeper;
   private final double seconds;
   private final long startNanos;
+  private volatile BooleanSupplier stopped = () -> false;
 
   public RoundBudget(double seconds, Clock clock, Backoff.Sleeper sleeper) {
     if (!(seconds > 0)) {
@@ -36,12 +40,24 @@ public final class RoundBudget {
     return new RoundBudget(Double.POSITIVE_INFINITY, Clock.SYSTEM, sleeper);
   }
 
+  /** The scheduler's stop signal (on Android, the worker's isStopped()). */
+  public void stopWhen(BooleanSupplier signal) {
+    this.stopped = signal;
+  }
+
+  private void checkStopped(String next) throws ProtocolException.Stopped {
+    if (stopped.getAsBoolean()) {
+      throw new ProtocolException.Stopped("the round was stopped before " + next);
+    }
+  }
+
   public double remainingSeconds() {
     return seconds - (clock.nanoTime() - startNanos) / 1e9;
   }
 
-  /** Throws OutOfTime when nothing is left for what comes next. */
-  public void check(String next) throws ProtocolException.OutOfTime {
+  /** Throws Stopped once the stop signal is raised, OutOfTime when nothing is left for what comes next. */
+  public void check(String next) throws ProtocolException.OutOfTime, ProtocolException.Stopped {
+    checkStopped(next);
     if (remainingSeconds() <= 0) {
       throw new ProtocolException.OutOfTime(String.format(Locale.ROOT,
           "the round's %.0f s budget is spent before %s", seconds, next));
@@ -49,7 +65,9 @@ public final class RoundBudget {
   }
 
   /** Sleeps, or throws OutOfTime without sleeping when the wait would end past the budget. */
-  public void sleep(double waitSeconds, String why) throws InterruptedException, ProtocolException.OutOfTime {
+  public void sleep(double waitSeconds, String why)
+      throws InterruptedException, ProtocolException.OutOfTime, ProtocolException.Stopped {
+    checkStopped(why);
     double left = remainingSeconds();
     if (waitSeconds >= left) {
       throw new ProtocolException.OutOfTime(String.format(Locale.ROOT,
@@ -60,7 +78,8 @@ public final class RoundBudget {
   }
 
   /** An HTTP exchange's timeout: capMillis, or what is left of the budget if that is less. */
-  public int timeoutMillis(int capMillis, String call) throws ProtocolException.OutOfTime {
+  public int timeoutMillis(int capMillis, String call) throws ProtocolException.OutOfTime, ProtocolException.Stopped {
+    checkStopped(call);
     double left = Math.floor(remainingSeconds() * 1000);
     if (left < 1) {
       check(call);

@@ -185,12 +185,14 @@ public final class RoundLoop {
       secure = new SecureRound(client, deviceId, task, budget, maxIdleWaitSeconds);
       secure.share();
     }
+    budget.check("loading the training program");
     prepare(task);
     Map<String, Tensor> base = base(task);
     Map<String, Tensor> head = store.heads.load(task.manifestSha256);
     if (head == null) {
       head = initialHead(task.manifestSha256);
     }
+    budget.check("loading the photos");
     LocalData local = data.apply(manifest);
     int minBatch = Math.max(2, manifest.minBatch); // a batch of one cannot train BatchNorm
     if (local.trainSize() < minBatch) {
@@ -199,6 +201,7 @@ public final class RoundLoop {
     trainer.setBase(base);
     trainer.setHead(head);
     LocalData.Batch test = local.testSet();
+    budget.check("evaluation");
     double accuracy = test.size() == 0 ? Double.NaN : trainer.evaluate(test);
     TrainConfig config = manifest.trainConfig(task.config);
     budget.check("training");
@@ -220,6 +223,7 @@ public final class RoundLoop {
         steps++;
       }
     }
+    budget.check("evaluation after training");
     double accuracyAfter = test.size() == 0 ? Double.NaN : trainer.evaluate(test);
     // Staged, not saved: if the upload is not accepted, the next attempt starts from the head
     // the last accepted round left, so these photos do not train the head twice.
@@ -227,10 +231,14 @@ public final class RoundLoop {
     // A head-only export trains only the head: the base goes back exactly as it came.
     Map<String, Tensor> update = only("head".equals(manifest.trainable) ? base : trainer.getBase(), manifest.baseNames());
     double loss = steps == 0 ? Double.NaN : lossSum / steps;
+    budget.check("the upload"); // stopped or out of time: nothing goes out, the head stays staged
     if (secure != null) { // the masked update, then the unmasking: nothing in the clear
       secure.sendMasked(update, base, manifest.baseNames(), local.trainSize());
-      store.heads.commit(task.manifestSha256);
+      budget.check("the unmasking");
       secure.unmask();
+      // Only now is this device's input in the sum: a round that loses it (the unmasking missed,
+      // its input left out) leaves the head as it was, as a refused upload does.
+      store.heads.commit(task.manifestSha256);
       return new Report(task.round, task.modelVersion, local.trainSize(), accuracy, accuracyAfter, loss, -1);
     }
     Map<String, String> meta = new LinkedHashMap<>();

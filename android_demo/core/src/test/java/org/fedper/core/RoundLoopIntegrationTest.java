@@ -51,7 +51,7 @@ public class RoundLoopIntegrationTest {
   }
 
   /** Returns the received base plus a known offset, and the received head plus one. */
-  static final class FakeTrainer implements Trainer {
+  static class FakeTrainer implements Trainer {
     final float offset;
     final List<Map<String, Tensor>> headsReceived = new ArrayList<>();
     Map<String, Tensor> base;
@@ -213,7 +213,7 @@ public class RoundLoopIntegrationTest {
   }
 
   /** The real transport, keeping every upload's body (what the server was sent) and answer. */
-  static final class RecordingTransport implements HttpTransport {
+  static class RecordingTransport implements HttpTransport {
     final HttpTransport real = new HttpTransport.UrlConnection(30_000);
     final List<Safetensors.File> uploads = Collections.synchronizedList(new ArrayList<>());
     final List<Response> uploadAnswers = Collections.synchronizedList(new ArrayList<>());
