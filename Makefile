@@ -8,7 +8,7 @@ INSTALLED := $(VENV)/.installed-test
 BENCH_INSTALLED := $(VENV)/.installed-bench
 DEMO_OUT ?= demo-out
 
-.PHONY: install demo test test-fast test-slow test-portable test-zoo lint typecheck pytest android-test bench results resnet34-digits poisoning bn-sharing dp-results clean
+.PHONY: install demo test test-fast test-slow test-portable test-zoo lint typecheck pytest android-test arm-check bench results resnet34-digits poisoning bn-sharing dp-results clean
 
 install: $(INSTALLED)
 
@@ -59,10 +59,17 @@ test-fast: $(INSTALLED)
 	$(BIN)/python -m pytest -q -m "not slow and not export and not numeric"
 
 # The Android app's plain-Java core, built and tested on the host JVM (a JDK and JUnit 4 from
-# Debian, installed first if missing).
+# Debian, installed first if missing), then the app's trainer on ExecuTorch's real training
+# runtime built for the host JVM (android_demo/README.md, "The real runtime on the host").
 android-test: $(INSTALLED)
 	android_demo/core/ensure-jdk.sh
 	android_demo/core/host-test.sh $(abspath $(BIN))/python
+
+# The device on the phone's instruction set: an aarch64 Debian root under qemu-user (cached in
+# FEDPER_ARM_CACHE) runs the first training step against x86-64's and two rounds of `fedper
+# device` against `fedper serve` (docs/DEVICES.md, "An ARM device on this machine"). Not in `make test`.
+arm-check: $(INSTALLED)
+	device_runtime/arm/arm_check.sh $(abspath $(BIN))/python
 
 # Two at a time: pytest's first minutes leave a core to spare (its exports are single-threaded),
 # which the checks use; each target's output is printed in one piece when it ends.

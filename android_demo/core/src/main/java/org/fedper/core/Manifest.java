@@ -30,9 +30,9 @@ public final class Manifest {
   public final List<String> bnStatistics;
   /** training_program.parameters: the program's trainable tensors, as the program names them. */
   public final List<String> trainingParameters;
-  /** training_program.inputs: what the method takes, in order ("x", "y", then the statistics). */
+  /** training_program.inputs: what the method takes, in order (the images, the labels, then the statistics). */
   public final List<String> trainingInputs;
-  /** training_program.outputs: what the method returns, in order ("loss", then the statistics). */
+  /** training_program.outputs: what the method returns, in order (the loss, then the statistics). */
   public final List<String> trainingOutputs;
   public final int minBatch;
   public final int maxBatch;
