@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import re
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from functools import partial
 from importlib import metadata
 
@@ -49,24 +49,38 @@ def build_parser(only_serve: bool = False) -> argparse.ArgumentParser:
         admin_command.add_parser(sub)
         return parser
     try:
-        from fedper._recipes import demo_command, pretrain_command, probe_check, report_command, simulate_command
+        from fedper._recipes import pretrain_command, probe_check, report_command, simulate_command
         from fedper.device_runtime import commands as device_commands
         from fedper.device_runtime.training_program import check_exported
+    except ModuleNotFoundError as exc:
+        if (exc.name or "fedper").split(".")[0] == "fedper":
+            raise
+        _add_uninstalled(sub, exc.name or "", NEEDS_EXTRA, serve_command.add_parser, admin_command.add_parser)
+        return parser
+    # The export's own tools (onnx) are not a device's: a device-only install (a board, an ARM
+    # device) runs every command but these two, which say what to install.
+    exporting: ModuleNotFoundError | None = None
+    try:
+        from fedper._recipes import demo_command
         from fedper.export import export_command
     except ModuleNotFoundError as exc:
         if (exc.name or "fedper").split(".")[0] == "fedper":
             raise
-        _add_uninstalled(sub, exc.name or "", serve_command.add_parser, admin_command.add_parser)
-        return parser
-
+        exporting = exc
     simulate_command.add_parser(sub)
-    export_command.add_parser(sub)
-    # The export is checked with the runtime a device uses: composed here, not imported by export.
-    sub.choices["export"].set_defaults(check=check_exported)
+    if exporting is None:
+        export_command.add_parser(sub)
+        # The export is checked with the runtime a device uses: composed here, not imported by export.
+        sub.choices["export"].set_defaults(check=check_exported)
+    else:
+        _add_uninstalled(sub, exporting.name or "", ("export",))
     serve_command.add_parser(sub)
     admin_command.add_parser(sub)
     device_commands.add_parsers(sub)
-    demo_command.add_parser(sub)
+    if exporting is None:
+        demo_command.add_parser(sub)
+    else:
+        _add_uninstalled(sub, exporting.name or "", ("demo",))
     pretrain_command.add_parser(sub)
     report_command.add_parser(sub)
     probe_check.add_parser(sub)
@@ -122,11 +136,13 @@ def extra_to_install(command: str, missing: str) -> str:
 def _add_uninstalled(
     sub: argparse._SubParsersAction[argparse.ArgumentParser],
     missing: str,
+    names: Iterable[str],
     *installed: Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], None],
 ) -> None:
-    """``serve`` and ``admin``, and in their place the commands whose modules import ``missing``:
-    each accepts any arguments (``main`` does not refuse them) and fails with the extra to install."""
-    for name in NEEDS_EXTRA:
+    """In place of the commands ``names``, whose modules import ``missing``, a command that
+    accepts any arguments (``main`` does not refuse them) and fails with the extra to install;
+    then the commands ``installed`` adds."""
+    for name in names:
         extra = extra_to_install(name, missing)
         command = sub.add_parser(name, help=f"not installed: needs {missing} (pip install 'fedper[{extra}]')")
         message = f"`fedper {name}` needs {missing}, which is not installed: pip install 'fedper[{extra}]'"

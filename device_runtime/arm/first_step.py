@@ -7,8 +7,8 @@ batch of 16; its loss and gradients go to OUT.npz. ``--perturb`` moves every inp
 
 ``first_step.py compare X86.npz X86_ULP.npz ARM.npz``: the aarch64 step against the x86-64 one.
 Each gradient's error is ||arm - x86|| / ||x86||; the aarch64 run passes when its loss is as close
-to x86's as x86's own one-ulp run (or 4 float32 ulps), and its median and largest gradient errors
-are within twice x86's own under one ulp (training a whole model from random weights is
+to x86's as twice x86's own one-ulp run (or 4 float32 ulps), and its median and largest gradient
+errors are within twice x86's own under one ulp (training a whole model from random weights is
 ill-conditioned: docs/TESTING.md; trajectories are not compared, first steps are).
 
 ``first_step.py rounds URL SERVER_LOG N``: the server closed N rounds, each with the device's
@@ -67,7 +67,7 @@ def compare(x86_path: Path, ulp_path: Path, arm_path: Path) -> int:
     x86, ulp, arm = np.load(x86_path), np.load(ulp_path), np.load(arm_path)
     loss = float(x86["loss"])
     loss_arm, loss_ulp = abs(float(arm["loss"]) - loss), abs(float(ulp["loss"]) - loss)
-    loss_bound = max(loss_ulp, 4 * float(np.spacing(np.float32(loss))))
+    loss_bound = max(2 * loss_ulp, 4 * float(np.spacing(np.float32(loss))))
     arm_errors, ulp_errors = _errors(x86, arm), _errors(x86, ulp)
     worst = sorted(arm_errors, key=arm_errors.__getitem__, reverse=True)[:5]
     a_med, a_max = float(np.median(list(arm_errors.values()))), max(arm_errors.values())

@@ -241,7 +241,9 @@ def test_a_command_asks_for_the_extra_that_installs_what_is_missing(monkeypatch)
     assert cli.extra_to_install("simulate", "torch") == "device"
     assert cli.extra_to_install("export", "torch.nn") == "export"
     assert cli.extra_to_install("demo", "torch") == "all"
-    # onnx is export's: a device-only install cannot import the export command, which every command needs.
+    # onnx is export's (and demo's, which exports): the extra that installs both.
+    assert cli.extra_to_install("export", "onnx") == "export"
+    assert cli.extra_to_install("demo", "onnx") == "all"
     assert cli.extra_to_install("simulate", "onnx") == "export"
     assert cli.extra_to_install("device", "PIL") == "device"  # an import name that is no distribution's
     monkeypatch.setattr(metadata, "distribution", lambda _name: (_ for _ in ()).throw(metadata.PackageNotFoundError))
@@ -251,7 +253,7 @@ def test_a_command_asks_for_the_extra_that_installs_what_is_missing(monkeypatch)
 def test_an_uninstalled_command_takes_any_arguments_and_names_its_extra():
     parser = argparse.ArgumentParser()
     sub = parser.add_subparsers(dest="command")
-    cli._add_uninstalled(sub, "torch")
+    cli._add_uninstalled(sub, "torch", cli.NEEDS_EXTRA)
     args, _rest = parser.parse_known_args(["demo", "--devices", "3"])
     with pytest.raises(
         FedperError, match=r"`fedper demo` needs torch, which is not installed: pip install 'fedper\[all\]'"
@@ -261,7 +263,19 @@ def test_an_uninstalled_command_takes_any_arguments_and_names_its_extra():
 
 @pytest.mark.slow
 def test_a_command_whose_extra_is_not_installed_says_which_to_install():
-    blocked = "import sys; sys.modules['onnx'] = None; from fedper.cli import main; sys.exit(main(['simulate', '-x']))"
-    done = subprocess.run([sys.executable, "-c", blocked], capture_output=True, text=True, env=os.environ, timeout=300)
+    """Without the export's onnx (a device-only install: a board, make arm-check's aarch64 root),
+    every command but ``export`` and ``demo`` runs; those two say what to install."""
+
+    def run(*argv: str) -> subprocess.CompletedProcess[str]:
+        blocked = f"import sys; sys.modules['onnx'] = None; from fedper.cli import main; sys.exit(main({list(argv)!r}))"
+        return subprocess.run([sys.executable, "-c", blocked], capture_output=True, text=True, env=os.environ,
+                              timeout=300)  # fmt: skip
+
+    done = run("export", "-x")
     assert done.returncode == 2, done.stderr
-    assert "`fedper simulate` needs onnx, which is not installed: pip install 'fedper[export]'" in done.stderr
+    assert "`fedper export` needs onnx, which is not installed: pip install 'fedper[export]'" in done.stderr
+    done = run("demo")
+    assert done.returncode == 2 and "`fedper demo` needs onnx" in done.stderr and "fedper[all]" in done.stderr
+    for command in ("device", "fleet", "simulate"):
+        done = run(command, "--help")
+        assert done.returncode == 0 and "not installed" not in done.stdout + done.stderr, (command, done.stderr)
