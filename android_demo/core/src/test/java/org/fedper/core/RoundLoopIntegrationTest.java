@@ -131,7 +131,7 @@ public class RoundLoopIntegrationTest {
   }
 
   /** Runs each device on its own thread (as phones would), fails the test with every error. */
-  private static void runConcurrently(DeviceRun... runs) throws InterruptedException {
+  static void runConcurrently(DeviceRun... runs) throws InterruptedException {
     List<Throwable> errors = Collections.synchronizedList(new ArrayList<>());
     List<Thread> threads = new ArrayList<>();
     for (DeviceRun run : runs) {

@@ -157,10 +157,9 @@ public class RoundRulesTest {
         "--checkin-window", "2", "--cohort-size", "3", "--over-selection", "1", "--secagg-stage-timeout", "10",
         "--start-devices", "3");
     String sha = sha("artifacts");
-    List<Throwable> errors = Collections.synchronizedList(new ArrayList<>());
     List<Phone> phones = new ArrayList<>();
     List<String> committedAtUnmask = Collections.synchronizedList(new ArrayList<>());
-    List<Thread> threads = new ArrayList<>();
+    RoundLoopIntegrationTest.DeviceRun[] runs = new RoundLoopIntegrationTest.DeviceRun[3];
     for (int d = 0; d < 3; d++) {
       DeviceStore store = new DeviceStore(tmp.newFolder().toPath());
       RoundLoopIntegrationTest.RecordingTransport http = new RoundLoopIntegrationTest.RecordingTransport() {
@@ -174,20 +173,9 @@ public class RoundRulesTest {
       };
       Phone p = new Phone(store, RoundBudget.unlimited(Backoff.Sleeper.REAL), http, null);
       phones.add(p);
-      Thread t = new Thread(() -> {
-        try {
-          assertEquals(1, p.run().size());
-        } catch (Throwable ex) {
-          errors.add(ex);
-        }
-      });
-      t.start();
-      threads.add(t);
+      runs[d] = () -> assertEquals(1, p.run().size());
     }
-    for (Thread t : threads) {
-      t.join(120_000);
-    }
-    assertEquals(List.of(), errors);
+    RoundLoopIntegrationTest.runConcurrently(runs);
     assertEquals(List.of("uncommitted", "uncommitted", "uncommitted"), committedAtUnmask);
     for (Phone p : phones) {
       assertEquals(RoundLoopIntegrationTest.shifted(initialHead(), 1f), p.store.heads.load(sha));

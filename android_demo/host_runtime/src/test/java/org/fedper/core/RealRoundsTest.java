@@ -216,25 +216,13 @@ public class RealRoundsTest {
         "--start-devices", "3", "--secagg-clip", "1.0", "--secagg-weight-cap", "1000");
     int[] samples = {30, 10, 20};
     Phone[] phones = new Phone[3];
-    List<Throwable> errors = Collections.synchronizedList(new ArrayList<>());
-    List<Thread> threads = new ArrayList<>();
+    RoundLoopIntegrationTest.DeviceRun[] runs = new RoundLoopIntegrationTest.DeviceRun[3];
     for (int d = 0; d < 3; d++) {
-      phones[d] = new Phone(server.url, samples[d], 10 + d);
-      Phone p = phones[d];
-      Thread t = new Thread(() -> {
-        try {
-          assertEquals(1, p.run().size());
-        } catch (Throwable e) {
-          errors.add(e);
-        }
-      });
-      t.start();
-      threads.add(t);
+      Phone p = new Phone(server.url, samples[d], 10 + d);
+      phones[d] = p;
+      runs[d] = () -> assertEquals(1, p.run().size());
     }
-    for (Thread t : threads) {
-      t.join(300_000);
-    }
-    assertEquals(List.of(), errors);
+    RoundLoopIntegrationTest.runConcurrently(runs);
     Manifest m = manifest();
     Map<String, Tensor> v0 = published(0);
     Map<String, Tensor> v1 = published(1);
