@@ -8,7 +8,7 @@ INSTALLED := $(VENV)/.installed-test
 BENCH_INSTALLED := $(VENV)/.installed-bench
 DEMO_OUT ?= demo-out
 
-.PHONY: install demo test test-fast test-slow test-portable test-zoo lint typecheck pytest android-test arm-check bench results resnet34-digits poisoning bn-sharing dp-results clean
+.PHONY: install demo test test-fast test-slow test-portable test-zoo lint typecheck pytest android-test monitoring-check arm-check bench results resnet34-digits poisoning bn-sharing dp-results clean
 
 install: $(INSTALLED)
 
@@ -65,6 +65,13 @@ android-test: $(INSTALLED)
 	android_demo/core/ensure-jdk.sh
 	android_demo/core/host-test.sh $(abspath $(BIN))/python
 
+# The operator's alert rules: valid, and each fires on the series it is for (promtool, from
+# Debian's prometheus package, installed first if missing).
+monitoring-check:
+	server/monitoring/ensure-promtool.sh
+	promtool check rules server/monitoring/alerts.yml
+	cd server/monitoring && promtool test rules alerts_test.yml
+
 # The device on the phone's instruction set: an aarch64 Debian root under qemu-user (cached in
 # FEDPER_ARM_CACHE) runs the first training step against x86-64's and two rounds of `fedper
 # device` against `fedper serve` (docs/DEVICES.md, "An ARM device on this machine"). Not in `make test`.
@@ -74,7 +81,7 @@ arm-check: $(INSTALLED)
 # Two at a time: pytest's first minutes leave a core to spare (its exports are single-threaded),
 # which the checks use; each target's output is printed in one piece when it ends.
 test: $(INSTALLED)
-	$(MAKE) --no-print-directory -j2 --output-sync=target pytest lint typecheck android-test
+	$(MAKE) --no-print-directory -j2 --output-sync=target pytest lint typecheck android-test monitoring-check
 
 # The numeric tests (marker `numeric`) under every kernel set this CPU supports, at 1 and 2
 # threads; then each test's claims beside their bounds (test-portable/claims.md). README, "Development".

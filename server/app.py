@@ -28,6 +28,7 @@ from fedper.server.errors import (
     refusal_handler,
 )
 from fedper.server.refusals import RefusalError, ServerBusyError
+from fedper.server.request_metrics import RequestTimer
 from fedper.server.routes import admin, devices, downloads, health, rounds, secagg
 from fedper.server.routes.devices import enrollment_spent
 from fedper.server.state import ServerState, open_state
@@ -67,6 +68,7 @@ def create_app(config: ServerConfig, state: ServerState | None = None) -> FastAP
     app.add_middleware(InternalErrorMiddleware)
     app.add_middleware(PerAddressLimit, limit=config.max_requests_per_address, retry_after=config.retry_after,
                        refused_early=enrollment_spent)  # fmt: skip
+    app.add_middleware(RequestTimer)  # the outermost: it times every answer, a 429 or a 500 too
     app.add_exception_handler(ProtocolError, protocol_error_handler)
     app.add_exception_handler(RefusalError, refusal_handler)
     app.add_exception_handler(ClientDisconnectedError, client_disconnected_handler)

@@ -37,6 +37,13 @@ class DiskRoom:
         self.path, self.reserve = path, reserve
         self._free = free or (lambda: shutil.disk_usage(path).free)
 
+    def free_bytes(self) -> int | None:
+        """The bytes free now (None: they cannot be measured)."""
+        try:
+            return self._free()
+        except OSError:
+            return None
+
     def shortage(self) -> str | None:
         """Why the disk is too full for a round, or None."""
         try:

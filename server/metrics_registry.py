@@ -8,11 +8,16 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from fedper.common.protocol import PrivacySpent
 from fedper.common.robust_aggregate import AggregationReport
+from fedper.server.request_metrics import request_histogram
+from fedper.server.storage import EndedRound, RoundState
+
+# Round durations: from a demo's seconds to a day-long round of a production deployment.
+ROUND_BUCKETS = (1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0, 3 * 3600.0, 12 * 3600.0, 86400.0)
 
 METRICS_PATH = "/metrics"  # an operator endpoint, outside the device protocol
 
@@ -47,6 +52,8 @@ class MetricsRegistry:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
+        self._registry = CollectorRegistry(auto_describe=False)
+        self.requests = request_histogram(self._registry)
         self.accepted = 0
         self.rejected: Counter[str] = Counter()
         self.bytes_in = 0
@@ -73,8 +80,11 @@ class MetricsRegistry:
     def render(
         self, rounds_closed: int, current_round: int, aggregation_seconds: float, in_flight: int,
         aggregation: AggregationCounts | None = None, not_published: int = 0, draining: bool = False,
-        privacy: PrivacySpent | None = None,
+        privacy: PrivacySpent | None = None, ended: list[EndedRound] | None = None,
+        disk: tuple[int | None, int] = (None, 0), round_timeout: float = 0.0,
     ) -> bytes:  # fmt: skip
+        """One scrape. ``disk``: the bytes free (None: not measurable) and the reserve a round
+        needs (--min-free-mib); ``round_timeout``: --round-timeout (0: none), for the alert rules."""
         counts = aggregation if aggregation is not None else AggregationCounts()
         with self._lock:
             rejected = CounterMetricFamily("fedper_updates_rejected", "updates refused, by error code", labels=["code"])
@@ -120,7 +130,14 @@ class MetricsRegistry:
                 GaugeMetricFamily(
                     "fedper_draining", "1 while the disk is too full to take uploads", value=int(draining)
                 ),
-            ]
+                GaugeMetricFamily("fedper_disk_reserve_bytes", "bytes a round needs free (--min-free-mib)",
+                                  value=disk[1]),
+                GaugeMetricFamily("fedper_round_timeout_seconds", "--round-timeout (0: rounds have no deadline)",
+                                  value=round_timeout),
+            ]  # fmt: skip
+            if disk[0] is not None:
+                families.append(GaugeMetricFamily("fedper_disk_free_bytes", "bytes free on the data directory's disk",
+                                                  value=disk[0]))  # fmt: skip
             if privacy is not None:  # DP-FedAvg (docs/PRIVACY.md); no epsilon without noise
                 families += [
                     GaugeMetricFamily("fedper_dp_clip_norm", "the open round's DP clip norm", value=privacy.clip_norm),
@@ -130,6 +147,43 @@ class MetricsRegistry:
                 if privacy.epsilon is not None:
                     epsilon = GaugeMetricFamily("fedper_dp_epsilon", "epsilon spent so far", value=privacy.epsilon)
                     families.append(epsilon)
+                if privacy.target_epsilon is not None:
+                    families.append(GaugeMetricFamily("fedper_dp_target_epsilon", "the epsilon the run stops at",
+                                                      value=privacy.target_epsilon))  # fmt: skip
+        families += round_families(ended or [])
+        families += list(self._registry.collect())
         registry = CollectorRegistry(auto_describe=False)
         registry.register(_Families(families))
         return generate_latest(registry)
+
+
+def round_families(ended: list[EndedRound]) -> list[Metric]:
+    """What the ended rounds say (read from the database at each scrape, so every process of a
+    server and a restart agree): how many ended each way, how long they were open, and the last
+    one's cohort: checked in, drawn (held a slot when it ended), reported, dropped (drawn, not
+    reported)."""
+    by_state = CounterMetricFamily("fedper_rounds_ended", "rounds ended, by how", labels=["state"])
+    for state in (RoundState.CLOSED, RoundState.ABANDONED):
+        by_state.add_metric([state.value], sum(r.state == state for r in ended))
+    buckets, total = [], 0.0
+    for bound in ROUND_BUCKETS:
+        buckets.append((repr(bound), sum(r.seconds <= bound for r in ended)))
+    buckets.append(("+Inf", len(ended)))
+    total = sum(r.seconds for r in ended)
+    duration = HistogramMetricFamily("fedper_round_duration_seconds", "how long ended rounds were open",
+                                     buckets=buckets, sum_value=total)  # fmt: skip
+    families: list[Metric] = [by_state, duration]
+    if ended:
+        last = ended[-1]
+        families.append(GaugeMetricFamily("fedper_last_round", "the last ended round's number", value=last.round))
+        families.append(GaugeMetricFamily("fedper_last_round_end_timestamp_seconds", "when it ended (Unix time)",
+                                          value=last.ended_at))  # fmt: skip
+        families.append(GaugeMetricFamily("fedper_last_round_reported", "its updates accepted", value=last.reported))
+        if last.checked_in is not None and last.drawn is not None:
+            families += [
+                GaugeMetricFamily("fedper_last_round_checked_in", "devices that checked in", value=last.checked_in),
+                GaugeMetricFamily("fedper_last_round_drawn", "devices holding a slot at its end", value=last.drawn),
+                GaugeMetricFamily("fedper_last_round_dropped", "devices drawn that did not report",
+                                  value=max(0, last.drawn - last.reported)),
+            ]  # fmt: skip
+    return families

@@ -69,6 +69,10 @@ class RoundManager:
         return self.ctx.store
 
     @property
+    def disk(self) -> DiskRoom:
+        return self.ctx.disk
+
+    @property
     def cohort(self) -> Cohort:
         return self.ctx.cohort
 

@@ -46,5 +46,7 @@ def metrics(state: State) -> Response:
     text = state.metrics.render(snap.rounds_closed, snap.round, rounds.aggregation_seconds, len(state.places),
                                 rounds.aggregation_counts, rounds.rounds_refused,
                                 rounds.draining is not None,
-                                None if rounds.privacy is None else rounds.privacy.spent())  # fmt: skip
+                                None if rounds.privacy is None else rounds.privacy.spent(),
+                                state.db.rounds.ended(), (rounds.disk.free_bytes(), rounds.disk.reserve),
+                                state.config.round_timeout)  # fmt: skip
     return Response(text, media_type=CONTENT_TYPE_LATEST)

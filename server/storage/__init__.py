@@ -21,6 +21,7 @@ from fedper.server.storage.devices import DeviceRecords
 from fedper.server.storage.errors import DatabaseBusyError, StorageError, StorageFullError
 from fedper.server.storage.records import (
     Device,
+    EndedRound,
     ModelVersion,
     Round,
     RoundState,
@@ -42,6 +43,7 @@ __all__ = [
     "DatabaseBusyError",
     "Device",
     "DeviceRecords",
+    "EndedRound",
     "ModelVersion",
     "Round",
     "RoundRecords",

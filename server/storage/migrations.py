@@ -195,7 +195,11 @@ def _norms(text: str | None) -> list[float]:
     return [float(v) for v in values]
 
 
-STEPS: Sequence[Step] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8, _V9, _v10)
+# What an ended round's cohort was (its check-ins and slots are deleted when it ends): for the
+# operator's metrics and dashboard. NULL for rounds ended before this step.
+_V11 = _statements("ALTER TABLE rounds ADD COLUMN checked_in INTEGER", "ALTER TABLE rounds ADD COLUMN drawn INTEGER")
+
+STEPS: Sequence[Step] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8, _V9, _v10, _V11)
 VERSION = len(STEPS)
 
 

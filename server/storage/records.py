@@ -65,6 +65,23 @@ class Round:
     metrics: dict[str, Any] | None
     reason: str | None = None  # why it was abandoned, when the server knows
     rolled_back: bool = False  # a rollback undid it: its updates use up no participation
+    checked_in: int | None = None  # devices that checked in, counted when it ended (None: open, or older)
+    drawn: int | None = None  # devices holding a slot when it ended
+
+
+@dataclass(frozen=True)
+class EndedRound:
+    """An ended round as the operator's metrics count it: how long it was open, how many devices
+    checked in and held a slot (None for rounds ended before the server counted them), how many
+    reported (updates accepted)."""
+
+    round: int
+    state: RoundState
+    ended_at: float
+    seconds: float
+    checked_in: int | None
+    drawn: int | None
+    reported: int
 
 
 @dataclass(frozen=True)

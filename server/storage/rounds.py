@@ -6,7 +6,7 @@ import json
 import sqlite3
 from typing import Any
 
-from fedper.server.storage.records import Round, RoundState, StoredUpdate
+from fedper.server.storage.records import EndedRound, Round, RoundState, StoredUpdate
 from fedper.server.storage.transaction import SQLITE_MAX, Query, Transaction
 
 
@@ -35,6 +35,18 @@ class RoundRecords:
                           "ORDER BY round DESC LIMIT 1")  # fmt: skip
         return float(rows[0]["s"]) if rows else None
 
+    def ended(self) -> list[EndedRound]:
+        """Every ended round (closed or abandoned), oldest first, with its number of updates: what
+        the operator's metrics summarize."""
+        rows = self._query(
+            "SELECT r.round, r.state, r.opened_at, r.closed_at, r.checked_in, r.drawn,"
+            " (SELECT COUNT(*) FROM updates u WHERE u.round = r.round) AS reported"
+            " FROM rounds r WHERE r.state != 'open' ORDER BY r.round"
+        )
+        return [EndedRound(row["round"], RoundState(row["state"]), row["closed_at"],
+                           row["closed_at"] - row["opened_at"], row["checked_in"], row["drawn"], row["reported"])
+                for row in rows]  # fmt: skip
+
     def open(self, tx: Transaction, number: int, version: int, now: float, deadline: float | None) -> None:
         tx._execute(
             "INSERT INTO rounds (round, state, model_version, opened_at, deadline) VALUES (?, 'open', ?, ?, ?)",
@@ -55,7 +67,13 @@ class RoundRecords:
         metrics: dict[str, Any] | None = None,
         reason: str | None = None,
     ) -> None:
-        """Record how round ``number`` ended; its update files are no longer needed."""
+        """Record how round ``number`` ended (with how many devices checked in and held a slot:
+        those rows go now); its update files are no longer needed."""
+        tx._execute(
+            "UPDATE rounds SET checked_in = (SELECT COUNT(*) FROM checkins WHERE round = ?),"
+            " drawn = (SELECT COUNT(*) FROM slots WHERE round = ?) WHERE round = ?",
+            (number, number, number),
+        )
         tx._execute("DELETE FROM checkins WHERE round <= ?", (number,))  # drawn long ago, or never to be
         tx._execute(
             "UPDATE rounds SET state = ?, closed_at = ?, result_version = ?, metrics = ?, reason = ? WHERE round = ?",
@@ -125,4 +143,6 @@ def _round(row: sqlite3.Row) -> Round:
         metrics=json.loads(row["metrics"]) if row["metrics"] else None,
         reason=row["reason"],
         rolled_back=bool(row["rolled_back"]),
+        checked_in=row["checked_in"],
+        drawn=row["drawn"],
     )

@@ -1,0 +1,72 @@
+"""What ``GET /metrics`` tells an operator about requests and rounds (issue 54): each request's
+latency by route template, method and answer class; the ended rounds' outcomes and durations,
+and the last one's cohort, equal to the server's own records."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from fedper.common.manifest import read_manifest
+from tests.support.server_support import InProcessServer, admin, ask, base_like, enroll, round_info, update_body
+
+pytestmark = pytest.mark.usefixtures("server_secrets")
+
+
+def _samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}  # fmt: skip
+
+
+def test_requests_are_timed_by_route_and_answer_and_rounds_counted_as_the_records_say(
+    server_artifacts: Path, tmp_path: Path
+) -> None:
+    manifest = read_manifest(server_artifacts)
+    with InProcessServer(server_artifacts, tmp_path / "data", target_clients=2, min_clients=2, rounds=2) as s:
+        devices = [enroll(s.http)[1] for _ in range(3)]
+        for headers in devices:
+            ask(s.http, headers)
+        for k, headers in enumerate(devices[:2]):  # two report, the third held a slot and did not
+            r = s.http.post("/v1/rounds/1/updates", headers=headers, content=update_body(base_like(manifest, seed=k)))
+            assert r.status_code == 202, r.text
+        assert s.http.get("/v1/rounds/1/nothing-here", headers=admin()).status_code == 404
+        assert s.http.post("/v1/rounds/1/updates", headers=devices[0], content=b"x").status_code >= 400
+        info = round_info(s.http, 1)
+        samples = _samples(s.http.get("/metrics").text)
+
+    def value(name: str, **labels: str) -> float:
+        return samples[(name, tuple(sorted(labels.items())))]
+
+    upload = "/v1/rounds/{round_number}/updates"
+    assert value("fedper_request_duration_seconds_count", route=upload, method="POST", answer="2xx") == 2
+    assert value("fedper_request_duration_seconds_count", route=upload, method="POST", answer="4xx") == 1
+    assert value("fedper_request_duration_seconds_count", route="/v1/devices", method="POST", answer="2xx") == 3
+    assert value("fedper_request_duration_seconds_count", route="other", method="GET", answer="4xx") == 1
+    assert value("fedper_request_duration_seconds_sum", route=upload, method="POST", answer="2xx") > 0
+    # Round 1 closed on its two updates; its cohort as the database recorded it when it ended.
+    assert info["state"] == "closed" and info["received"] == 2
+    assert value("fedper_rounds_ended_total", state="closed") == 1
+    assert value("fedper_rounds_ended_total", state="abandoned") == 0
+    assert value("fedper_round_duration_seconds_count") == 1
+    assert value("fedper_last_round") == 1
+    assert value("fedper_last_round_reported") == 2
+    assert value("fedper_last_round_drawn") == 3
+    assert value("fedper_last_round_dropped") == 1
+    assert value("fedper_last_round_checked_in") == 0  # no check-in window: slots first come, first served
+    assert value("fedper_round_duration_seconds_bucket", le="+Inf") == 1
+    assert value("fedper_round_duration_seconds_bucket", le="86400.0") == 1  # an in-process round: seconds
+
+
+def test_every_series_the_alert_rules_read_is_one_the_server_exports() -> None:
+    """A renamed metric would silence its alert without a word: the rules (server/monitoring/
+    alerts.yml, checked by promtool in `make test`) name only families the server writes."""
+    root = Path(__file__).resolve().parents[3] / "server"
+    exported = set()
+    for module in ("metrics_registry.py", "request_metrics.py"):
+        exported |= set(re.findall(r'"(fedper_\w+)"', (root / module).read_text()))
+    read = set(re.findall(r"\b(fedper_\w+)", (root / "monitoring" / "alerts.yml").read_text()))
+    families = {re.sub(r"_(total|bucket|sum|count)$", "", name) for name in read}
+    assert families and families <= exported, sorted(families - exported)
