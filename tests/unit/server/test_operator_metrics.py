@@ -4,7 +4,10 @@ and the last one's cohort, equal to the server's own records."""
 
 from __future__ import annotations
 
+import json
 import re
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -70,3 +73,26 @@ def test_every_series_the_alert_rules_read_is_one_the_server_exports() -> None:
     read = set(re.findall(r"\b(fedper_\w+)", (root / "monitoring" / "alerts.yml").read_text()))
     families = {re.sub(r"_(total|bucket|sum|count)$", "", name) for name in read}
     assert families and families <= exported, sorted(families - exported)
+
+
+def test_the_grafana_dashboard_reads_only_exported_series_in_valid_promql(tmp_path: Path) -> None:
+    """server/monitoring/grafana-dashboard.json: every panel's query names series the server
+    writes, and (with Grafana's variables given values) parses as PromQL: promtool checks it as a
+    recording rule."""
+    root = Path(__file__).resolve().parents[3] / "server"
+    exported = set()
+    for module in ("metrics_registry.py", "request_metrics.py"):
+        exported |= set(re.findall(r'"(fedper_\w+)"', (root / module).read_text()))
+    dashboard = json.loads((root / "monitoring" / "grafana-dashboard.json").read_text())
+    queries = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+    assert queries
+    names = {re.sub(r"_(total|bucket|sum|count)$", "", n) for q in queries for n in re.findall(r"\b(fedper_\w+)", q)}
+    assert names <= exported, sorted(names - exported)
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("no promtool to parse the queries with (make monitoring-check installs Debian's prometheus)")
+    rules = [{"record": f"fedper:panel_{k}", "expr": q.replace("$__rate_interval", "5m").replace("$instance", ".*")}
+             for k, q in enumerate(queries)]  # fmt: skip
+    (tmp_path / "queries.yml").write_text(json.dumps({"groups": [{"name": "dashboard", "rules": rules}]}))
+    done = subprocess.run([promtool, "check", "rules", str(tmp_path / "queries.yml")], capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
