@@ -2,13 +2,15 @@
 
 ``fedper admin rollback --to N`` reopens the run from model version N (PROTOCOL.md, "Operator
 endpoints"); ``fedper admin stop`` finishes it; ``fedper admin provision --count N --out FILE``
-enrolls N devices at once and writes their ids and tokens. The token comes from
+enrolls N devices at once and writes their ids and tokens; ``fedper admin watch`` shows the run
+live in a terminal. The token comes from
 FEDPER_ADMIN_TOKEN or from ``--data-dir``'s admin_token file (where the server keeps a generated one).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 from dataclasses import dataclass
@@ -37,6 +39,13 @@ class ProvisionConfig:
 
 
 @dataclass(frozen=True)
+class WatchConfig:
+    last: int = option(10, "rounds shown (the newest)", metavar="N")
+    interval: float = option(2.0, "seconds between looks", metavar="S")
+    once: bool = option(False, "print one look and exit (for scripts and logs)")
+
+
+@dataclass(frozen=True)
 class RollbackConfig:
     to: int = option(-1, "the model version to go on from (required)", metavar="N")
 
@@ -50,6 +59,12 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         help="reopen the run from model version N",
         description="Abandon the open round and go on from model version N: its tensors are published "
         "again as a new version, which the next round trains (docs/SERVER.md, Rollback).",
+    )  # fmt: skip
+    add_command(
+        calls, "watch", watch, [AdminConfig, WatchConfig], help="the run's rounds, refusals and privacy, live",
+        description="The run in a terminal (for a server reached over SSH): its status, its last rounds with "
+        "the accuracy devices reported, updates refused by code, requests by answer, DP's epsilon and clip; "
+        "drawn again every --interval seconds until Ctrl-C (docs/SERVER.md, Monitoring).",
     )  # fmt: skip
     add_command(calls, "stop", stop, [AdminConfig], help="finish the run now",
                 description="Finish the run: the open round is recorded as stopped, not aggregated.")  # fmt: skip
@@ -95,6 +110,19 @@ def rollback(args: argparse.Namespace) -> int:
     done = RolledBack.model_validate(_post(config, Route.ADMIN_ROLLBACK.format(version=target.to)))
     print(f"rolled back to version {done.rolled_back_to}: round {done.round} trains version {done.model_version} "
           f"(a copy of it)", file=sys.stderr)  # fmt: skip
+    return 0
+
+
+def watch(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from fedper.server.live_view import watch as live
+
+    config, wanted = from_arguments(AdminConfig, args), from_arguments(WatchConfig, args)
+    if wanted.last < 1 or not wanted.interval > 0:
+        raise FedperError("--last must be >= 1 and --interval > 0")
+    with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C ends the watch, not with a traceback
+        live(config.server, _token(config), wanted.last, wanted.interval, wanted.once, Console())
     return 0
 
 

@@ -5,16 +5,29 @@ and the last one's cohort, equal to the server's own records."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
+import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from fedper.common.manifest import read_manifest
-from tests.support.server_support import InProcessServer, admin, ask, base_like, enroll, round_info, update_body
+from tests.support.server_support import (
+    ADMIN,
+    InProcessServer,
+    admin,
+    ask,
+    base_like,
+    enroll,
+    round_info,
+    serve,
+    update_body,
+)
 
 pytestmark = pytest.mark.usefixtures("server_secrets")
 
@@ -96,3 +109,39 @@ def test_the_grafana_dashboard_reads_only_exported_series_in_valid_promql(tmp_pa
     (tmp_path / "queries.yml").write_text(json.dumps({"groups": [{"name": "dashboard", "rules": rules}]}))
     done = subprocess.run([promtool, "check", "rules", str(tmp_path / "queries.yml")], capture_output=True, text=True)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+@pytest.mark.slow
+def test_admin_watch_shows_the_runs_rounds_accuracy_and_refusals_as_the_server_records_them(
+    server_artifacts: Path, tmp_path: Path
+) -> None:
+    """``fedper admin watch --once`` against a real server process after a round: the round as
+    /v1/rounds/1 records it (closed, 2 of 2, the accuracy the devices reported), the refusal by
+    its code; without the admin token it says so and shows nothing."""
+    manifest = read_manifest(server_artifacts)
+    with serve(server_artifacts, tmp_path / "server", target_clients=2, min_clients=2, rounds=3) as server:
+        http = httpx.Client(base_url=server.url)
+        devices = [enroll(http)[1] for _ in range(2)]
+        for headers in devices:
+            ask(http, headers)
+        for k, headers in enumerate(devices):
+            body = update_body(base_like(manifest, seed=k), metrics={"accuracy": 0.25 + 0.5 * k})
+            assert http.post("/v1/rounds/1/updates", headers=headers, content=body).status_code == 202
+        r = http.post("/v1/rounds/2/updates", headers=devices[0], content=b"x")  # no slot asked for: refused
+        assert r.status_code == 409 and r.json()["code"] == "not_in_cohort", r.text
+        info = round_info(http, 1)
+        env = {**os.environ, "COLUMNS": "160", "FEDPER_ADMIN_TOKEN": ADMIN}
+        watch = [sys.executable, "-m", "fedper.cli", "admin", "watch", "--server", server.url, "--once"]
+        done = subprocess.run(watch, capture_output=True, text=True, env=env, timeout=120)
+        env["FEDPER_ADMIN_TOKEN"] = "not-the-token-0123456789012345678"
+        refused = subprocess.run(watch, capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    accuracy = info["metrics"]["accuracy"]
+    assert accuracy["mean"] == 0.5 and accuracy["count"] == 2
+    row = next(line for line in out.splitlines() if line.strip("│ ").startswith("1 "))
+    assert "closed" in row and "2/2" in row and f"{accuracy['mean']:.3f} +- {accuracy['std']:.3f}, 2" in row, out
+    assert "round 2 of 3, 1 closed, model version 1, 2 devices" in out, out
+    refusal = next(line for line in out.splitlines() if "not_in_cohort" in line)  # the 409 above: no slot in round 2
+    assert refusal.strip("│ ").split()[-1] == "1", out
+    assert refused.returncode == 2 and "answered 401" in refused.stderr and "rounds" not in refused.stdout
