@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import math
 import secrets
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -70,6 +71,12 @@ class SecureRounds:
         self.settings, self.db, self.words, self.folder = settings, db, words, folder
         self._dp_clip = dp_clip
         self._cached: tuple[int, ServerSession] | None = None
+        # The cache is rebuilt by readers that do not hold the rounds' lock (a task's took_part, a
+        # 204's retry_after): without this lock, a replay read before a post's message was stored
+        # could replace the session holding it, and the device that sent it would be out of the
+        # round as if it had never sent it (found as one device silently left out of CI's
+        # secure rounds). Held for a rebuild and for a post's apply-and-store.
+        self._cache_lock = threading.RLock()
 
     def begin(
         self, tx: Transaction, number: int, cohort: list[str], now: float, deadline: float | None
@@ -88,7 +95,7 @@ class SecureRounds:
                             self.settings.threshold(len(cohort)), clip, 1 if dp else self.settings.secagg_weight_cap,
                             ends, flags=1 if dp else 0)  # fmt: skip
         self.db.secagg.put_session(tx, row)
-        self._cached = None
+        self._cached = None  # not under the cache's lock: a post holding it may wait for this transaction
         return row
 
     def task(self, number: int) -> SecAggTask | None:
@@ -111,6 +118,10 @@ class SecureRounds:
 
     def session(self, number: int) -> tuple[SecAggSession, ServerSession] | None:
         """Round ``number``'s row and session, replayed from the stored messages when not cached."""
+        with self._cache_lock:
+            return self._session(number)
+
+    def _session(self, number: int) -> tuple[SecAggSession, ServerSession] | None:
         row = self.db.secagg.session(number)
         if row is None:
             return None
@@ -136,6 +147,10 @@ class SecureRounds:
 
     def stage(self, number: int, now: float) -> str | None:
         """The stage round ``number`` is in (``DONE`` once the unmasking ended), None if not secure."""
+        with self._cache_lock:
+            return self._stage(number, now)
+
+    def _stage(self, number: int, now: float) -> str | None:
         found = self.session(number)
         if found is None:
             return None
@@ -164,8 +179,9 @@ class SecureRounds:
     def took_part(self, number: int, device: str) -> bool:
         """Whether the device advertised its keys in round ``number``'s session: it cannot take
         part again with new ones, so it gets no task until the next round."""
-        found = self.session(number)
-        return found is not None and device in found[1].advertised
+        with self._cache_lock:
+            found = self.session(number)
+            return found is not None and device in found[1].advertised
 
     def masked_path(self, number: int, device_id: str) -> Path:
         return self.folder / f"r{number}" / f"{device_id}.masked"
@@ -197,6 +213,10 @@ class SecureRounds:
     def post(self, number: int, device: str, stage: str, body: bytes, now: float, unopened: str = "") -> None:
         """A device's message for ``stage`` (JSON body; for ``masked``, the words' bytes and the
         ids of the neighbours whose shares it could not open), checked, stored, then applied."""
+        with self._cache_lock:
+            self._post(number, device, stage, body, now, unopened)
+
+    def _post(self, number: int, device: str, stage: str, body: bytes, now: float, unopened: str) -> None:
         s = self._check(number, device, stage, now)
         stored = body
         path = None
@@ -228,6 +248,10 @@ class SecureRounds:
     def get(self, number: int, device: str, stage: str, now: float) -> dict[str, object] | None:
         """What the server relays to the device for ``stage`` once the stage before it is over
         (None: not yet)."""
+        with self._cache_lock:
+            return self._get(number, device, stage, now)
+
+    def _get(self, number: int, device: str, stage: str, now: float) -> dict[str, object] | None:
         found = self.session(number)
         if found is None or device not in found[0].graph:
             raise NotInCohortError(f"this device is not in round {number}'s secure cohort")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import json
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -391,3 +392,55 @@ def test_a_secure_round_survives_restarts_between_its_stages(
     bound = fixed.error_bound(5, 250) + np.spacing(np.abs(expected).astype(np.float32)).max()
     assert np.max(np.abs(after - expected)) <= bound
     assert not list((data / "updates").rglob("*.masked"))  # the round's files went with it
+
+
+def test_a_reader_rebuilding_the_session_cannot_drop_a_message_posted_meanwhile(
+    server_artifacts: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The session cache is rebuilt from the stored messages by readers that do not hold the
+    rounds' lock (a task's took_part, a 204's retry_after). A rebuild that read the messages
+    before a device's keys were stored must not replace the session that holds them: the device
+    would be out of the round although the server accepted its keys (one device silently left
+    out, as CI saw). Here the reader is held inside its read while the keys are posted."""
+    clock = FakeClock()
+    with InProcessServer(server_artifacts, tmp_path / "data", clock=clock, **_options(cohort_size=2, target_clients=2)) as server:
+        http = server.http
+        devices = [enroll(http) for _ in range(2)]
+        for _, headers in devices:
+            assert http.get("/v1/task", headers={**headers, **CAN}).status_code == 204
+        clock.now += WINDOW
+        tasks = [http.get("/v1/task", headers={**h, **CAN}).json() for _, h in devices]
+        n, secagg = tasks[0]["round"], tasks[0]["secagg"]
+        assert server.state is not None
+        secure = server.state.rounds.secure
+        assert secure is not None
+        secure._cached = None  # as after the draw: the next reader rebuilds
+        entered, release = threading.Event(), threading.Event()
+        read = secure.db.secagg.messages
+
+        def held(number: int) -> object:
+            found = read(number)
+            if threading.current_thread().name == "reader":
+                entered.set()
+                release.wait(10)
+            return found
+
+        monkeypatch.setattr(secure.db.secagg, "messages", held)
+        reader = threading.Thread(target=secure.took_part, args=(n, "d-nobody"), name="reader")
+        reader.start()
+        assert entered.wait(10)
+        device, headers = devices[0]
+        advert = DeviceSession(device, secagg["session"].encode()).advertise()
+        answers: list[int] = []
+        post = threading.Thread(target=lambda: answers.append(http.post(
+            f"/v1/rounds/{n}/secagg/keys", headers=headers,
+            json={"channel_key": _b64(advert.channel), "mask_key": _b64(advert.mask)}).status_code))  # fmt: skip
+        post.start()
+        post.join(0.5)  # it waits for the reader's rebuild
+        release.set()
+        reader.join(10)
+        post.join(10)
+        assert answers == [202]
+        found = secure.session(n)
+        assert found is not None and device in found[1].advertised
+        assert http.get("/v1/task", headers={**headers, **CAN}).status_code == 204  # it took part: no second task
