@@ -403,7 +403,9 @@ def test_a_reader_rebuilding_the_session_cannot_drop_a_message_posted_meanwhile(
     would be out of the round although the server accepted its keys (one device silently left
     out, as CI saw). Here the reader is held inside its read while the keys are posted."""
     clock = FakeClock()
-    with InProcessServer(server_artifacts, tmp_path / "data", clock=clock, **_options(cohort_size=2, target_clients=2)) as server:
+    with InProcessServer(
+        server_artifacts, tmp_path / "data", clock=clock, **_options(cohort_size=2, target_clients=2)
+    ) as server:
         http = server.http
         devices = [enroll(http) for _ in range(2)]
         for _, headers in devices:
