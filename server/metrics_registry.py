@@ -165,13 +165,10 @@ def round_families(ended: list[EndedRound]) -> list[Metric]:
     by_state = CounterMetricFamily("fedper_rounds_ended", "rounds ended, by how", labels=["state"])
     for state in (RoundState.CLOSED, RoundState.ABANDONED):
         by_state.add_metric([state.value], sum(r.state == state for r in ended))
-    buckets, total = [], 0.0
-    for bound in ROUND_BUCKETS:
-        buckets.append((repr(bound), sum(r.seconds <= bound for r in ended)))
+    buckets = [(repr(bound), sum(r.seconds <= bound for r in ended)) for bound in ROUND_BUCKETS]
     buckets.append(("+Inf", len(ended)))
-    total = sum(r.seconds for r in ended)
     duration = HistogramMetricFamily("fedper_round_duration_seconds", "how long ended rounds were open",
-                                     buckets=buckets, sum_value=total)  # fmt: skip
+                                     buckets=buckets, sum_value=sum(r.seconds for r in ended))  # fmt: skip
     families: list[Metric] = [by_state, duration]
     if ended:
         last = ended[-1]

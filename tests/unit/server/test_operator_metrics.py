@@ -30,6 +30,13 @@ from tests.support.server_support import (
 )
 
 pytestmark = pytest.mark.usefixtures("server_secrets")
+SERVER = Path(__file__).resolve().parents[3] / "server"
+
+
+def _exported() -> set[str]:
+    """The metric families the server's code names (what a rule or a dashboard may read)."""
+    return {name for module in ("metrics_registry.py", "request_metrics.py")
+            for name in re.findall(r'"(fedper_\w+)"', (SERVER / module).read_text())}  # fmt: skip
 
 
 def _samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -79,11 +86,8 @@ def test_requests_are_timed_by_route_and_answer_and_rounds_counted_as_the_record
 def test_every_series_the_alert_rules_read_is_one_the_server_exports() -> None:
     """A renamed metric would silence its alert without a word: the rules (server/monitoring/
     alerts.yml, checked by promtool in `make test`) name only families the server writes."""
-    root = Path(__file__).resolve().parents[3] / "server"
-    exported = set()
-    for module in ("metrics_registry.py", "request_metrics.py"):
-        exported |= set(re.findall(r'"(fedper_\w+)"', (root / module).read_text()))
-    read = set(re.findall(r"\b(fedper_\w+)", (root / "monitoring" / "alerts.yml").read_text()))
+    exported = _exported()
+    read = set(re.findall(r"\b(fedper_\w+)", (SERVER / "monitoring" / "alerts.yml").read_text()))
     families = {re.sub(r"_(total|bucket|sum|count)$", "", name) for name in read}
     assert families and families <= exported, sorted(families - exported)
 
@@ -92,11 +96,8 @@ def test_the_grafana_dashboard_reads_only_exported_series_in_valid_promql(tmp_pa
     """server/monitoring/grafana-dashboard.json: every panel's query names series the server
     writes, and (with Grafana's variables given values) parses as PromQL: promtool checks it as a
     recording rule."""
-    root = Path(__file__).resolve().parents[3] / "server"
-    exported = set()
-    for module in ("metrics_registry.py", "request_metrics.py"):
-        exported |= set(re.findall(r'"(fedper_\w+)"', (root / module).read_text()))
-    dashboard = json.loads((root / "monitoring" / "grafana-dashboard.json").read_text())
+    exported = _exported()
+    dashboard = json.loads((SERVER / "monitoring" / "grafana-dashboard.json").read_text())
     queries = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
     assert queries
     names = {re.sub(r"_(total|bucket|sum|count)$", "", n) for q in queries for n in re.findall(r"\b(fedper_\w+)", q)}
