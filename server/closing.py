@@ -176,7 +176,8 @@ class Closing:
         try:
             with ctx.db.transaction() as tx:
                 ctx.db.versions.insert(tx, version, sha256, target.name, now, number)
-                ctx.db.rounds.end(tx, number, RoundState.CLOSED, now, version, round_metrics(updates))
+                ctx.db.rounds.end(tx, number, RoundState.CLOSED, now, version, round_metrics(updates),
+                                  ending=ctx.ending(number))  # fmt: skip
                 ctx.db.set_recent_steps(tx, steps)
                 finished = self._next_round(tx, number, version, now, result, finished)
         finally:
@@ -289,7 +290,7 @@ class Closing:
         now = ctx.clock()
         try:
             with ctx.db.transaction() as tx:
-                ctx.db.rounds.end(tx, number, RoundState.ABANDONED, now, reason=reason)
+                ctx.db.rounds.end(tx, number, RoundState.ABANDONED, now, reason=reason, ending=ctx.ending(number))
                 self._next_round(tx, number, version, now, noised)
         finally:
             ctx.refresh()

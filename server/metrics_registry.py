@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -14,8 +15,12 @@ from prometheus_client.registry import Collector
 from fedper.common.protocol import PrivacySpent
 from fedper.common.robust_aggregate import AggregationReport
 from fedper.server.request_metrics import request_histogram
+from fedper.server.run_history import REPORTED_METRICS, VersionReport
 from fedper.server.storage import EndedRound, RoundState
 
+# Seconds from a round's opening until its cohort was full: a draw after a check-in window, or
+# the last slot handed out first come first served.
+FILL_BUCKETS = (0.5, 1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0)
 # Round durations: from a demo's seconds to a day-long round of a production deployment.
 ROUND_BUCKETS = (1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0, 3 * 3600.0, 12 * 3600.0, 86400.0)
 
@@ -46,6 +51,15 @@ class AggregationCounts:
         self.coordinates_clipped += report.coordinates_clipped
 
 
+@dataclass(frozen=True)
+class RequestTotals:
+    refused: dict[str, int]  # updates refused, by error code
+    answers: dict[str, int]  # requests, by answer class (2xx ... 5xx)
+    accepted: int
+    bytes_in: int
+    bytes_out: int
+
+
 class MetricsRegistry:
     """What the server counts itself (uploads, bytes); the round numbers and in-flight uploads are
     read from the round state at each scrape."""
@@ -58,6 +72,7 @@ class MetricsRegistry:
         self.rejected: Counter[str] = Counter()
         self.bytes_in = 0
         self.bytes_out = 0
+        self.started_at = time.time()
 
     def reject(self, code: str) -> None:
         with self._lock:
@@ -77,14 +92,27 @@ class MetricsRegistry:
         with self._lock:
             self.bytes_out += nbytes
 
+    def totals(self) -> RequestTotals:
+        """What this process counted since it started, for the dashboard."""
+        answers: Counter[str] = Counter()
+        for family in self.requests.collect():
+            for sample in family.samples:
+                if sample.name.endswith("_count"):
+                    answers[sample.labels["answer"]] += int(sample.value)
+        with self._lock:
+            return RequestTotals(dict(self.rejected), dict(sorted(answers.items())), self.accepted, self.bytes_in,
+                                 self.bytes_out)  # fmt: skip
+
     def render(
         self, rounds_closed: int, current_round: int, aggregation_seconds: float, in_flight: int,
         aggregation: AggregationCounts | None = None, not_published: int = 0, draining: bool = False,
         privacy: PrivacySpent | None = None, ended: list[EndedRound] | None = None,
         disk: tuple[int | None, int] = (None, 0), round_timeout: float = 0.0,
+        versions: list[VersionReport] | None = None,
     ) -> bytes:  # fmt: skip
         """One scrape. ``disk``: the bytes free (None: not measurable) and the reserve a round
-        needs (--min-free-mib); ``round_timeout``: --round-timeout (0: none), for the alert rules."""
+        needs (--min-free-mib); ``round_timeout``: --round-timeout (0: none), for the alert rules;
+        ``versions``: what devices reported per model version."""
         counts = aggregation if aggregation is not None else AggregationCounts()
         with self._lock:
             rejected = CounterMetricFamily("fedper_updates_rejected", "updates refused, by error code", labels=["code"])
@@ -151,6 +179,7 @@ class MetricsRegistry:
                     families.append(GaugeMetricFamily("fedper_dp_target_epsilon", "the epsilon the run stops at",
                                                       value=privacy.target_epsilon))  # fmt: skip
         families += round_families(ended or [])
+        families += version_families(versions or [])
         families += list(self._registry.collect())
         registry = CollectorRegistry(auto_describe=False)
         registry.register(_Families(families))
@@ -165,11 +194,12 @@ def round_families(ended: list[EndedRound]) -> list[Metric]:
     by_state = CounterMetricFamily("fedper_rounds_ended", "rounds ended, by how", labels=["state"])
     for state in (RoundState.CLOSED, RoundState.ABANDONED):
         by_state.add_metric([state.value], sum(r.state == state for r in ended))
-    buckets = [(repr(bound), sum(r.seconds <= bound for r in ended)) for bound in ROUND_BUCKETS]
-    buckets.append(("+Inf", len(ended)))
-    duration = HistogramMetricFamily("fedper_round_duration_seconds", "how long ended rounds were open",
-                                     buckets=buckets, sum_value=sum(r.seconds for r in ended))  # fmt: skip
-    families: list[Metric] = [by_state, duration]
+    duration = _histogram("fedper_round_duration_seconds", "how long ended rounds were open",
+                          [r.seconds for r in ended], ROUND_BUCKETS)  # fmt: skip
+    fill = _histogram("fedper_cohort_fill_seconds", "from a round's opening until its cohort was full (rounds "
+                      "whose cohort filled)", [r.fill_seconds for r in ended if r.fill_seconds is not None],
+                      FILL_BUCKETS)  # fmt: skip
+    families: list[Metric] = [by_state, duration, fill]
     if ended:
         last = ended[-1]
         families.append(GaugeMetricFamily("fedper_last_round", "the last ended round's number", value=last.round))
@@ -183,4 +213,39 @@ def round_families(ended: list[EndedRound]) -> list[Metric]:
                 GaugeMetricFamily("fedper_last_round_dropped", "devices drawn that did not report",
                                   value=max(0, last.drawn - last.reported)),
             ]  # fmt: skip
+        refused = GaugeMetricFamily("fedper_last_round_refused", "its uploads refused, by error code", labels=["code"])
+        for code, n in sorted(last.refused.items()):
+            refused.add_metric([code], n)
+        families.append(refused)
+        if last.secure_stages:
+            stages = GaugeMetricFamily("fedper_last_round_secure_messages",
+                                       "a secure round's messages accepted, by stage", labels=["stage"])  # fmt: skip
+            for stage, n in sorted(last.secure_stages.items()):
+                stages.add_metric([stage], n)
+            families.append(stages)
     return families
+
+
+def _histogram(name: str, documentation: str, values: list[float], bounds: tuple[float, ...]) -> Metric:
+    buckets = [(repr(bound), sum(v <= bound for v in values)) for bound in bounds]
+    buckets.append(("+Inf", len(values)))
+    return HistogramMetricFamily(name, documentation, buckets=buckets, sum_value=sum(values))
+
+
+def version_families(reports: list[VersionReport]) -> list[Metric]:
+    """What devices reported for the newest model version with reports: mean and quantiles per
+    metric (fedper's own metric names only, so the labels are bounded); history is Prometheus'."""
+    if not reports:
+        return []
+    newest = max(r.version for r in reports)
+    summary = GaugeMetricFamily("fedper_reported", "devices' reported metric on the newest model version with "
+                                "reports, by metric and statistic", labels=["metric", "stat"])  # fmt: skip
+    count = GaugeMetricFamily("fedper_reported_count", "reports of the metric on that version", labels=["metric"])
+    for r in reports:
+        if r.version != newest or r.metric not in REPORTED_METRICS:
+            continue
+        for stat, value in (("mean", r.mean), ("p10", r.p10), ("p50", r.p50), ("p90", r.p90)):
+            summary.add_metric([r.metric, stat], value)
+        count.add_metric([r.metric], r.count)
+    version = GaugeMetricFamily("fedper_reported_model_version", "the model version they trained from", value=newest)
+    return [version, summary, count]

@@ -44,12 +44,13 @@ def wait_until_answering(url: str, proc: subprocess.Popen[str], timeout: float, 
     raise RuntimeError(f"the server did not answer {url} within {timeout:.0f} s; log: {log}")
 
 
-def metric_sample(exposition: str, name: str) -> float:
-    """One unlabelled sample of a Prometheus exposition (``/metrics``), read with the client
-    library's own parser; 0 when the server has not recorded it yet."""
+def metric_sample(exposition: str, name: str, **labels: str) -> float:
+    """One sample of a Prometheus exposition (``/metrics``) with exactly these labels (none: the
+    unlabelled one), read with the client library's own parser; 0 when the server has not
+    recorded it yet."""
     for family in text_string_to_metric_families(exposition):
         for sample in family.samples:
-            if sample.name == name and not sample.labels:
+            if sample.name == name and sample.labels == labels:
                 return float(sample.value)
     return 0.0
 

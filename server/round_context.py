@@ -27,8 +27,9 @@ from fedper.server.metrics_registry import AggregationCounts
 from fedper.server.model_store import ModelStore
 from fedper.server.privacy import ServerPrivacy
 from fedper.server.refusals import DrainingError, RoundNotOpenError, RunFinishedError
+from fedper.server.round_refusals import RoundRefusals
 from fedper.server.secure_round import SecureRounds
-from fedper.server.storage import Database, Round, RoundState, RunState
+from fedper.server.storage import Database, Round, RoundEnding, RoundState, RunState
 from fedper.server.update_store import UpdateStore
 
 log = logging.getLogger("fedper.server")
@@ -82,6 +83,14 @@ class RoundContext:
         self.aggregation_seconds = 0.0
         self.aggregation_counts = AggregationCounts()  # since this process started
         self.rounds_refused = 0  # aggregates not published (server.publish_check)
+        self.refusals = RoundRefusals()
+
+    def ending(self, number: int) -> RoundEnding:
+        """What round ``number``'s record keeps when it ends besides the database's rows: its
+        refusals, and how many slots fill its cohort (0: under DP or secure aggregation the
+        draw fixes the cohort)."""
+        drawn = self.config.privacy.dp or self.config.secure.secagg
+        return RoundEnding(self.refusals.of(number), 0 if drawn else self.config.slots)
 
     def round_mode(self) -> Strategy:
         """The round mode, with its DP state as the database holds it."""

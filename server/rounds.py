@@ -96,6 +96,14 @@ class RoundManager:
     def rounds_refused(self) -> int:
         return self.ctx.rounds_refused
 
+    def refused_upload(self, code: str) -> None:
+        """Count a refused upload against the open round (its record keeps the count when it ends)."""
+        self.ctx.refusals.add(self.ctx.snapshot.round, code)
+
+    def refused_in(self, number: int) -> dict[str, int]:
+        """The open round's refused uploads by code, so far (an ended round's record keeps them)."""
+        return self.ctx.refusals.of(number)
+
     # --- the lifecycle ----------------------------------------------------------------------
 
     def start(self, initial_base: Path) -> None:

@@ -127,7 +127,9 @@ class RunLifecycle:
             try:
                 with ctx.db.transaction() as tx:
                     if stopped:
-                        ctx.db.rounds.end(tx, current.round, RoundState.STOPPED, ctx.clock())
+                        ctx.db.rounds.end(
+                            tx, current.round, RoundState.STOPPED, ctx.clock(), ending=ctx.ending(current.round)
+                        )
                     ctx.db.set_run_state(tx, RunState.FINISHED)
             finally:
                 ctx.refresh()
@@ -163,7 +165,8 @@ class RunLifecycle:
                     ctx.db.versions.insert(tx, version, found[1], target.name, now, None)
                     ctx.db.rounds.mark_rolled_back(tx, to, current.round if current.state == RoundState.OPEN else None)
                     if current.state == RoundState.OPEN:
-                        ctx.db.rounds.end(tx, current.round, RoundState.ABANDONED, now, reason="rolled back")
+                        ctx.db.rounds.end(tx, current.round, RoundState.ABANDONED, now, reason="rolled back",
+                                          ending=ctx.ending(current.round))  # fmt: skip
                     ctx.db.set_run_state(tx, RunState.RUNNING)
                     ctx.db.rounds.open(tx, current.round + 1, version, now, ctx.deadline(now))
             finally:

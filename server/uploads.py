@@ -45,6 +45,7 @@ class Uploads:
             size, received = await self._receive(device_id, number, body)
         except RefusalError as exc:
             self.metrics.reject(code_of(exc))
+            self.rounds.refused_upload(code_of(exc))
             log.info(json.dumps({"event": "upload_rejected", "device": device_id, "round": number,
                                  "code": code_of(exc)}))  # fmt: skip
             raise

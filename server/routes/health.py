@@ -47,6 +47,6 @@ def metrics(state: State) -> Response:
                                 rounds.aggregation_counts, rounds.rounds_refused,
                                 rounds.draining is not None,
                                 None if rounds.privacy is None else rounds.privacy.spent(),
-                                state.db.rounds.ended(), (rounds.disk.free_bytes(), rounds.disk.reserve),
-                                state.config.round_timeout)  # fmt: skip
+                                state.history.ended(), (rounds.disk.free_bytes(), rounds.disk.reserve),
+                                state.config.round_timeout, state.history.versions())  # fmt: skip
     return Response(text, media_type=CONTENT_TYPE_LATEST)

@@ -199,7 +199,15 @@ def _norms(text: str | None) -> list[float]:
 # operator's metrics and dashboard. NULL for rounds ended before this step.
 _V11 = _statements("ALTER TABLE rounds ADD COLUMN checked_in INTEGER", "ALTER TABLE rounds ADD COLUMN drawn INTEGER")
 
-STEPS: Sequence[Step] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8, _V9, _v10, _V11)
+# What else an ended round tells the operator: its upload refusals by code (JSON), a secure round's
+# messages per stage (JSON), and when its cohort was full. NULL for rounds ended before this step.
+_V12 = _statements(
+    "ALTER TABLE rounds ADD COLUMN refused TEXT",
+    "ALTER TABLE rounds ADD COLUMN secure_stages TEXT",
+    "ALTER TABLE rounds ADD COLUMN filled_at REAL",
+)
+
+STEPS: Sequence[Step] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8, _V9, _v10, _V11, _V12)
 VERSION = len(STEPS)
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
@@ -70,10 +70,21 @@ class Round:
 
 
 @dataclass(frozen=True)
+class RoundEnding:
+    """What the server knows of a round that ends and the database does not: the uploads it refused
+    while the round was open (by error code), and how many slots make its cohort full (0: the
+    draw fixes the cohort, as under DP or secure aggregation)."""
+
+    refused: dict[str, int] = field(default_factory=dict)
+    fill_rank: int = 0
+
+
+@dataclass(frozen=True)
 class EndedRound:
-    """An ended round as the operator's metrics count it: how long it was open, how many devices
-    checked in and held a slot (None for rounds ended before the server counted them), how many
-    reported (updates accepted)."""
+    """An ended round as the operator's metrics and dashboard show it: how long it was open, how
+    many devices checked in and held a slot, how many reported (updates accepted), its upload
+    refusals by code, a secure round's messages per stage, and how long its cohort took to fill
+    (None: never full, or ended before the server recorded it)."""
 
     round: int
     state: RoundState
@@ -82,6 +93,12 @@ class EndedRound:
     checked_in: int | None
     drawn: int | None
     reported: int
+    model_version: int = 0
+    opened_at: float = 0.0
+    reason: str | None = None
+    refused: dict[str, int] = field(default_factory=dict)
+    secure_stages: dict[str, int] = field(default_factory=dict)
+    fill_seconds: float | None = None
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ import json
 import sqlite3
 from typing import Any
 
-from fedper.server.storage.records import EndedRound, Round, RoundState, StoredUpdate
+from fedper.server.storage.records import EndedRound, Round, RoundEnding, RoundState, StoredUpdate
 from fedper.server.storage.transaction import SQLITE_MAX, Query, Transaction
 
 
@@ -38,14 +38,37 @@ class RoundRecords:
     def ended(self) -> list[EndedRound]:
         """Every ended round (closed or abandoned), oldest first, with its number of updates: what
         the operator's metrics summarize."""
+        return self.ended_after(0)
+
+    def ended_after(self, number: int) -> list[EndedRound]:
+        """The ended rounds numbered above ``number``, oldest first (a reader that keeps the
+        earlier ones asks only for the new)."""
         rows = self._query(
-            "SELECT r.round, r.state, r.opened_at, r.closed_at, r.checked_in, r.drawn,"
+            "SELECT r.round, r.state, r.model_version, r.opened_at, r.closed_at, r.checked_in, r.drawn, r.reason,"
+            " r.refused, r.secure_stages, r.filled_at,"
             " (SELECT COUNT(*) FROM updates u WHERE u.round = r.round) AS reported"
-            " FROM rounds r WHERE r.state != 'open' ORDER BY r.round"
+            " FROM rounds r WHERE r.state != 'open' AND r.round > ? ORDER BY r.round",
+            (number,),
         )
-        return [EndedRound(row["round"], RoundState(row["state"]), row["closed_at"],
-                           row["closed_at"] - row["opened_at"], row["checked_in"], row["drawn"], row["reported"])
-                for row in rows]  # fmt: skip
+        return [
+            EndedRound(
+                row["round"], RoundState(row["state"]), row["closed_at"], row["closed_at"] - row["opened_at"],
+                row["checked_in"], row["drawn"], row["reported"], row["model_version"], row["opened_at"],
+                row["reason"], json.loads(row["refused"] or "{}"), json.loads(row["secure_stages"] or "{}"),
+                None if row["filled_at"] is None else max(0.0, row["filled_at"] - row["opened_at"]),
+            )
+            for row in rows
+        ]  # fmt: skip
+
+    def reported_metrics(self, first_round: int, last_round: int) -> list[tuple[int, dict[str, float]]]:
+        """The metrics each accepted update of rounds ``first_round``..``last_round`` reported, with
+        the model version its round handed out (what the dashboard summarizes per version)."""
+        rows = self._query(
+            "SELECT r.model_version AS v, u.metrics FROM updates u JOIN rounds r ON r.round = u.round"
+            " WHERE u.round BETWEEN ? AND ?",
+            (first_round, last_round),
+        )
+        return [(int(row["v"]), json.loads(row["metrics"])) for row in rows]
 
     def open(self, tx: Transaction, number: int, version: int, now: float, deadline: float | None) -> None:
         tx._execute(
@@ -66,14 +89,28 @@ class RoundRecords:
         result_version: int | None = None,
         metrics: dict[str, Any] | None = None,
         reason: str | None = None,
+        *,
+        ending: RoundEnding | None = None,
     ) -> None:
-        """Record how round ``number`` ended (with how many devices checked in and held a slot:
-        those rows go now); its update files are no longer needed."""
+        """Record how round ``number`` ended (with how many devices checked in and held a slot,
+        when its cohort was full, a secure round's messages per stage: those rows go now, and the
+        ``ending``'s refusals); its update files are no longer needed."""
+        ending = ending or RoundEnding()
+        # Full at the fill_rank-th slot given out; a cohort fixed by a draw (fill_rank 0) at the draw.
+        filled = (
+            "(SELECT MIN(assigned_at) FROM slots WHERE round = ?)" if ending.fill_rank == 0
+            else "(SELECT assigned_at FROM slots WHERE round = ? ORDER BY assigned_at LIMIT 1 OFFSET ?)"
+        )  # fmt: skip
+        stages = self._query("SELECT stage, COUNT(*) AS n FROM secagg_messages WHERE round = ? GROUP BY stage",
+                             (number,))  # fmt: skip
         tx._execute(
             "UPDATE rounds SET checked_in = (SELECT COUNT(*) FROM checkins WHERE round = ?),"
-            " drawn = (SELECT COUNT(*) FROM slots WHERE round = ?) WHERE round = ?",
-            (number, number, number),
-        )
+            f" drawn = (SELECT COUNT(*) FROM slots WHERE round = ?), filled_at = {filled},"
+            " refused = ?, secure_stages = ? WHERE round = ?",
+            (number, number, number, *((ending.fill_rank - 1,) if ending.fill_rank else ()),
+             json.dumps(dict(sorted(ending.refused.items()))),
+             json.dumps({str(r["stage"]): int(r["n"]) for r in stages}) if stages else None, number),
+        )  # fmt: skip
         tx._execute("DELETE FROM checkins WHERE round <= ?", (number,))  # drawn long ago, or never to be
         tx._execute(
             "UPDATE rounds SET state = ?, closed_at = ?, result_version = ?, metrics = ?, reason = ? WHERE round = ?",

@@ -19,6 +19,7 @@ from fedper.common.manifest import Manifest
 from fedper.common.protocol import ErrorCode, Header
 from fedper.common.secagg.device_session import Advertisement, DeviceSession
 from fedper.common.secagg.fixed_point import FixedPoint
+from fedper.server import process as server_process
 from tests.support.server_support import FakeClock, InProcessServer, admin, enroll, round_info
 
 pytestmark = pytest.mark.usefixtures("server_secrets")
@@ -157,6 +158,14 @@ def test_twenty_devices_three_dropping_after_sharing_keys_publish_the_survivors_
         assert server.metric("fedper_updates_accepted_total") == len(survivors)
         assert server.metric("fedper_bytes_received_total") > len(survivors) * 4 * (words + 1)
         assert server.metric("fedper_bytes_sent_total") > 0  # the relayed keys, shares and unmasking requests
+        # The round's stages as /metrics and the dashboard report them: 20 advertised keys and sent
+        # shares, the 17 survivors' masked inputs, and their unmasking answers.
+        text = http.get("/metrics").text
+        stages = {s: server_process.metric_sample(text, "fedper_last_round_secure_messages", stage=s)
+                  for s in ("keys", "shares", "masked", "unmask")}  # fmt: skip
+        assert stages == {"keys": 20, "shares": 20, "masked": len(survivors), "unmask": len(survivors)}, stages
+        row = http.get("/dashboard/data", headers=admin()).json()["rounds"][0]
+        assert row["secure_stages"] == stages and row["drawn"] == 20, row
 
 
 def test_a_round_whose_masks_cannot_be_removed_is_abandoned_and_the_next_one_runs(

@@ -1,0 +1,77 @@
+"""The run's ended rounds and what devices reported per model version, for ``/metrics`` and the
+dashboard. An ended round never changes, so each is read from the database once: a scrape or a
+dashboard poll reads only the rounds that ended since the last one, whatever the run's length."""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import numpy as np
+
+from fedper.server.storage import Database, EndedRound
+
+# The device metrics summarized per version: the ones fedper's devices report (a label set an
+# attacker cannot grow by naming metrics).
+REPORTED_METRICS = ("accuracy", "accuracy_after", "train_loss")
+KEPT_VERSIONS = 50  # the newest model versions whose reports are kept
+
+
+@dataclass(frozen=True)
+class VersionReport:
+    """One metric as the devices that trained from one model version reported it."""
+
+    version: int
+    metric: str
+    count: int
+    mean: float
+    p10: float
+    p50: float
+    p90: float
+
+
+class RunHistory:
+    def __init__(self, db: Database) -> None:
+        self._db = db
+        self._lock = threading.Lock()
+        self._ended: list[EndedRound] = []
+        self._values: OrderedDict[int, dict[str, list[float]]] = OrderedDict()  # version -> metric -> values
+
+    def ended(self) -> list[EndedRound]:
+        """Every ended round, oldest first."""
+        with self._lock:
+            self._catch_up()
+            return list(self._ended)
+
+    def versions(self) -> list[VersionReport]:
+        """What the devices of ended rounds reported, per model version (the newest
+        ``KEPT_VERSIONS``) and metric, oldest version first."""
+        with self._lock:
+            self._catch_up()
+            return [
+                _summary(version, metric, values)
+                for version, metrics in self._values.items()
+                for metric, values in sorted(metrics.items())
+                if values
+            ]
+
+    def _catch_up(self) -> None:
+        last = self._ended[-1].round if self._ended else 0
+        new = self._db.rounds.ended_after(last)
+        if not new:
+            return
+        for version, metrics in self._db.rounds.reported_metrics(new[0].round, new[-1].round):
+            kept = self._values.setdefault(version, {})
+            for metric in REPORTED_METRICS:
+                if metric in metrics:
+                    kept.setdefault(metric, []).append(metrics[metric])
+        for version in sorted(self._values)[:-KEPT_VERSIONS]:
+            del self._values[version]
+        self._values = OrderedDict(sorted(self._values.items()))
+        self._ended += new
+
+
+def _summary(version: int, metric: str, values: list[float]) -> VersionReport:
+    p10, p50, p90 = (float(q) for q in np.quantile(values, [0.1, 0.5, 0.9]))
+    return VersionReport(version, metric, len(values), float(np.mean(values)), p10, p50, p90)
