@@ -38,8 +38,10 @@ pytest: $(INSTALLED)
 	$(BIN)/python -m pytest -q -m "not slow"
 
 # The tests `make test` leaves out: real server and device processes (kill -9, timeouts, bursts),
-# Ray, a fresh venv, full simulations, the plain graph's export. CI runs them after `make test`.
+# Ray, a fresh venv, full simulations, the plain graph's export, the dashboard in Debian's chromium
+# (installed first if missing). CI runs them after `make test`.
 test-slow: $(INSTALLED)
+	server/monitoring/ensure-chromium.sh
 	$(BIN)/python -m pytest -q -m slow
 
 # Every named model (torchvision's) exported at 32 and 224 px and checked against eager PyTorch,

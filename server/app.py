@@ -29,7 +29,7 @@ from fedper.server.errors import (
 )
 from fedper.server.refusals import RefusalError, ServerBusyError
 from fedper.server.request_metrics import RequestTimer
-from fedper.server.routes import admin, devices, downloads, health, rounds, secagg
+from fedper.server.routes import admin, dashboard, devices, downloads, health, rounds, secagg
 from fedper.server.routes.devices import enrollment_spent
 from fedper.server.state import ServerState, open_state
 from fedper.server.storage import DatabaseBusyError
@@ -41,6 +41,8 @@ def create_app(config: ServerConfig, state: ServerState | None = None) -> FastAP
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.fedper = state or await to_thread.run_sync(open_state, config)
+        tail = app.state.fedper.log_tail
+        logging.getLogger("fedper.server").addHandler(tail)  # the dashboard's last log lines
         interval = max(0.05, min(1.0, config.round_timeout / 20)) if config.round_timeout else 1.0
 
         async def apply_clock() -> None:
@@ -56,6 +58,7 @@ def create_app(config: ServerConfig, state: ServerState | None = None) -> FastAP
             yield
         finally:
             task.cancel()
+            logging.getLogger("fedper.server").removeHandler(tail)
             app.state.fedper.db.close()
 
     app = FastAPI(
@@ -88,6 +91,7 @@ def create_app(config: ServerConfig, state: ServerState | None = None) -> FastAP
     async def path_error(_r: Request, exc: RequestValidationError) -> JSONResponse:
         return JSONResponse({"code": ErrorCode.NOT_FOUND, "message": "no such resource"}, status_code=404)
 
-    for router in (health.router, devices.router, downloads.router, rounds.router, secagg.router, admin.router):
+    for router in (health.router, devices.router, downloads.router, rounds.router, secagg.router, admin.router,
+                   dashboard.router):  # fmt: skip
         app.include_router(router)
     return app

@@ -14,6 +14,7 @@ enrolling.
 
 from __future__ import annotations
 
+import base64
 from dataclasses import dataclass
 from typing import Annotated, Literal
 
@@ -83,5 +84,28 @@ def operator(who: AnyCaller) -> Caller:
     return who
 
 
+def browser_operator(request: Request, state: State) -> Caller:
+    """The operator in a browser (the dashboard): HTTP Basic with the admin token as the password
+    (any user name), or the bearer token. A 401 asks the browser for it; wrong tokens count
+    against the address as every other failed authentication does."""
+    scheme, _, value = request.headers.get("authorization", "").partition(" ")
+    token = value.strip() if scheme.lower() == "bearer" else None
+    if scheme.lower() == "basic":
+        try:
+            token = base64.b64decode(value.strip(), validate=True).decode("utf-8").partition(":")[2]
+        except ValueError:  # not base64 (binascii.Error), not ASCII, not UTF-8 (UnicodeDecodeError)
+            token = None
+    if token and same_secret(token, state.secrets.admin_token):
+        return Caller("operator")
+    refusal = (
+        failed_attempt(state.auth_failures, limit_key(request), "wrong admin token") if token
+        else UnauthorizedError("log in with the admin token as the password (any user name)")
+    )  # fmt: skip
+    refusal.challenge = BASIC_CHALLENGE
+    raise refusal
+
+
+BASIC_CHALLENGE = 'Basic realm="fedper dashboard", charset="UTF-8"'
 DeviceId = Annotated[str, Depends(device)]
 Operator = Annotated[Caller, Depends(operator)]
+BrowserOperator = Annotated[Caller, Depends(browser_operator)]

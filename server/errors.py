@@ -96,7 +96,9 @@ def answer(refusal: RefusalError) -> ProtocolError:
     if code is None:
         assert isinstance(refusal, CodedRefusalError)
         code = ErrorCode(refusal.code)
-    headers = {Header.RETRY_AFTER: str(refusal.retry_after)} if refusal.retry_after is not None else None
+    headers = {Header.RETRY_AFTER: str(refusal.retry_after)} if refusal.retry_after is not None else {}
+    if refusal.challenge is not None and status == 401:
+        headers["WWW-Authenticate"] = refusal.challenge
     return ProtocolError(status, code, refusal.message, headers)
 
 

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 
 class RefusalError(Exception):
-    """``retry_after``: seconds after which the same request may succeed (None: it will not)."""
+    """``retry_after``: seconds after which the same request may succeed (None: it will not);
+    ``challenge``: a 401's WWW-Authenticate, for a browser to ask its user (the dashboard)."""
 
     def __init__(self, message: str, retry_after: int | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.retry_after = retry_after
+        self.challenge: str | None = None
 
 
 class CodedRefusalError(RefusalError):

@@ -16,9 +16,11 @@ from fedper.server.config import ServerConfig
 from fedper.server.credentials import Secrets, load_or_create
 from fedper.server.disk_room import DiskRoom, round_reserve
 from fedper.server.enrollment import Enrollment
+from fedper.server.log_tail import LogTail
 from fedper.server.metrics_registry import MetricsRegistry
 from fedper.server.rate_limit import RateLimiter
 from fedper.server.rounds import Clock, RoundManager
+from fedper.server.run_history import RunHistory
 from fedper.server.storage import Database, StorageError
 from fedper.server.tasks import Tasks
 from fedper.server.upload_places import UploadPlaces
@@ -41,6 +43,8 @@ class ServerState:
     uploads: Uploads
     enrollment: Enrollment
     tasks: Tasks
+    history: RunHistory
+    log_tail: LogTail
     attestation: AttestationService | None = None
 
     def artifact_path(self, name: str) -> Path | None:
@@ -149,5 +153,7 @@ def open_state(config: ServerConfig, clock: Clock | None = None, free: Callable[
         uploads=Uploads(config, manifest, rounds, places, metrics, limit),
         enrollment=enrollment,
         tasks=Tasks(config, db, rounds, manifest_sha),
+        history=RunHistory(db),
+        log_tail=LogTail(),
         attestation=attestation,
     )

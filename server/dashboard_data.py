@@ -1,0 +1,128 @@
+"""What the operator's dashboard draws (``GET /dashboard/data``, admin token): the run's status,
+its rounds over time with their cohorts and refusals, what devices reported per model version,
+this process's counts and the server's last log lines. One JSON document, read in a few
+milliseconds whatever the run's length (:mod:`server.run_history` reads each ended round once).
+
+It is an operator view outside the device protocol (PROTOCOL.md): fields may be added."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from pydantic import BaseModel, ConfigDict
+
+from fedper.common.protocol import PrivacySpent
+from fedper.server.storage import EndedRound, RoundState
+
+if TYPE_CHECKING:
+    from fedper.server.state import ServerState
+
+SHOWN_ROUNDS = 300  # the newest ended rounds the page draws
+SHOWN_LOG_LINES = 40
+
+
+class _Data(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class RoundRow(_Data):
+    round: int
+    state: str
+    model_version: int
+    opened_at: float
+    ended_at: float | None  # None: open
+    seconds: float  # open for, so far if open
+    checked_in: int | None  # None: not counted (open, or ended before the server counted)
+    drawn: int | None
+    reported: int
+    refused: dict[str, int]
+    secure_stages: dict[str, int]
+    fill_seconds: float | None  # None: its cohort never filled, or not known
+    reason: str | None
+
+
+class VersionRow(_Data):
+    version: int
+    metric: str
+    count: int
+    mean: float
+    p10: float
+    p50: float
+    p90: float
+
+
+class RunSummary(_Data):
+    state: str  # waiting, running, finished
+    round: int
+    rounds_total: int
+    rounds_closed: int
+    model_version: int
+    devices: int
+    target_clients: int
+    min_clients: int
+    slots: int
+    round_timeout: float
+    draining: str | None
+    secure: bool
+    privacy: PrivacySpent | None
+
+
+class ProcessCounts(_Data):
+    """Since this server process started."""
+
+    started_at: float
+    refused: dict[str, int]
+    answers: dict[str, int]
+    accepted: int
+    bytes_in: int
+    bytes_out: int
+
+
+class DashboardData(_Data):
+    now: float
+    run: RunSummary
+    rounds: list[RoundRow]  # oldest first; the open round last
+    versions: list[VersionRow]
+    process: ProcessCounts
+    log: list[str]
+
+
+def ended_row(r: EndedRound) -> RoundRow:
+    return RoundRow(round=r.round, state=r.state.value, model_version=r.model_version, opened_at=r.opened_at,
+                    ended_at=r.ended_at, seconds=r.seconds, checked_in=r.checked_in, drawn=r.drawn,
+                    reported=r.reported, refused=r.refused, secure_stages=r.secure_stages,
+                    fill_seconds=r.fill_seconds, reason=r.reason)  # fmt: skip
+
+
+def open_row(number: int, version: int, opened_at: float, now: float, held: int, received: int,
+             refused: dict[str, int]) -> RoundRow:  # fmt: skip
+    return RoundRow(round=number, state=RoundState.OPEN.value, model_version=version, opened_at=opened_at,
+                    ended_at=None, seconds=max(0.0, now - opened_at), checked_in=None, drawn=held, reported=received,
+                    refused=refused, secure_stages={}, fill_seconds=None, reason=None)  # fmt: skip
+
+
+def collect(state: ServerState) -> DashboardData:
+    """The dashboard's document, from the run's records and this process's counts."""
+    rounds, config, db = state.rounds, state.config, state.db
+    snap = rounds.snapshot
+    now = rounds.clock()
+    rows = [ended_row(r) for r in state.history.ended()[-SHOWN_ROUNDS:]]
+    if snap.is_open and not snap.finished:
+        info = rounds.round_info(snap.round)
+        received = info.received if info is not None else snap.received
+        held = db.cohort.count_held(snap.round, now)
+        rows.append(open_row(snap.round, snap.model_version, snap.opened_at, now, held, received,
+                             rounds.refused_in(snap.round)))  # fmt: skip
+    run_state = db.run_state()
+    totals = state.metrics.totals()
+    privacy = None if rounds.privacy is None else rounds.privacy.spent()
+    run = RunSummary(state=run_state.value, round=snap.round, rounds_total=config.rounds,
+                     rounds_closed=snap.rounds_closed, model_version=db.versions.latest(), devices=db.devices.count(),
+                     target_clients=config.target_clients, min_clients=config.min_clients, slots=config.slots,
+                     round_timeout=config.round_timeout, draining=rounds.draining, secure=config.secure.secagg,
+                     privacy=privacy)  # fmt: skip
+    process = ProcessCounts(started_at=state.metrics.started_at, refused=totals.refused, answers=totals.answers,
+                            accepted=totals.accepted, bytes_in=totals.bytes_in, bytes_out=totals.bytes_out)  # fmt: skip
+    versions = [VersionRow(**vars(v)) for v in state.history.versions()]
+    return DashboardData(now=now, run=run, rounds=rows, versions=versions, process=process,
+                         log=state.log_tail.lines(SHOWN_LOG_LINES))  # fmt: skip
