@@ -167,6 +167,8 @@ def run_demo(config: DemoConfig) -> RunResults:
             shutil.rmtree(stale, ignore_errors=True)
         log.unlink(missing_ok=True)
         with _server(artifacts, data_dir, log, config, keys) as server:
+            console.print(f"    live: {server.url}/dashboard (any user name, password {keys[Env.ADMIN_TOKEN]})",
+                          markup=False, highlight=False)  # fmt: skip
             fleet = FleetConfig(
                 runtime=replace(config.runtime, server=server.url),
                 devices=config.devices,

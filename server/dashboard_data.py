@@ -17,6 +17,8 @@ from fedper.server.storage import EndedRound, RoundState
 if TYPE_CHECKING:
     from fedper.server.state import ServerState
 
+DASHBOARD_PATH = "/dashboard"  # operator pages, outside the device protocol
+DASHBOARD_DATA_PATH = "/dashboard/data"
 SHOWN_ROUNDS = 300  # the newest ended rounds the page draws
 SHOWN_LOG_LINES = 40
 

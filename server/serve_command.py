@@ -39,7 +39,8 @@ def announce(config: ServerConfig, state: ServerState, out: TextIO) -> None:
     print(
         f"serving {config.artifacts} on http://{config.host}:{config.port} (round {snap.round}, "
         f"model version {snap.model_version}, {'finished' if snap.finished else 'running'}); "
-        f"OpenAPI at /docs",
+        f"dashboard at http://{config.host}:{config.port}/dashboard (log in with the admin token, any user "
+        f"name); metrics at /metrics; OpenAPI at /docs",
         file=out,
         flush=True,
     )

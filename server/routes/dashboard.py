@@ -15,11 +15,8 @@ from fastapi import APIRouter, Response
 from fastapi.responses import HTMLResponse
 
 from fedper.server.auth import BrowserOperator, State
-from fedper.server.dashboard_data import DashboardData, collect
+from fedper.server.dashboard_data import DASHBOARD_DATA_PATH, DASHBOARD_PATH, DashboardData, collect
 from fedper.server.routes.responses import ERRORS
-
-DASHBOARD_PATH = "/dashboard"  # operator pages, outside the device protocol
-DASHBOARD_DATA_PATH = "/dashboard/data"
 
 router = APIRouter()
 _PAGE = resources.files("fedper.server").joinpath("dashboard.html").read_text(encoding="utf-8")

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from fedper.common.manifest import read_manifest
 from fedper.server import process as server_process
-from fedper.server.routes.dashboard import DASHBOARD_DATA_PATH, DASHBOARD_PATH
+from fedper.server.dashboard_data import DASHBOARD_DATA_PATH, DASHBOARD_PATH
 from fedper.server.run_history import KEPT_VERSIONS, RunHistory
 from fedper.server.storage import Database, RoundEnding, RoundState, StoredUpdate
 from tests.support.server_support import ADMIN, InProcessServer, admin, ask, base_like, enroll, round_info, update_body

@@ -141,7 +141,8 @@ def test_admin_watch_shows_the_runs_rounds_accuracy_and_refusals_as_the_server_r
     accuracy = info["metrics"]["accuracy"]
     assert accuracy["mean"] == 0.5 and accuracy["count"] == 2
     row = next(line for line in out.splitlines() if line.strip("│ ").startswith("1 "))
-    assert "closed" in row and "2/2" in row and f"{accuracy['mean']:.3f} +- {accuracy['std']:.3f}, 2" in row, out
+    # reported/drawn; the reports' mean, 10th-90th percentiles (of 0.25 and 0.75) and count
+    assert "closed" in row and "2/2" in row and f"{accuracy['mean']:.3f}, 0.300-0.700, 2" in row, out
     assert "round 2 of 3, 1 closed, model version 1, 2 devices" in out, out
     refusal = next(line for line in out.splitlines() if "not_in_cohort" in line)  # the 409 above: no slot in round 2
     assert refusal.strip("│ ").split()[-1] == "1", out
