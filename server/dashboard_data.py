@@ -1,21 +1,15 @@
 """What the operator's dashboard draws (``GET /dashboard/data``, admin token): the run's status,
 its rounds over time with their cohorts and refusals, what devices reported per model version,
-this process's counts and the server's last log lines. One JSON document, read in a few
-milliseconds whatever the run's length (:mod:`server.run_history` reads each ended round once).
+this process's counts and the server's last log lines (:mod:`server.dashboard_view` fills it).
 
 It is an operator view outside the device protocol (PROTOCOL.md): fields may be added."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from pydantic import BaseModel, ConfigDict
 
 from fedper.common.protocol import PrivacySpent
 from fedper.server.storage import EndedRound, RoundState
-
-if TYPE_CHECKING:
-    from fedper.server.state import ServerState
 
 DASHBOARD_PATH = "/dashboard"  # operator pages, outside the device protocol
 DASHBOARD_DATA_PATH = "/dashboard/data"
@@ -89,6 +83,18 @@ class DashboardData(_Data):
     log: list[str]
 
 
+class EndedRows:
+    """Each ended round's row, built once: an ended round never changes, and a poll shows hundreds."""
+
+    def __init__(self) -> None:
+        self._rows: dict[int, RoundRow] = {}
+
+    def rows(self, ended: list[EndedRound]) -> list[RoundRow]:
+        rows = [self._rows.get(r.round) or ended_row(r) for r in ended]
+        self._rows = {row.round: row for row in rows}  # only the rows shown stay
+        return rows
+
+
 def ended_row(r: EndedRound) -> RoundRow:
     return RoundRow(round=r.round, state=r.state.value, model_version=r.model_version, opened_at=r.opened_at,
                     ended_at=r.ended_at, seconds=r.seconds, checked_in=r.checked_in, drawn=r.drawn,
@@ -101,30 +107,3 @@ def open_row(number: int, version: int, opened_at: float, now: float, held: int,
     return RoundRow(round=number, state=RoundState.OPEN.value, model_version=version, opened_at=opened_at,
                     ended_at=None, seconds=max(0.0, now - opened_at), checked_in=None, drawn=held, reported=received,
                     refused=refused, secure_stages={}, fill_seconds=None, reason=None)  # fmt: skip
-
-
-def collect(state: ServerState) -> DashboardData:
-    """The dashboard's document, from the run's records and this process's counts."""
-    rounds, config, db = state.rounds, state.config, state.db
-    snap = rounds.snapshot
-    now = rounds.clock()
-    rows = [ended_row(r) for r in state.history.ended()[-SHOWN_ROUNDS:]]
-    if snap.is_open and not snap.finished:
-        info = rounds.round_info(snap.round)
-        received = info.received if info is not None else snap.received
-        held = db.cohort.count_held(snap.round, now)
-        rows.append(open_row(snap.round, snap.model_version, snap.opened_at, now, held, received,
-                             rounds.refused_in(snap.round)))  # fmt: skip
-    run_state = db.run_state()
-    totals = state.metrics.totals()
-    privacy = None if rounds.privacy is None else rounds.privacy.spent()
-    run = RunSummary(state=run_state.value, round=snap.round, rounds_total=config.rounds,
-                     rounds_closed=snap.rounds_closed, model_version=db.versions.latest(), devices=db.devices.count(),
-                     target_clients=config.target_clients, min_clients=config.min_clients, slots=config.slots,
-                     round_timeout=config.round_timeout, draining=rounds.draining, secure=config.secure.secagg,
-                     privacy=privacy)  # fmt: skip
-    process = ProcessCounts(started_at=state.metrics.started_at, refused=totals.refused, answers=totals.answers,
-                            accepted=totals.accepted, bytes_in=totals.bytes_in, bytes_out=totals.bytes_out)  # fmt: skip
-    versions = [VersionRow(**vars(v)) for v in state.history.versions()]
-    return DashboardData(now=now, run=run, rounds=rows, versions=versions, process=process,
-                         log=state.log_tail.lines(SHOWN_LOG_LINES))  # fmt: skip

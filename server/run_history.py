@@ -37,6 +37,7 @@ class RunHistory:
         self._lock = threading.Lock()
         self._ended: list[EndedRound] = []
         self._values: OrderedDict[int, dict[str, list[float]]] = OrderedDict()  # version -> metric -> values
+        self._reports: list[VersionReport] = []  # summaries of _values, made again only when it changes
 
     def ended(self) -> list[EndedRound]:
         """Every ended round, oldest first."""
@@ -49,26 +50,29 @@ class RunHistory:
         ``KEPT_VERSIONS``) and metric, oldest version first."""
         with self._lock:
             self._catch_up()
-            return [
-                _summary(version, metric, values)
-                for version, metrics in self._values.items()
-                for metric, values in sorted(metrics.items())
-                if values
-            ]
+            return list(self._reports)
 
     def _catch_up(self) -> None:
         last = self._ended[-1].round if self._ended else 0
         new = self._db.rounds.ended_after(last)
         if not new:
             return
-        for version, metrics in self._db.rounds.reported_metrics(new[0].round, new[-1].round):
+        newest = max(r.model_version for r in new)  # older versions' reports would be dropped at once
+        changed: set[int] = set()
+        for version, metrics in self._db.rounds.reported_metrics(new[0].round, new[-1].round,
+                                                                 newest - KEPT_VERSIONS + 1):  # fmt: skip
             kept = self._values.setdefault(version, {})
             for metric in REPORTED_METRICS:
                 if metric in metrics:
                     kept.setdefault(metric, []).append(metrics[metric])
+                    changed.add(version)
         for version in sorted(self._values)[:-KEPT_VERSIONS]:
             del self._values[version]
         self._values = OrderedDict(sorted(self._values.items()))
+        unchanged = [r for r in self._reports if r.version in self._values and r.version not in changed]
+        fresh = [_summary(v, metric, values) for v in changed if v in self._values
+                 for metric, values in sorted(self._values[v].items())]  # fmt: skip
+        self._reports = sorted(unchanged + fresh, key=lambda r: (r.version, r.metric))
         self._ended += new
 
 

@@ -14,6 +14,7 @@ from fedper.server.attestation import AttestationService, load_verifier
 from fedper.server.clock import SteadyClock
 from fedper.server.config import ServerConfig
 from fedper.server.credentials import Secrets, load_or_create
+from fedper.server.dashboard_data import EndedRows
 from fedper.server.disk_room import DiskRoom, round_reserve
 from fedper.server.enrollment import Enrollment
 from fedper.server.log_tail import LogTail
@@ -45,6 +46,7 @@ class ServerState:
     tasks: Tasks
     history: RunHistory
     log_tail: LogTail
+    ended_rows: EndedRows
     attestation: AttestationService | None = None
 
     def artifact_path(self, name: str) -> Path | None:
@@ -140,6 +142,8 @@ def open_state(config: ServerConfig, clock: Clock | None = None, free: Callable[
         key_failures=RateLimiter(config.auth_failures_per_minute),
         attestation=attestation,
     )  # fmt: skip
+    history = RunHistory(db)
+    history.ended()  # a long run's stored reports are read now, not by the first scrape
     return ServerState(
         config=config,
         manifest=manifest,
@@ -153,7 +157,8 @@ def open_state(config: ServerConfig, clock: Clock | None = None, free: Callable[
         uploads=Uploads(config, manifest, rounds, places, metrics, limit),
         enrollment=enrollment,
         tasks=Tasks(config, db, rounds, manifest_sha),
-        history=RunHistory(db),
+        history=history,
+        ended_rows=EndedRows(),
         log_tail=LogTail(),
         attestation=attestation,
     )

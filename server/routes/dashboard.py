@@ -15,7 +15,8 @@ from fastapi import APIRouter, Response
 from fastapi.responses import HTMLResponse
 
 from fedper.server.auth import BrowserOperator, State
-from fedper.server.dashboard_data import DASHBOARD_DATA_PATH, DASHBOARD_PATH, DashboardData, collect
+from fedper.server.dashboard_data import DASHBOARD_DATA_PATH, DASHBOARD_PATH, DashboardData
+from fedper.server.dashboard_view import collect
 from fedper.server.routes.responses import ERRORS
 
 router = APIRouter()

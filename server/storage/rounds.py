@@ -60,13 +60,16 @@ class RoundRecords:
             for row in rows
         ]  # fmt: skip
 
-    def reported_metrics(self, first_round: int, last_round: int) -> list[tuple[int, dict[str, float]]]:
-        """The metrics each accepted update of rounds ``first_round``..``last_round`` reported, with
-        the model version its round handed out (what the dashboard summarizes per version)."""
+    def reported_metrics(
+        self, first_round: int, last_round: int, min_version: int = 0
+    ) -> list[tuple[int, dict[str, float]]]:
+        """The metrics each accepted update of rounds ``first_round``..``last_round`` that trained
+        from version ``min_version`` or later reported, with that version (what the dashboard
+        summarizes per version)."""
         rows = self._query(
             "SELECT r.model_version AS v, u.metrics FROM updates u JOIN rounds r ON r.round = u.round"
-            " WHERE u.round BETWEEN ? AND ?",
-            (first_round, last_round),
+            " WHERE u.round BETWEEN ? AND ? AND r.model_version >= ?",
+            (first_round, last_round, min_version),
         )
         return [(int(row["v"]), json.loads(row["metrics"])) for row in rows]
 
