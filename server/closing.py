@@ -14,6 +14,7 @@ import logging
 import secrets
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 
 import numpy as np
 
@@ -176,8 +177,9 @@ class Closing:
         try:
             with ctx.db.transaction() as tx:
                 ctx.db.versions.insert(tx, version, sha256, target.name, now, number)
-                ctx.db.rounds.end(tx, number, RoundState.CLOSED, now, version, round_metrics(updates),
-                                  ending=ctx.ending(number))  # fmt: skip
+                report = result.robust.to_dict() if result.robust is not None else None
+                ending = replace(ctx.ending(number), aggregation=report)
+                ctx.db.rounds.end(tx, number, RoundState.CLOSED, now, version, round_metrics(updates), ending=ending)
                 ctx.db.set_recent_steps(tx, steps)
                 finished = self._next_round(tx, number, version, now, result, finished)
         finally:

@@ -35,6 +35,8 @@ class RoundRow(_Data):
     secure_stages: dict[str, int]
     fill_seconds: float | None  # None: its cohort never filled, or not known
     reason: str | None
+    clipped: int | None = None  # robust aggregation's report of a closed round (None: none recorded)
+    capped: int | None = None
 
 
 class VersionRow(_Data):
@@ -99,7 +101,9 @@ def ended_row(r: EndedRound) -> RoundRow:
     return RoundRow(round=r.round, state=r.state.value, model_version=r.model_version, opened_at=r.opened_at,
                     ended_at=r.ended_at, seconds=r.seconds, checked_in=r.checked_in, drawn=r.drawn,
                     reported=r.reported, refused=r.refused, secure_stages=r.secure_stages,
-                    fill_seconds=r.fill_seconds, reason=r.reason)  # fmt: skip
+                    fill_seconds=r.fill_seconds, reason=r.reason,
+                    clipped=None if r.aggregation is None else r.aggregation.get("clipped"),
+                    capped=None if r.aggregation is None else r.aggregation.get("capped"))  # fmt: skip
 
 
 def open_row(number: int, version: int, opened_at: float, now: float, held: int, received: int,

@@ -213,6 +213,12 @@ def round_families(ended: list[EndedRound]) -> list[Metric]:
                 GaugeMetricFamily("fedper_last_round_dropped", "devices drawn that did not report",
                                   value=max(0, last.drawn - last.reported)),
             ]  # fmt: skip
+        if last.aggregation is not None:  # robust aggregation's report of a closed round
+            did = GaugeMetricFamily("fedper_last_round_aggregation", "what robust aggregation did to its updates",
+                                    labels=["what"])  # fmt: skip
+            for what in ("clipped", "capped", "coordinates_clipped"):
+                did.add_metric([what], float(last.aggregation.get(what, 0)))
+            families.append(did)
         refused = GaugeMetricFamily("fedper_last_round_refused", "its uploads refused, by error code", labels=["code"])
         for code, n in sorted(last.refused.items()):
             refused.add_metric([code], n)

@@ -200,11 +200,13 @@ def _norms(text: str | None) -> list[float]:
 _V11 = _statements("ALTER TABLE rounds ADD COLUMN checked_in INTEGER", "ALTER TABLE rounds ADD COLUMN drawn INTEGER")
 
 # What else an ended round tells the operator: its upload refusals by code (JSON), a secure round's
-# messages per stage (JSON), and when its cohort was full. NULL for rounds ended before this step.
+# messages per stage (JSON), when its cohort was full, and what robust aggregation did (JSON: the
+# round's AggregationReport). NULL for rounds ended before this step.
 _V12 = _statements(
     "ALTER TABLE rounds ADD COLUMN refused TEXT",
     "ALTER TABLE rounds ADD COLUMN secure_stages TEXT",
     "ALTER TABLE rounds ADD COLUMN filled_at REAL",
+    "ALTER TABLE rounds ADD COLUMN aggregation TEXT",
 )
 
 STEPS: Sequence[Step] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8, _V9, _v10, _V11, _V12)

@@ -73,10 +73,11 @@ class Round:
 class RoundEnding:
     """What the server knows of a round that ends and the database does not: the uploads it refused
     while the round was open (by error code), and how many slots make its cohort full (0: the
-    draw fixes the cohort, as under DP or secure aggregation)."""
+    draw fixes the cohort, as under DP or secure aggregation), and what robust aggregation did."""
 
     refused: dict[str, int] = field(default_factory=dict)
     fill_rank: int = 0
+    aggregation: dict[str, Any] | None = None  # a closed round's robust aggregation report
 
 
 @dataclass(frozen=True)
@@ -99,6 +100,7 @@ class EndedRound:
     refused: dict[str, int] = field(default_factory=dict)
     secure_stages: dict[str, int] = field(default_factory=dict)
     fill_seconds: float | None = None
+    aggregation: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)

@@ -45,7 +45,7 @@ class RoundRecords:
         earlier ones asks only for the new)."""
         rows = self._query(
             "SELECT r.round, r.state, r.model_version, r.opened_at, r.closed_at, r.checked_in, r.drawn, r.reason,"
-            " r.refused, r.secure_stages, r.filled_at,"
+            " r.refused, r.secure_stages, r.filled_at, r.aggregation,"
             " (SELECT COUNT(*) FROM updates u WHERE u.round = r.round) AS reported"
             " FROM rounds r WHERE r.state != 'open' AND r.round > ? ORDER BY r.round",
             (number,),
@@ -56,6 +56,7 @@ class RoundRecords:
                 row["checked_in"], row["drawn"], row["reported"], row["model_version"], row["opened_at"],
                 row["reason"], json.loads(row["refused"] or "{}"), json.loads(row["secure_stages"] or "{}"),
                 None if row["filled_at"] is None else max(0.0, row["filled_at"] - row["opened_at"]),
+                json.loads(row["aggregation"]) if row["aggregation"] else None,
             )
             for row in rows
         ]  # fmt: skip
@@ -109,10 +110,11 @@ class RoundRecords:
         tx._execute(
             "UPDATE rounds SET checked_in = (SELECT COUNT(*) FROM checkins WHERE round = ?),"
             f" drawn = (SELECT COUNT(*) FROM slots WHERE round = ?), filled_at = {filled},"
-            " refused = ?, secure_stages = ? WHERE round = ?",
+            " refused = ?, secure_stages = ?, aggregation = ? WHERE round = ?",
             (number, number, number, *((ending.fill_rank - 1,) if ending.fill_rank else ()),
              json.dumps(dict(sorted(ending.refused.items()))),
-             json.dumps({str(r["stage"]): int(r["n"]) for r in stages}) if stages else None, number),
+             json.dumps({str(r["stage"]): int(r["n"]) for r in stages}) if stages else None,
+             None if ending.aggregation is None else json.dumps(ending.aggregation), number),
         )  # fmt: skip
         tx._execute("DELETE FROM checkins WHERE round <= ?", (number,))  # drawn long ago, or never to be
         tx._execute(

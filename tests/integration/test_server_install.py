@@ -15,7 +15,7 @@ from fedper.device_runtime.client import ProtocolClient
 from fedper.device_runtime.device import Device, DeviceOptions
 from fedper.device_runtime.device_storage import DeviceStorage
 from fedper.device_runtime.local_data import share
-from tests.support.server_support import ENROLL, round_info, serve
+from tests.support.server_support import ADMIN, ENROLL, round_info, serve
 from tests.support.source_tree import copy_tracked
 
 TRAINING_STACK = ("torch", "torchvision", "executorch", "matplotlib", "onnx", "onnxruntime", "sklearn", "skimage")
@@ -54,6 +54,8 @@ def test_the_server_extra_installs_no_training_stack_and_serves_a_round(server_a
             client.close()
         closed = round_info(s.http, 1)
         status = httpx.get(f"{s.url}/v1/status").json()
+        page = httpx.get(f"{s.url}/dashboard", auth=("operator", ADMIN))  # the page is in the installed package
+    assert page.status_code == 200 and "<svg" in page.text
     assert [(r.round, r.uploaded) for r in reports] == [(1, True)]
     assert closed["state"] == "closed" and closed["received"] == 1
     assert status["state"] == "finished" and status["model_version"] == 1

@@ -59,5 +59,6 @@ def test_the_wheel_installs_one_top_level_name(tmp_path: Path) -> None:
     names = zipfile.ZipFile(wheel).namelist()
     assert {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")} == {"fedper"}
     for expected in ("fedper/server/app.py", "fedper/device_runtime/device.py", "fedper/export/pipeline.py",
-                     "fedper/_recipes/demo.py", "fedper/_recipes/report_template.html", "fedper/common/protocol.py"):  # fmt: skip
+                     "fedper/_recipes/demo.py", "fedper/_recipes/report_template.html", "fedper/common/protocol.py",
+                     "fedper/server/dashboard.html"):  # fmt: skip
         assert expected in names, expected

@@ -50,6 +50,7 @@ def test_the_data_and_metrics_give_each_rounds_cohort_refusals_and_reports_as_re
     assert ended["round"] == 1 and ended["state"] == "closed" and info["state"] == "closed"
     assert (ended["reported"], ended["drawn"], ended["checked_in"]) == (2, 3, 0)
     assert ended["refused"] == {"malformed_safetensors": 1, "not_in_cohort": 1}  # the third came after round 1 ended
+    assert (ended["clipped"], ended["capped"]) == (0, 0)  # robust aggregation's report: nothing to clip
     assert ended["fill_seconds"] is not None and 0 <= ended["fill_seconds"] <= ended["seconds"]
     assert open_round["round"] == 2 and open_round["state"] == "open" and open_round["refused"] == {"round_not_open": 1}
     accuracy = next(v for v in data["versions"] if v["metric"] == "accuracy")
@@ -66,6 +67,7 @@ def test_the_data_and_metrics_give_each_rounds_cohort_refusals_and_reports_as_re
     assert sample(text, "fedper_reported", metric="accuracy", stat="p90") == pytest.approx(0.7)
     assert sample(text, "fedper_reported_count", metric="train_loss") == 2
     assert sample(text, "fedper_cohort_fill_seconds_count") == 1
+    assert 'fedper_last_round_aggregation{what="clipped"} 0.0' in text
 
 
 def test_the_pages_need_the_admin_token_and_a_browser_is_asked_for_it(server_artifacts: Path, tmp_path: Path) -> None:
