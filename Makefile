@@ -41,7 +41,7 @@ pytest: $(INSTALLED)
 # Ray, a fresh venv, full simulations, the plain graph's export, the dashboard in Debian's chromium
 # (installed first if missing). CI runs them after `make test`.
 test-slow: $(INSTALLED)
-	server/monitoring/ensure-chromium.sh
+	server/monitoring/ensure-debian-package.sh chromium chromium
 	$(BIN)/python -m pytest -q -m slow
 
 # Every named model (torchvision's) exported at 32 and 224 px and checked against eager PyTorch,
@@ -70,7 +70,7 @@ android-test: $(INSTALLED)
 # The operator's alert rules: valid, and each fires on the series it is for (promtool, from
 # Debian's prometheus package, installed first if missing).
 monitoring-check:
-	server/monitoring/ensure-promtool.sh
+	server/monitoring/ensure-debian-package.sh promtool prometheus
 	promtool check rules server/monitoring/alerts.yml
 	cd server/monitoring && promtool test rules alerts_test.yml
 

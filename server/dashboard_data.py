@@ -9,6 +9,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict
 
 from fedper.common.protocol import PrivacySpent
+from fedper.server.run_history import VersionReport
 from fedper.server.storage import EndedRound, RoundState
 
 DASHBOARD_PATH = "/dashboard"  # operator pages, outside the device protocol
@@ -37,16 +38,6 @@ class RoundRow(_Data):
     reason: str | None
     clipped: int | None = None  # robust aggregation's report of a closed round (None: none recorded)
     capped: int | None = None
-
-
-class VersionRow(_Data):
-    version: int
-    metric: str
-    count: int
-    mean: float
-    p10: float
-    p50: float
-    p90: float
 
 
 class RunSummary(_Data):
@@ -80,7 +71,7 @@ class DashboardData(_Data):
     now: float
     run: RunSummary
     rounds: list[RoundRow]  # oldest first; the open round last
-    versions: list[VersionRow]
+    versions: list[VersionReport]
     process: ProcessCounts
     log: list[str]
 

@@ -10,7 +10,6 @@ from fedper.server.dashboard_data import (
     DashboardData,
     ProcessCounts,
     RunSummary,
-    VersionRow,
     open_row,
 )
 from fedper.server.state import ServerState
@@ -38,6 +37,6 @@ def collect(state: ServerState) -> DashboardData:
                      privacy=privacy)  # fmt: skip
     process = ProcessCounts(started_at=state.metrics.started_at, refused=totals.refused, answers=totals.answers,
                             accepted=totals.accepted, bytes_in=totals.bytes_in, bytes_out=totals.bytes_out)  # fmt: skip
-    versions = [VersionRow(**vars(v)) for v in state.history.versions()]
+    versions = state.history.versions()
     return DashboardData(now=now, run=run, rounds=rows, versions=versions, process=process,
                          log=state.log_tail.lines(SHOWN_LOG_LINES))  # fmt: skip

@@ -8,7 +8,7 @@ every round. Round 9 gets too few updates and is abandoned at its deadline; the 
 rounds have closed. The numbers on the screenshots are that script's, not a model's.
 
 Run from the repository's root: ``.venv/bin/python -m docs.scripts.dashboard_screenshots``
-(needs chromium: ``server/monitoring/ensure-chromium.sh``).
+(needs chromium: ``server/monitoring/ensure-debian-package.sh chromium chromium``).
 """
 
 from __future__ import annotations

@@ -17,7 +17,10 @@ from tests.support.server_support import ADMIN, ask, base_like, enroll, round_in
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(CHROMIUM is None, reason="no chromium (server/monitoring/ensure-chromium.sh installs it)"),
+    pytest.mark.skipif(
+        CHROMIUM is None,
+        reason="no chromium (server/monitoring/ensure-debian-package.sh chromium chromium installs it)",
+    ),
 ]
 
 

@@ -20,7 +20,9 @@ PHONE = {"width": 390, "height": 844}  # a phone held upright, in CSS pixels
 @contextlib.contextmanager
 def chromium() -> Iterator[Browser]:
     if CHROMIUM is None:
-        raise RuntimeError("no chromium: server/monitoring/ensure-chromium.sh installs Debian's")
+        raise RuntimeError(
+            "no chromium: server/monitoring/ensure-debian-package.sh chromium chromium installs Debian's"
+        )
     with sync_playwright() as p:
         # Chromium's sandbox needs user namespaces, which a root container's Chromium cannot use.
         browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"] if os.geteuid() == 0 else [])

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# ensure-debian-package.sh COMMAND PACKAGE: installs Debian's PACKAGE if COMMAND is missing.
+# `make monitoring-check` needs promtool (package prometheus) for the alert rules; `make test-slow`
+# needs chromium for the dashboard's browser test. No service is started.
+set -euo pipefail
+command="$1" package="$2"
+command -v "$command" >/dev/null && exit 0
+if [ "$(id -u)" -eq 0 ]; then SUDO=""; elif command -v sudo >/dev/null; then SUDO="sudo"; else
+  echo "ensure-debian-package.sh: $command not found; run: apt-get install $package" >&2
+  exit 1
+fi
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get install -y -qq --no-install-recommends "$package" \
+  || { $SUDO apt-get update -qq && $SUDO apt-get install -y -qq --no-install-recommends "$package"; }
