@@ -14,6 +14,7 @@ from anyio import to_thread
 from fastapi import APIRouter, Response
 from fastapi.responses import HTMLResponse
 
+from fedper.common.protocol import Header
 from fedper.server.auth import BrowserOperator, State
 from fedper.server.dashboard_data import DASHBOARD_DATA_PATH, DASHBOARD_PATH, DashboardData
 from fedper.server.dashboard_view import collect
@@ -44,4 +45,4 @@ def dashboard(_op: BrowserOperator) -> Response:
 @router.get(DASHBOARD_DATA_PATH, response_model=DashboardData, responses=ERRORS, include_in_schema=False)
 async def dashboard_data(_op: BrowserOperator, state: State) -> Response:
     data = await to_thread.run_sync(collect, state)
-    return Response(data.model_dump_json(), media_type="application/json", headers={"Cache-Control": "no-store"})
+    return Response(data.model_dump_json(), media_type=Header.JSON, headers={"Cache-Control": "no-store"})
