@@ -8,7 +8,7 @@ INSTALLED := $(VENV)/.installed-test
 BENCH_INSTALLED := $(VENV)/.installed-bench
 DEMO_OUT ?= demo-out
 
-.PHONY: install demo test test-fast test-slow test-portable test-zoo lint typecheck pytest android-test monitoring-check arm-check bench results resnet34-digits poisoning bn-sharing dp-results clean
+.PHONY: install demo test test-fast test-slow test-portable test-postgres test-zoo lint typecheck pytest android-test monitoring-check arm-check bench results resnet34-digits poisoning bn-sharing dp-results clean
 
 install: $(INSTALLED)
 
@@ -33,9 +33,16 @@ typecheck: $(INSTALLED)
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
-# `make test`'s tests: all but those marked `slow` (README, "Development").
+# `make test`'s tests: all but those marked `slow` (README, "Development"). The storage tests run
+# on SQLite and on a scratch PostgreSQL cluster (Debian's server, installed first if missing).
 pytest: $(INSTALLED)
+	server/monitoring/ensure-debian-package.sh pg_ctlcluster postgresql
 	$(BIN)/python -m pytest -q -m "not slow"
+
+# The server's whole suite (not slow) with every test server's records on PostgreSQL.
+test-postgres: $(INSTALLED)
+	server/monitoring/ensure-debian-package.sh pg_ctlcluster postgresql
+	FEDPER_TEST_DATABASE=postgres $(BIN)/python -m pytest -q -m "not slow" tests/unit/server
 
 # The tests `make test` leaves out: real server and device processes (kill -9, timeouts, bursts),
 # Ray, a fresh venv, full simulations, the plain graph's export, the dashboard in Debian's chromium

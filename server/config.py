@@ -19,6 +19,11 @@ from fedper.server.publish_check import PublishConfig
 class ServerConfig:
     artifacts: Path = option(Path("artifacts"), "export directory (from fedper export)", metavar="DIR")
     data_dir: Path = option(Path("server-data"), "where the server keeps its state", metavar="DIR")
+    database: str = option(
+        "", "where the server keeps its records: empty for SQLite's file DIR/state.db, or a PostgreSQL URL "
+        "postgresql://USER@HOST:PORT/DB (give its password in PGPASSWORD or ~/.pgpass, not here: a command "
+        "line is visible to every user of the machine)", metavar="URL",
+    )  # fmt: skip
     host: str = option("127.0.0.1", "address to listen on")
     port: int = option(8000, "port to listen on")
     rounds: int = option(50, "closed rounds after which the run is finished")
@@ -120,6 +125,8 @@ class ServerConfig:
             raise ConfigError("need 1 <= --min-clients <= --target-clients")
         if self.round_timeout < 0:
             raise ConfigError("--round-timeout must be >= 0")
+        if self.database and not self.database.startswith(("postgresql://", "postgres://")):
+            raise ConfigError(f"--database must be empty (SQLite) or a postgresql:// URL, got {self.database[:40]!r}")
         if self.start_devices < 0:
             raise ConfigError(f"--start-devices must be >= 0, got {self.start_devices}")
         if self.max_num_samples < 1:

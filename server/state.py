@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -66,8 +67,13 @@ class StartupError(FedperError, RuntimeError):
 
 
 def _open_database(path: Path, config: ServerConfig, disk: DiskRoom) -> Database:
-    """The database, or, when it cannot be opened for writing on a disk without room, the same
-    database read-only (the server starts draining, PROTOCOL.md, "Errors")."""
+    """The database, or, when SQLite's file cannot be opened for writing on a disk without room,
+    the same database read-only (the server starts draining, PROTOCOL.md, "Errors")."""
+    if config.database:
+        try:
+            return Database(config.database, config.db_busy_timeout)
+        except StorageError as exc:
+            raise StartupError(f"cannot open the database {_without_password(config.database)}: {exc}") from exc
     try:
         return Database(path, config.db_busy_timeout)
     except StorageError as exc:
@@ -79,6 +85,13 @@ def _open_database(path: Path, config: ServerConfig, disk: DiskRoom) -> Database
             return Database(path, config.db_busy_timeout, read_only=True)
         except StorageError as again:
             raise StartupError(f"cannot open {path} even read-only ({again}); {short}") from again
+
+
+def _without_password(url: str) -> str:
+    parts = urllib.parse.urlsplit(url)
+    if parts.password is None:
+        return url
+    return parts._replace(netloc=parts.netloc.replace(f":{parts.password}@", ":***@", 1)).geturl()
 
 
 def open_state(config: ServerConfig, clock: Clock | None = None, free: Callable[[], int] | None = None) -> ServerState:

@@ -9,6 +9,7 @@ import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -160,6 +161,19 @@ def digits_batches() -> tuple[torch.Tensor, torch.Tensor]:
     x = to_tensor(ds.images[:640], ds.mean, ds.std)
     y = torch.from_numpy(ds.labels[:640])
     return x, y
+
+
+@pytest.fixture(scope="session")
+def postgres_cluster() -> Iterator[Any]:
+    """A scratch PostgreSQL cluster for the session (tests/support/postgres.py); the tests that
+    need it skip, saying why, where its server binaries are absent."""
+    from tests.support import postgres
+
+    reason = postgres.why_not()
+    if reason is not None:
+        pytest.skip(reason)
+    with postgres.cluster() as running:
+        yield running
 
 
 @pytest.fixture(scope="session")

@@ -15,6 +15,13 @@ _HELD = (
 )
 
 
+# A slot given again (its old one expired) replaces the old one.
+_PUT_SLOT = (
+    "INSERT INTO slots (round, device_id, assigned_at, expires_at) VALUES (?, ?, ?, ?) ON CONFLICT (round, device_id)"
+    " DO UPDATE SET assigned_at = excluded.assigned_at, expires_at = excluded.expires_at"
+)
+
+
 class CohortRecords:
     """Slots, check-ins and participation: what the cohort selection decides from."""
 
@@ -40,13 +47,13 @@ class CohortRecords:
 
     def put_slot(self, tx: Transaction, slot: Slot) -> None:
         tx._execute(
-            "INSERT OR REPLACE INTO slots (round, device_id, assigned_at, expires_at) VALUES (?, ?, ?, ?)",
+            _PUT_SLOT,
             (slot.round, slot.device_id, slot.assigned_at, slot.expires_at),
         )
 
     def put_slots(self, tx: Transaction, slots: list[Slot]) -> None:
         tx._executemany(
-            "INSERT OR REPLACE INTO slots (round, device_id, assigned_at, expires_at) VALUES (?, ?, ?, ?)",
+            _PUT_SLOT,
             [(s.round, s.device_id, s.assigned_at, s.expires_at) for s in slots],
         )
 
@@ -56,7 +63,8 @@ class CohortRecords:
     # --- check-ins ----------------------------------------------------------------------
 
     def put_checkin(self, tx: Transaction, number: int, device_id: str, now: float) -> None:
-        tx._execute("INSERT OR IGNORE INTO checkins (round, device_id, at) VALUES (?, ?, ?)", (number, device_id, now))
+        tx._execute("INSERT INTO checkins (round, device_id, at) VALUES (?, ?, ?) ON CONFLICT DO NOTHING",
+                    (number, device_id, now))  # fmt: skip
 
     def checkins(self, number: int) -> list[str]:
         """The devices that checked in for round ``number``, in the order they came (a read: no

@@ -1,51 +1,75 @@
-"""The connection core: one SQLite database in WAL mode, its writer and pool of readers, write
-transactions, and the run's own state (meta, run state, drawn round, recent steps, DP state).
-Each table group is an object of its own (:attr:`Database.devices`, ``rounds``, ``versions``,
-``cohort``, ``secagg``) that reads through :meth:`Database._query` and writes through a
-:class:`Transaction`: none of them sees the connection."""
+"""The connection core: the database engine (SQLite's file, or PostgreSQL), write transactions,
+and the run's own state (meta, run state, drawn round, recent steps, DP state). Each table group
+is an object of its own (:attr:`Database.devices`, ``rounds``, ``versions``, ``cohort``,
+``secagg``) that reads through :meth:`Database._query` and writes through a
+:class:`Transaction`: none of them sees a connection, and their statements run on either engine."""
 
 from __future__ import annotations
 
 import json
-import queue
-import sqlite3
 import threading
-import urllib.parse
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from fedper.common.dp.state import DPState
-from fedper.server.storage import migrations
 from fedper.server.storage.cohort import CohortRecords
 from fedper.server.storage.devices import DeviceRecords
 from fedper.server.storage.errors import StorageError, storage_errors
 from fedper.server.storage.records import RunState
 from fedper.server.storage.rounds import RoundRecords
 from fedper.server.storage.secagg import SecAggRecords
-from fedper.server.storage.transaction import Transaction
+from fedper.server.storage.sqlite_engine import READERS, SqliteEngine
+from fedper.server.storage.transaction import Row, Transaction, Writer
 from fedper.server.storage.versions import VersionRecords
 
-READERS = 4  # read connections (each has its own page cache)
+__all__ = ["READERS", "Database", "is_database_url"]
+
+
+def is_database_url(location: str | Path) -> bool:
+    """Whether ``location`` names a PostgreSQL database (``postgresql://`` or ``postgres://``)
+    rather than an SQLite file."""
+    return isinstance(location, str) and location.startswith(("postgresql://", "postgres://"))
+
+
+class Engine(Protocol):
+    """What :class:`Database` needs of an engine (:mod:`.sqlite_engine`, :mod:`.postgres_engine`)."""
+
+    read_only: bool
+    lock: threading.RLock
+
+    @property
+    def writer(self) -> Writer: ...
+
+    def describe(self) -> str: ...
+    def reopen_writable(self) -> None: ...
+    def schema_version(self) -> int: ...
+    def close(self) -> None: ...
+    def begin(self) -> None: ...
+    def commit(self) -> None: ...
+    def rollback(self) -> None: ...
+    def query_writer(self, sql: str, args: tuple[Any, ...]) -> list[Row]: ...
+    def query(self, sql: str, args: tuple[Any, ...]) -> list[Row]: ...
 
 
 class Database:
-    """One SQLite database: writes on one connection, serialized by a lock; reads outside a
-    transaction on a pool of ``READERS`` connections (WAL: readers never wait for the writer,
-    nor for each other); reads inside a transaction on the writer's connection, so that they
-    see what the transaction wrote."""
+    """Writes on one connection, serialized by a lock; reads outside a transaction on a pool of
+    connections; reads inside a transaction on the writer's connection, so that they see what the
+    transaction wrote. ``location``: an SQLite file's path, or a ``postgresql://`` URL."""
 
-    def __init__(self, path: Path, busy_timeout: float = 5.0, read_only: bool = False):
-        self.path = path
+    def __init__(self, location: Path | str, busy_timeout: float = 5.0, read_only: bool = False):
+        self._engine: Engine
+        if is_database_url(location):
+            if read_only:
+                raise StorageError("a PostgreSQL database is never opened read-only")
+            from fedper.server.storage.postgres_engine import PostgresEngine  # psycopg only when asked for
+
+            self._engine = PostgresEngine(str(location), busy_timeout)
+        else:
+            self._engine = SqliteEngine(Path(location), busy_timeout, read_only)
         self.busy_timeout = busy_timeout
-        self.read_only = read_only
-        self._lock = threading.RLock()
-        self._idle: queue.LifoQueue[tuple[int, sqlite3.Connection]] = queue.LifoQueue()
-        self._slots = threading.BoundedSemaphore(READERS)
-        self._generation = 0  # bumped by reopen_writable(): readers of an older one are closed
         self._writing: int | None = None  # the thread inside a transaction
-        self._conn = self._open_writer()
         # One object per table group: each reads through _query and writes through a Transaction.
         self.devices = DeviceRecords(self._query, self.transaction)
         self.rounds = RoundRecords(self._query)
@@ -53,98 +77,36 @@ class Database:
         self.cohort = CohortRecords(self._query)
         self.secagg = SecAggRecords(self._query)
 
-    def _open_writer(self) -> sqlite3.Connection:
-        """The writer's connection, the schema brought to this server's version (a database opened
-        read-only cannot be upgraded: it must be at that version already)."""
-        with storage_errors():
-            conn = self._connect()
-            try:
-                if self.read_only:
-                    migrations.check_current(conn)
-                else:
-                    with self._lock:
-                        conn.execute("PRAGMA journal_mode=WAL")
-                        conn.execute("PRAGMA synchronous=FULL")  # a committed 202 survives power loss
-                        conn.execute("PRAGMA foreign_keys=ON")
-                        migrations.migrate(conn)
-            except BaseException:
-                conn.close()
-                raise
-        return conn
+    @property
+    def read_only(self) -> bool:
+        return self._engine.read_only
 
-    def _connect(self) -> sqlite3.Connection:
-        if self.read_only:
-            # A full disk: SQLite cannot create the WAL index it needs to open the file for
-            # reading; with no WAL content to replay, the file alone is the whole database.
-            wal = self.path.with_name(self.path.name + "-wal")
-            immutable = "&immutable=1" if not wal.exists() or wal.stat().st_size == 0 else ""
-            target = f"file:{urllib.parse.quote(str(self.path))}?mode=ro{immutable}"
-            conn = sqlite3.connect(target, uri=True, timeout=self.busy_timeout, check_same_thread=False,
-                                   isolation_level=None)  # fmt: skip
-        else:
-            conn = sqlite3.connect(self.path, timeout=self.busy_timeout, check_same_thread=False, isolation_level=None)
-        conn.row_factory = sqlite3.Row
-        return conn
-
-    @contextmanager
-    def _reader(self) -> Iterator[sqlite3.Connection]:
-        """A reader from the pool (opened if none is idle), returned after use."""
-        with self._slots:
-            try:
-                generation, conn = self._idle.get_nowait()
-            except queue.Empty:
-                generation, conn = self._generation, self._connect()
-            if generation != self._generation:
-                conn.close()
-                generation, conn = self._generation, self._connect()
-            try:
-                yield conn
-            finally:
-                if generation == self._generation:
-                    self._idle.put((generation, conn))
-                else:  # reopened meanwhile
-                    conn.close()
-
-    def _close_idle(self) -> None:
-        while True:
-            try:
-                self._idle.get_nowait()[1].close()
-            except queue.Empty:
-                return
+    @property
+    def location(self) -> str:
+        """Where the database is (an SQLite file, or the Postgres server and database, no password)."""
+        return self._engine.describe()
 
     def reopen_writable(self) -> None:
         """Leave read-only mode (the disk has room again): every connection is opened anew."""
-        with self._lock:
-            old = self._conn
-            self.read_only = False
-            try:
-                self._conn = self._open_writer()
-            except BaseException:
-                self.read_only = True
-                raise
-            self._generation += 1
-            self._close_idle()  # those in use are closed when they come back
-        old.close()
+        self._engine.reopen_writable()
 
     def schema_version(self) -> int:
-        """The schema version the database is at (``PRAGMA user_version``)."""
-        with storage_errors(), self._lock:
-            return migrations.version(self._conn)
+        """The schema version the database is at."""
+        return self._engine.schema_version()
 
     def close(self) -> None:
-        with self._lock:
-            self._close_idle()
-            self._conn.close()
+        self._engine.close()
 
     @contextmanager
     def transaction(self) -> Iterator[Transaction]:
         """One write transaction (the write lock held throughout): committed when the block ends,
         rolled back when it raises, so nothing of it stays."""
-        with self._lock:
+        engine = self._engine
+        with engine.lock:
             with storage_errors():
-                self._conn.execute("BEGIN IMMEDIATE")
+                engine.begin()
             outer, self._writing = self._writing, threading.get_ident()
-            tx = Transaction(self._conn)
+            tx = Transaction(engine.writer)
             try:
                 yield tx
             except BaseException:
@@ -156,28 +118,26 @@ class Database:
             tx._end()
             try:
                 with storage_errors():
-                    self._conn.execute("COMMIT")
+                    engine.commit()
             except StorageError:
                 self._rollback()  # a failed COMMIT may leave the transaction open
                 raise
 
     def _rollback(self) -> None:
-        if self._conn.in_transaction:
-            with storage_errors():
-                self._conn.execute("ROLLBACK")
+        with storage_errors():
+            self._engine.rollback()
 
-    def _query(self, sql: str, args: tuple[Any, ...] = ()) -> list[sqlite3.Row]:
-        if self._writing == threading.get_ident():
-            with storage_errors():
-                return list(self._conn.execute(sql, args))
-        with storage_errors(), self._reader() as conn:
-            return list(conn.execute(sql, args))
+    def _query(self, sql: str, args: tuple[Any, ...] = ()) -> list[Row]:
+        with storage_errors():
+            if self._writing == threading.get_ident():
+                return self._engine.query_writer(sql, args)
+            return self._engine.query(sql, args)
 
     def writable(self) -> None:
         """Take the write lock and let it go at once: DatabaseBusyError if another writer holds it."""
-        with self._lock, storage_errors():
-            self._conn.execute("BEGIN IMMEDIATE")
-            self._conn.execute("ROLLBACK")
+        with self._engine.lock, storage_errors():
+            self._engine.begin()
+            self._engine.rollback()
 
     # --- meta, the run's state, DP state ------------------------------------------------
 
@@ -186,7 +146,8 @@ class Database:
         return str(rows[0]["value"]) if rows else None
 
     def set_meta(self, tx: Transaction, key: str, value: str) -> None:
-        tx._execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", (key, value))
+        upsert = "INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value"
+        tx._execute(upsert, (key, value))
 
     def run_state(self) -> RunState:
         return RunState(self._query("SELECT state FROM run")[0]["state"])
@@ -218,8 +179,8 @@ class Database:
         )
 
     def set_dp_state(self, tx: Transaction, state: DPState) -> None:
-        """Store ``state``: SQLite keeps a float64 exactly, but a NaN only as NULL, which would
-        read back as "not set": refused, as a negative round count is."""
+        """Store ``state``: both engines keep a float64 exactly, but SQLite a NaN only as NULL, which
+        would read back as "not set": refused, as a negative round count is."""
         for name, value in (("clip", state.clip), ("delta", state.delta)):
             if value is not None and value != value:
                 raise ValueError(f"a NaN DP {name} cannot be stored")

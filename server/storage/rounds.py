@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import json
-import sqlite3
 from typing import Any
 
 from fedper.server.storage.records import EndedRound, Round, RoundEnding, RoundState, StoredUpdate
-from fedper.server.storage.transaction import SQLITE_MAX, Query, Transaction
+from fedper.server.storage.transaction import SQLITE_MAX, Query, Row, Transaction
 
 
 class RoundRecords:
@@ -173,7 +172,7 @@ def _bit(value: int | None) -> bool | None:
     return None if value is None else bool(value)
 
 
-def _round(row: sqlite3.Row) -> Round:
+def _round(row: Row) -> Round:
     return Round(
         round=row["round"],
         state=RoundState(row["state"]),

@@ -17,8 +17,10 @@ class SecAggRecords:
 
     def put_session(self, tx: Transaction, session: SecAggSession) -> None:
         tx._execute(
-            "INSERT OR REPLACE INTO secagg_sessions (round, session, graph, threshold, clip, weight_cap, stage_ends, "
-            "flags) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            "INSERT INTO secagg_sessions (round, session, graph, threshold, clip, weight_cap, stage_ends, flags)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (round) DO UPDATE SET session = excluded.session,"
+            " graph = excluded.graph, threshold = excluded.threshold, clip = excluded.clip,"
+            " weight_cap = excluded.weight_cap, stage_ends = excluded.stage_ends, flags = excluded.flags",
             (session.round, session.session, json.dumps(session.graph, sort_keys=True), session.threshold,
              session.clip, session.weight_cap, json.dumps(session.stage_ends, sort_keys=True), session.flags),
         )  # fmt: skip

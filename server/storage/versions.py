@@ -14,8 +14,9 @@ class VersionRecords:
 
     def insert(self, tx: Transaction, version: int, sha256: str, file: str, now: float, from_round: int | None) -> None:
         tx._execute(
-            "INSERT OR REPLACE INTO model_versions (version, sha256, file, created_at, from_round) "
-            "VALUES (?, ?, ?, ?, ?)",
+            "INSERT INTO model_versions (version, sha256, file, created_at, from_round) VALUES (?, ?, ?, ?, ?)"
+            " ON CONFLICT (version) DO UPDATE SET sha256 = excluded.sha256, file = excluded.file,"
+            " created_at = excluded.created_at, from_round = excluded.from_round",
             (version, sha256, file, now, from_round),
         )
 

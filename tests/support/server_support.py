@@ -71,7 +71,18 @@ def serve(
     port = server_process.free_port()
     env = secrets_env(secrets)
     log = data_dir.parent / f"server-{port}.log"
+    options = with_test_database(data_dir, options)
     return ServerUnderTest(artifacts, data_dir, options, env=env, log=log, port=port, python=python or sys.executable)
+
+
+def with_test_database(data_dir: Path, options: dict[str, object]) -> dict[str, object]:
+    """``options`` with ``database`` set when the suite runs on PostgreSQL
+    (``FEDPER_TEST_DATABASE=postgres``, docs/TESTING.md): one database per data directory."""
+    if os.environ.get("FEDPER_TEST_DATABASE") != "postgres" or "database" in options:
+        return options
+    from tests.support.postgres import database_for
+
+    return {**options, "database": database_for(data_dir)}
 
 
 def serve_config(artifacts: Path, data_dir: Path, **options: object) -> ServerConfig:
@@ -82,6 +93,7 @@ def serve_config(artifacts: Path, data_dir: Path, **options: object) -> ServerCo
     from fedper.server.config import ServerConfig
 
     argv = ["serve", "--artifacts", str(artifacts), "--data-dir", str(data_dir)]
+    options = with_test_database(data_dir, options)
     return from_arguments(ServerConfig, parse_arguments(argv + server_process.option_flags(options)))
 
 

@@ -1,6 +1,6 @@
 """The server's storage, by its typed interface: what every backend must do. The ``storage``
-fixture gives each backend (SQLite today; another is one more parameter), and every test here
-runs on each."""
+fixture gives each backend (SQLite's file, and a database on a scratch PostgreSQL cluster), and
+every test here runs on each."""
 
 from __future__ import annotations
 
@@ -25,9 +25,12 @@ from fedper.server.storage import (
 )
 
 
-@pytest.fixture(params=["sqlite"])
+@pytest.fixture(params=["sqlite", "postgres"])
 def storage(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Database]:
-    db = Database(tmp_path / "state.db")
+    if request.param == "postgres":
+        db = Database(request.getfixturevalue("postgres_cluster").database())
+    else:
+        db = Database(tmp_path / "state.db")
     yield db
     db.close()
 
