@@ -15,13 +15,19 @@ device had its answer; ``GET /v1/status`` (a probe every 0.2 s) at its slowest. 
 DIR`` also measures the server of another checkout (a git worktree of an older commit) in the same
 run: the "before" figures.
 
-Usage: python -m bench.checkin_scale [--devices 100000] [--old-code DIR] [--name checkin_scale]
+``--engines sqlite postgres``: the same run with the server's records in SQLite's file, then on
+PostgreSQL (a scratch cluster of Debian's server on a free loopback port, tests/support/
+postgres.py), in one invocation.
+
+Usage: python -m bench.checkin_scale [--devices 100000] [--old-code DIR] [--engines sqlite postgres]
+       [--name checkin_scale]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import hashlib
 import json
 import random
@@ -40,10 +46,11 @@ from fedper.server.storage import Database
 ADMIN, ENROLL = "bench-admin-token-0123456789abcdefghij", "bench-enroll"
 
 
-def _populate(db: Path, devices: int) -> list[str]:
-    """``devices`` enrolled devices written into a new database before the server first opens it
-    (the server opens round 1 as it starts): their tokens."""
-    db.parent.mkdir(parents=True, exist_ok=True)
+def _populate(db: Path | str, devices: int) -> list[str]:
+    """``devices`` enrolled devices written into a new database (a file, or a Postgres URL)
+    before the server first opens it (the server opens round 1 as it starts): their tokens."""
+    if isinstance(db, Path):
+        db.parent.mkdir(parents=True, exist_ok=True)
     tokens = [f"bench-token-{i:06d}-{random.Random(i).getrandbits(64):016x}" for i in range(devices)]
     database = Database(db)
     try:
@@ -130,7 +137,9 @@ async def _fleet(url: str, tokens: list[str], args: argparse.Namespace, opened: 
     }  # fmt: skip
 
 
-def measure(args: argparse.Namespace, workdir: Path, code: Path | None, label: str) -> dict[str, object]:
+def measure(
+    args: argparse.Namespace, workdir: Path, code: Path | None, label: str, database: str | None = None
+) -> dict[str, object]:
     from fedper.export.pipeline import write_server_only_export
 
     artifacts = workdir / "artifacts"
@@ -144,8 +153,10 @@ def measure(args: argparse.Namespace, workdir: Path, code: Path | None, label: s
                                   "round_timeout": args.round_timeout, "rounds": 1}  # fmt: skip
     if code is None:
         options["max_requests_per_address"] = 0  # one address stands for the whole fleet here
+    if database is not None:
+        options["database"] = database
     log = workdir / f"server-{label}.log"
-    tokens = _populate(data / "state.db", args.devices)
+    tokens = _populate(database or data / "state.db", args.devices)
     server = ServerProcess(artifacts, data, options, env=env, log=log)
     with server:
         opened = time.monotonic()  # the round opens as the server starts: its window runs from here
@@ -164,14 +175,28 @@ def main() -> None:
     p.add_argument("--round-timeout", type=float, default=900.0)
     p.add_argument("--connections", type=int, default=256)
     p.add_argument("--old-code", type=Path, default=None, help="a checkout whose server is measured too (before)")
+    p.add_argument(
+        "--engines",
+        nargs="+",
+        choices=["sqlite", "postgres"],
+        default=["sqlite"],
+        help="where the server keeps its records (each measured in turn)",
+    )
     p.add_argument("--name", default="checkin_scale")
     args = p.parse_args()
     results = []
-    with tempfile.TemporaryDirectory() as tmp:
-        for code, label in ([(args.old_code, "before")] if args.old_code else []) + [(None, "after")]:
-            result = measure(args, Path(tmp), code, label)
-            print(json.dumps(result, indent=1), flush=True)
-            results.append(result)
+    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
+        scratch = None
+        if "postgres" in args.engines:
+            from tests.support.postgres import cluster
+
+            scratch = stack.enter_context(cluster())
+        for engine in args.engines:
+            for code, label in ([(args.old_code, "before")] if args.old_code else []) + [(None, "after")]:
+                database = scratch.database() if engine == "postgres" and scratch is not None else None
+                result = {"engine": engine, **measure(args, Path(tmp), code, f"{label}-{engine}", database)}
+                print(json.dumps(result, indent=1), flush=True)
+                results.append(result)
     print(write_results(args.name, {"devices": args.devices, "window_s": args.window, "arrive_over_s": args.arrive_over,
                                     "cohort": args.cohort, "runs": results}))  # fmt: skip
 
