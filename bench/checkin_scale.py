@@ -111,8 +111,13 @@ async def _fleet(url: str, tokens: list[str], args: argparse.Namespace, opened: 
             async with httpx.AsyncClient(base_url=url, timeout=120) as own:
                 while not done.is_set():
                     start = time.monotonic()
-                    await own.get("/v1/status")
-                    status_latencies.append(time.monotonic() - start)
+                    try:
+                        await own.get("/v1/status")
+                    except httpx.HTTPError:  # counted with the fleet's errors, not the end of the run
+                        nonlocal errors
+                        errors += 1
+                    else:
+                        status_latencies.append(time.monotonic() - start)
                     await asyncio.sleep(0.2)
 
         prober = asyncio.create_task(probe())
