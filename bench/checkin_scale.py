@@ -30,8 +30,11 @@ import asyncio
 import contextlib
 import hashlib
 import json
+import os
 import random
+import shutil
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -189,21 +192,32 @@ def main() -> None:
     )
     p.add_argument("--name", default="checkin_scale")
     args = p.parse_args()
-    results = []
-    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
+    results: list[dict[str, object]] = []
+    tmp = tempfile.mkdtemp(prefix="checkin_scale-")
+    os.chmod(tmp, 0o755)  # the scratch cluster's owner (postgres, when run as root) enters it
+    try:
+        _run(args, Path(tmp), results)
+    except BaseException:
+        print(f"the run failed; its servers' logs and data are kept in {tmp}", file=sys.stderr)
+        raise
+    shutil.rmtree(tmp)
+    print(write_results(args.name, {"devices": args.devices, "window_s": args.window, "arrive_over_s": args.arrive_over,
+                                    "cohort": args.cohort, "runs": results}))  # fmt: skip
+
+
+def _run(args: argparse.Namespace, tmp: Path, results: list[dict[str, object]]) -> None:
+    with contextlib.ExitStack() as stack:
         scratch = None
         if "postgres" in args.engines:
             from tests.support.postgres import cluster
 
-            scratch = stack.enter_context(cluster())
+            scratch = stack.enter_context(cluster(tmp / "postgres"))
         for engine in args.engines:
             for code, label in ([(args.old_code, "before")] if args.old_code else []) + [(None, "after")]:
                 database = scratch.database() if engine == "postgres" and scratch is not None else None
-                result = {"engine": engine, **measure(args, Path(tmp), code, f"{label}-{engine}", database)}
+                result = {"engine": engine, **measure(args, tmp, code, f"{label}-{engine}", database)}
                 print(json.dumps(result, indent=1), flush=True)
                 results.append(result)
-    print(write_results(args.name, {"devices": args.devices, "window_s": args.window, "arrive_over_s": args.arrive_over,
-                                    "cohort": args.cohort, "runs": results}))  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -90,9 +90,13 @@ class Cluster:
 
 
 @contextlib.contextmanager
-def cluster() -> Iterator[Cluster]:
-    with tempfile.TemporaryDirectory(prefix="fedper-pg-") as tmp:
-        running = Cluster(Path(tmp))
+def cluster(root: Path | None = None) -> Iterator[Cluster]:
+    """A cluster stopped on exit; in a temporary directory, or in ``root`` (kept, with its log)."""
+    with contextlib.ExitStack() as stack:
+        if root is None:
+            root = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="fedper-pg-")))
+        root.mkdir(parents=True, exist_ok=True)
+        running = Cluster(root)
         try:
             yield running
         finally:
