@@ -22,8 +22,7 @@ def collect(state: ServerState) -> DashboardData:
     now = rounds.clock()
     rows = state.ended_rows.rows(state.history.ended()[-SHOWN_ROUNDS:])
     if snap.is_open and not snap.finished:
-        info = rounds.round_info(snap.round)
-        received = info.received if info is not None else snap.received
+        received = rounds.received(snap.round)
         held = db.cohort.count_held(snap.round, now)
         rows.append(open_row(snap.round, snap.model_version, snap.opened_at, now, held, received,
                              rounds.refused_in(snap.round)))  # fmt: skip

@@ -5,7 +5,6 @@ dashboard poll reads only the rounds that ended since the last one, whatever the
 from __future__ import annotations
 
 import threading
-from collections import OrderedDict
 from dataclasses import dataclass
 
 import numpy as np
@@ -36,7 +35,7 @@ class RunHistory:
         self._db = db
         self._lock = threading.Lock()
         self._ended: list[EndedRound] = []
-        self._values: OrderedDict[int, dict[str, list[float]]] = OrderedDict()  # version -> metric -> values
+        self._values: dict[int, dict[str, list[float]]] = {}  # version -> metric -> values
         self._reports: list[VersionReport] = []  # summaries of _values, made again only when it changes
 
     def ended(self) -> list[EndedRound]:
@@ -68,7 +67,6 @@ class RunHistory:
                     changed.add(version)
         for version in sorted(self._values)[:-KEPT_VERSIONS]:
             del self._values[version]
-        self._values = OrderedDict(sorted(self._values.items()))
         unchanged = [r for r in self._reports if r.version in self._values and r.version not in changed]
         fresh = [_summary(v, metric, values) for v in changed if v in self._values
                  for metric, values in sorted(self._values[v].items())]  # fmt: skip

@@ -40,6 +40,10 @@ class SecAggRecords:
             (number, stage, device_id, body, now),
         )
 
+    def count_messages(self, number: int, stage: str) -> int:
+        rows = self._query("SELECT COUNT(*) AS n FROM secagg_messages WHERE round = ? AND stage = ?", (number, stage))
+        return int(rows[0]["n"])
+
     def messages(self, number: int) -> list[tuple[str, str, bytes]]:
         """(stage, device, body) of round ``number``'s accepted messages, in the order they came."""
         rows = self._query(
