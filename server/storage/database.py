@@ -14,9 +14,11 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from fedper.common.dp.state import DPState
+from fedper.server.storage.closers import CloserRecords
 from fedper.server.storage.cohort import CohortRecords
 from fedper.server.storage.devices import DeviceRecords
 from fedper.server.storage.errors import StorageError, storage_errors
+from fedper.server.storage.rate_events import RateEventRecords
 from fedper.server.storage.records import RunState
 from fedper.server.storage.rounds import RoundRecords
 from fedper.server.storage.secagg import SecAggRecords
@@ -69,6 +71,7 @@ class Database:
         else:
             self._engine = SqliteEngine(Path(location), busy_timeout, read_only)
         self.busy_timeout = busy_timeout
+        self._location = location
         self._writing: int | None = None  # the thread inside a transaction
         # One object per table group: each reads through _query and writes through a Transaction.
         self.devices = DeviceRecords(self._query, self.transaction)
@@ -76,6 +79,14 @@ class Database:
         self.versions = VersionRecords(self._query)
         self.cohort = CohortRecords(self._query)
         self.secagg = SecAggRecords(self._query)
+        self.closers = CloserRecords(self._query)
+        self.rate_events = RateEventRecords(self._query)
+
+    @property
+    def shared(self) -> bool:
+        """Whether other processes may use this database at once (PostgreSQL: replicas of
+        ``fedper serve``); SQLite's file belongs to one process."""
+        return is_database_url(self._location)
 
     @property
     def read_only(self) -> bool:

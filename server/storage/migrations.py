@@ -209,7 +209,18 @@ _V12 = _statements(
     "ALTER TABLE rounds ADD COLUMN aggregation TEXT",
 )
 
-STEPS: Sequence[Step] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8, _V9, _v10, _V11, _V12)
+# Several server processes on one database (PostgreSQL): who closes a round (a lease with a fencing
+# token), sliding-window rate limits, and the open round's upload refusals counted by each process.
+_V13 = _statements(
+    "CREATE TABLE closers (round INTEGER PRIMARY KEY, token INTEGER NOT NULL, holder TEXT NOT NULL,"
+    " until REAL NOT NULL)",
+    "CREATE TABLE rate_events (limiter TEXT NOT NULL, key TEXT NOT NULL, at REAL NOT NULL)",
+    "CREATE INDEX rate_events_by_key ON rate_events (limiter, key, at)",
+    "CREATE TABLE refusal_counts (round INTEGER NOT NULL, code TEXT NOT NULL, n INTEGER NOT NULL,"
+    " PRIMARY KEY (round, code))",
+)
+
+STEPS: Sequence[Step] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8, _V9, _v10, _V11, _V12, _V13)
 VERSION = len(STEPS)
 
 

@@ -113,7 +113,17 @@ _TABLES = (
 
 Execute = Callable[[str], Any]
 # version -> the statements that bring a database at the version before it there (the first: a new one)
-STEPS: dict[int, Sequence[str]] = {BASELINE: _TABLES}
+STEPS: dict[int, Sequence[str]] = {
+    BASELINE: _TABLES,
+    13: (
+        "CREATE TABLE closers (round BIGINT PRIMARY KEY, token BIGINT NOT NULL, holder TEXT NOT NULL,"
+        " until DOUBLE PRECISION NOT NULL)",
+        "CREATE TABLE rate_events (limiter TEXT NOT NULL, key TEXT NOT NULL, at DOUBLE PRECISION NOT NULL)",
+        "CREATE INDEX rate_events_by_key ON rate_events (limiter, key, at)",
+        "CREATE TABLE refusal_counts (round BIGINT NOT NULL, code TEXT NOT NULL, n BIGINT NOT NULL,"
+        " PRIMARY KEY (round, code))",
+    ),
+}
 assert max(STEPS) == VERSION, "every SQLite schema step needs its Postgres step here"
 
 

@@ -34,11 +34,6 @@ class RoundRecords:
                           "ORDER BY round DESC LIMIT 1")  # fmt: skip
         return float(rows[0]["s"]) if rows else None
 
-    def ended(self) -> list[EndedRound]:
-        """Every ended round (closed or abandoned), oldest first, with its number of updates: what
-        the operator's metrics summarize."""
-        return self.ended_after(0)
-
     def ended_after(self, number: int) -> list[EndedRound]:
         """The ended rounds numbered above ``number``, oldest first (a reader that keeps the
         earlier ones asks only for the new)."""
@@ -106,12 +101,15 @@ class RoundRecords:
         )  # fmt: skip
         stages = self._query("SELECT stage, COUNT(*) AS n FROM secagg_messages WHERE round = ? GROUP BY stage",
                              (number,))  # fmt: skip
+        refused = self.refusals(number)
+        for code, n in ending.refused.items():
+            refused[code] = refused.get(code, 0) + n
         tx._execute(
             "UPDATE rounds SET checked_in = (SELECT COUNT(*) FROM checkins WHERE round = ?),"
             f" drawn = (SELECT COUNT(*) FROM slots WHERE round = ?), filled_at = {filled},"
             " refused = ?, secure_stages = ?, aggregation = ? WHERE round = ?",
             (number, number, number, *((ending.fill_rank - 1,) if ending.fill_rank else ()),
-             json.dumps(dict(sorted(ending.refused.items()))),
+             json.dumps(dict(sorted(refused.items()))),
              json.dumps({str(r["stage"]): int(r["n"]) for r in stages}) if stages else None,
              None if ending.aggregation is None else json.dumps(ending.aggregation), number),
         )  # fmt: skip
@@ -125,6 +123,21 @@ class RoundRecords:
         tx._execute("DELETE FROM checkins WHERE round = ?", (number,))
         tx._execute("DELETE FROM secagg_messages WHERE round = ?", (number,))  # sealed shares, answers
         tx._execute("DELETE FROM secagg_sessions WHERE round = ?", (number,))
+        tx._execute("DELETE FROM refusal_counts WHERE round <= ?", (number,))
+        tx._execute("DELETE FROM closers WHERE round <= ?", (number,))
+
+    def add_refusals(self, tx: Transaction, number: int, counts: dict[str, int]) -> None:
+        """Add one process's refusals of open round ``number`` (several processes, one database)."""
+        tx._executemany(
+            "INSERT INTO refusal_counts (round, code, n) VALUES (?, ?, ?) ON CONFLICT (round, code)"
+            " DO UPDATE SET n = refusal_counts.n + excluded.n",
+            [(number, code, n) for code, n in sorted(counts.items())],
+        )
+
+    def refusals(self, number: int) -> dict[str, int]:
+        """Round ``number``'s refusals that processes have added so far."""
+        rows = self._query("SELECT code, n FROM refusal_counts WHERE round = ?", (number,))
+        return {str(r["code"]): int(r["n"]) for r in rows}
 
     def mark_rolled_back(self, tx: Transaction, after_version: int, open_round: int | None) -> None:
         """The rounds a rollback to ``after_version`` undoes: those that closed into a later version,
