@@ -90,21 +90,29 @@ class Admission:
         return Staged(device_id, number, upload, self.ctx.store.write_canonical(upload.tensors, upload.metadata()))
 
     def commit(self, staged: Staged) -> int:
-        """Record a staged upload (or refuse it, removing its file); returns the round's count."""
+        """Record a staged upload (or refuse it, removing its file); returns the round's count.
+        The checks run again inside the transaction, which holds the database's write lock: a
+        round another process sealed or ended meanwhile refuses the update, so an update is
+        either recorded in the round its closer aggregates, or refused (never 202 and lost)."""
         ctx = self.ctx
         try:
             with ctx.lock:
-                if ctx.db.devices.revoked(staged.device_id):
-                    raise DeviceRevokedError("this device has been revoked")
-                self._check_conflicts(staged.device_id, staged.round, staged.upload)
                 now = ctx.clock()
+                relative: str | None = None
                 try:
-                    relative = ctx.store.commit(staged.temp, staged.round, staged.device_id)
-                    u = staged.upload
-                    update = StoredUpdate(staged.round, staged.device_id, u.num_samples, u.base_version, relative,
-                                          u.metrics, u.unclipped)  # fmt: skip
                     with ctx.db.transaction() as tx:
+                        if ctx.db.devices.revoked(staged.device_id):
+                            raise DeviceRevokedError("this device has been revoked")
+                        self._check_conflicts(staged.device_id, staged.round, staged.upload)
+                        relative = ctx.store.commit(staged.temp, staged.round, staged.device_id)
+                        u = staged.upload
+                        update = StoredUpdate(staged.round, staged.device_id, u.num_samples, u.base_version, relative,
+                                              u.metrics, u.unclipped)  # fmt: skip
                         ctx.db.rounds.insert_update(tx, update, now)
+                except BaseException:
+                    if relative is not None:  # moved into the round's folder, but not recorded
+                        ctx.store.remove_file(relative)
+                    raise
                 finally:
                     ctx.refresh()
                 received = ctx.snapshot.received

@@ -26,7 +26,7 @@ from fedper.common.secagg.server_session import RoundFailedError
 from fedper.common.strategy.round_strategy import Contribution, RoundInputs, RoundProgress, RoundResult, SecureSum
 from fedper.server import publish_check
 from fedper.server.disk_room import out_of_space
-from fedper.server.round_context import RoundContext
+from fedper.server.round_context import FencedError, RoundContext
 from fedper.server.secure_round import DONE
 from fedper.server.storage import RoundState, RunState, StoredUpdate, Transaction
 
@@ -59,6 +59,8 @@ class Closing:
             current = ctx.db.rounds.latest()
             if current is None or current.state != RoundState.OPEN or ctx.finished():
                 return
+            if ctx.db.closers.lease_live(current.round, now):  # another process is closing it
+                return
             due = current.deadline is not None and now >= current.deadline
             progress = RoundProgress(ctx.db.rounds.count_updates(current.round), due)
             if ctx.secure is not None:
@@ -80,29 +82,40 @@ class Closing:
     # --- closing ------------------------------------------------------------------------
 
     def try_close(self, number: int, reason: str) -> None:
-        """Close. A full disk drains the server (the round closes when there is room); any other
-        failure (a secure round's masks that cannot be removed, an overflow, a bug) abandons the
-        round with its reason recorded and opens the next one: no round can wedge the server, and
-        a restart does not meet the same failure again. The update that filled the round is
-        stored either way, so its device gets its 202."""
+        """Seal the round, then close it. A full disk drains the server (the round closes when there
+        is room); any other failure (a secure round's masks that cannot be removed, an overflow, a
+        bug) abandons the round with its reason recorded and opens the next one: no round can wedge
+        the server, and a restart does not meet the same failure again. The update that filled the
+        round is stored either way, so its device gets its 202. A round another process is closing
+        is left to it; a process that lost its lease meanwhile publishes nothing."""
+        token = self.ctx.seal(number)
+        if token is None:
+            return
         noised: list[RoundResult] = []  # a DP round noised before it failed still counts
-        try:
-            self._close(number, reason, noised)
-        except Exception as exc:
-            if out_of_space(exc):
-                self.ctx.drain(f"round {number} could not be closed: {exc}")
-                return
-            log.exception(json.dumps({"event": "round_close_failed", "round": number}))
-            self.abandon_failed(number, f"closing failed: {type(exc).__name__}: {exc}", noised[0] if noised else None)
+        with self.ctx.lease(number, token):
+            try:
+                self._close(number, reason, noised, token)
+            except FencedError as exc:
+                log.warning(json.dumps({"event": "round_close_fenced", "round": number, "reason": str(exc)}))
+            except Exception as exc:
+                if out_of_space(exc):
+                    self.ctx.unseal(number, token)
+                    self.ctx.drain(f"round {number} could not be closed: {exc}")
+                    return
+                log.exception(json.dumps({"event": "round_close_failed", "round": number}))
+                why = f"closing failed: {type(exc).__name__}: {exc}"
+                self.abandon_failed(number, why, noised[0] if noised else None, token)
 
-    def abandon_failed(self, number: int, why: str, noised: RoundResult | None = None) -> None:
+    def abandon_failed(
+        self, number: int, why: str, noised: RoundResult | None = None, token: int | None = None
+    ) -> None:
         """Abandon a round that cannot be closed (if it is still open), counted as not published."""
         current = self.ctx.db.rounds.get(number)
         if current is None or current.state != RoundState.OPEN:
             return
-        self._refuse(number, current.model_version, why[:500], noised)
+        self._refuse(number, current.model_version, why[:500], noised, token)
 
-    def _close(self, number: int, reason: str, noised: list[RoundResult]) -> None:
+    def _close(self, number: int, reason: str, noised: list[RoundResult], token: int) -> None:
         """Aggregate, check the aggregate (:mod:`server.publish_check`), write version v+1
         durably, then record it and open the next round; an aggregate that fails a check is not
         published: the round is abandoned and the next one trains the same version.
@@ -130,17 +143,18 @@ class Closing:
             result = mode.aggregate(inputs)
         except (RoundFailedError, SumOutOfBoundsError) as exc:
             log.warning(json.dumps({"event": "secure_round_failed", "round": number, "reason": str(exc)}))
-            self._refuse(number, version, f"secure round failed: {exc}")
+            self._refuse(number, version, f"secure round failed: {exc}", token=token)
             return
         except NonFiniteAggregateError as exc:
-            self._refuse(number, version, str(exc))
+            self._refuse(number, version, str(exc), token=token)
             return
         if isinstance(result, str):
-            self.abandon(number, version, reason=result)
+            self.abandon(number, version, reason=result, token=token)
             return
         if result.dp is not None:
             noised.append(result)
         if result.updates < len(updates):
+            ctx.unseal(number, token)
             ctx.refresh()
             log.warning(json.dumps({"event": "round_close_deferred", "round": number,
                                     "dropped": len(updates) - result.updates}))  # fmt: skip
@@ -153,9 +167,9 @@ class Closing:
                 f.flush()
                 refused = publish_check.command_problem(ctx.config.publish, candidate)
         if refused is not None:
-            self._refuse(number, version, refused, result if result.dp is not None else None)
+            self._refuse(number, version, refused, result if result.dp is not None else None, token)
             return
-        self._publish(number, reason, result, round_base, updates, steps, start)
+        self._publish(number, reason, result, round_base, updates, steps, start, token)
 
     def _publish(
         self,
@@ -166,24 +180,30 @@ class Closing:
         updates: list[StoredUpdate],
         steps: list[float],
         start: float,
+        token: int,
     ) -> None:
-        """Write the next version, record it and open the next round (or finish the run)."""
+        """Write the next version, record it and open the next round (or finish the run). The
+        file is written in ``tmp/`` and moved into place inside the transaction, after the fencing
+        check: a closer that lost the round never replaces a published file."""
         ctx = self.ctx
-        version = ctx.db.versions.latest() + 1
-        target, sha256 = ctx.models.write(version, result.base)
-        finished = ctx.db.rounds.count_closed() + 1 >= ctx.config.rounds
         steps = [*steps, publish_check.step_norm(result.base, round_base)][-publish_check.HISTORY :]
+        report = result.robust.to_dict() if result.robust is not None else None
         now = ctx.clock()
-        try:
-            with ctx.db.transaction() as tx:
-                ctx.db.versions.insert(tx, version, sha256, target.name, now, number)
-                report = result.robust.to_dict() if result.robust is not None else None
-                ending = replace(ctx.ending(number), aggregation=report)
-                ctx.db.rounds.end(tx, number, RoundState.CLOSED, now, version, round_metrics(updates), ending=ending)
-                ctx.db.set_recent_steps(tx, steps)
-                finished = self._next_round(tx, number, version, now, result, finished)
-        finally:
-            ctx.refresh()
+        with ctx.models.staged(result.base) as staged:
+            try:
+                with ctx.db.transaction() as tx:
+                    ctx.fence(number, token)
+                    version = ctx.db.versions.latest() + 1
+                    finished = ctx.db.rounds.count_closed() + 1 >= ctx.config.rounds
+                    target = ctx.models.place(staged, version)
+                    ctx.db.versions.insert(tx, version, staged.sha256, target.name, now, number)
+                    ending = replace(ctx.ending(number), aggregation=report)
+                    ctx.db.rounds.end(tx, number, RoundState.CLOSED, now, version, round_metrics(updates),
+                                      ending=ending)  # fmt: skip
+                    ctx.db.set_recent_steps(tx, steps)
+                    finished = self._next_round(tx, number, version, now, result, finished)
+            finally:
+                ctx.refresh()
         ctx.store.remove_round(number)
         ctx.aggregation_seconds += time.perf_counter() - start
         done: dict[str, object]
@@ -275,29 +295,48 @@ class Closing:
 
     # --- not publishing -----------------------------------------------------------------
 
-    def _refuse(self, number: int, version: int, why: str, noised: RoundResult | None = None) -> None:
+    def _refuse(
+        self, number: int, version: int, why: str, noised: RoundResult | None = None, token: int | None = None
+    ) -> None:
         """A round whose aggregate may not be published: abandoned, counted, logged as a warning.
         A noised round counts against the privacy budget all the same (its refusal is visible)."""
-        self.abandon(number, version, noised, why)
+        if not self.abandon(number, version, noised, why, token):
+            return
         self.ctx.rounds_refused += 1
         log.warning(json.dumps({"event": "round_not_published", "round": number, "model_version": version,
                                 "reason": why}))  # fmt: skip
 
-    def abandon(self, number: int, version: int, noised: RoundResult | None = None, reason: str | None = None) -> None:
+    def abandon(
+        self,
+        number: int,
+        version: int,
+        noised: RoundResult | None = None,
+        reason: str | None = None,
+        token: int | None = None,
+    ) -> bool:
         """End the round unaggregated (with ``reason`` recorded: GET /v1/rounds/{r} says it) and
         open the next on the same version, or finish the run, when a refused noised round used up
         the privacy budget. A secure round's secrets (sealed shares, answers) go with its row's
-        messages, its masked inputs with its folder."""
+        messages, its masked inputs with its folder. Checked in the transaction: the closer that
+        holds ``token``, or (None) no process's lease on the round runs; False if not ended here."""
         ctx = self.ctx
         now = ctx.clock()
         try:
             with ctx.db.transaction() as tx:
+                if token is not None:
+                    ctx.fence(number, token)
+                else:
+                    ctx.may_end(number, now)
                 ctx.db.rounds.end(tx, number, RoundState.ABANDONED, now, reason=reason, ending=ctx.ending(number))
                 self._next_round(tx, number, version, now, noised)
+        except FencedError as exc:
+            log.warning(json.dumps({"event": "round_end_fenced", "round": number, "reason": str(exc)}))
+            return False
         finally:
             ctx.refresh()
         ctx.store.remove_round(number)
         log.info(json.dumps({"event": "round_abandoned", "round": number, "model_version": version, "reason": reason}))
+        return True
 
     def _next_round(
         self, tx: Transaction, number: int, version: int, now: float, noised: RoundResult | None, finished: bool = False

@@ -103,6 +103,10 @@ class ServerConfig:
     db_busy_timeout: float = option(
         5.0, "seconds a request waits for the database's write lock (held by another process) before 503 server_busy"
     )
+    close_lease: float = option(
+        30.0, "seconds a process closing a round holds it without renewing: a closer that dies or stalls longer "
+        "is replaced by another process sharing the database (docs/SCALING.md)",
+    )  # fmt: skip
     max_update_norm: float = option(
         0.0, "largest L2 distance of an update from the round's base, over all base tensors (0: no bound)"
     )
@@ -136,6 +140,7 @@ class ServerConfig:
             "--keep-alive-timeout": self.keep_alive_timeout, "--max-inflight-uploads": self.max_inflight_uploads,
             "--busy-upload-rate": self.busy_upload_rate,
             "--db-busy-timeout": self.db_busy_timeout, "--enroll-per-minute": self.enroll_per_minute,
+            "--close-lease": self.close_lease,
             "--auth-failures-per-minute": self.auth_failures_per_minute,
         }  # fmt: skip
         for flag, value in positive.items():

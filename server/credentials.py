@@ -37,6 +37,20 @@ class Secrets:
     generated: tuple[str, ...]  # which were generated at this start (printed once)
 
 
+def _create_once(path: Path, value: str) -> tuple[str, bool]:
+    """Store ``value`` at ``path`` unless another process sharing the directory stored its own
+    first: the value that holds, and whether it is ours."""
+    temp = path.with_name(f".{path.name}.{secrets.token_hex(8)}.tmp")
+    atomic_write_text(temp, value + "\n", mode=0o600)
+    try:
+        os.link(temp, path)
+        return value, True
+    except FileExistsError:
+        return path.read_text().strip(), False
+    finally:
+        temp.unlink(missing_ok=True)
+
+
 def load_or_create(data_dir: Path) -> Secrets:
     """From the environment, else from the data directory, else generated and stored (0600)."""
     generated = []
@@ -50,8 +64,8 @@ def load_or_create(data_dir: Path) -> Secrets:
         if not value and path.exists():
             value = path.read_text().strip()
         if not value:
-            value = new_token()
-            atomic_write_text(path, value + "\n", mode=0o600)
-            generated.append(filename)
+            value, made = _create_once(path, new_token())
+            if made:
+                generated.append(filename)
         values[filename] = value
     return Secrets(values[ADMIN_TOKEN_FILE], values[ENROLLMENT_KEY_FILE], tuple(generated))

@@ -18,7 +18,7 @@ from anyio import to_thread
 from fedper.common.protocol import Challenge, ChallengeRequest, Enrolled, EnrollmentRequest
 from fedper.server.attestation import NONCE_SECONDS, AttestationService
 from fedper.server.credentials import Secrets, new_token, same_secret, token_hash
-from fedper.server.rate_limit import RateLimiter, failed_attempt
+from fedper.server.rate_limit import Limiter, failed_attempt
 from fedper.server.refusals import NotFoundError, RateLimitedError
 from fedper.server.rounds import RoundManager
 from fedper.server.storage import Database
@@ -32,11 +32,11 @@ class Enrollment:
     secrets: Secrets
     db: Database
     rounds: RoundManager
-    per_address: RateLimiter  # enrollments per address
-    everyone: RateLimiter  # enrollments from all addresses together
-    first_of_address: RateLimiter  # an address's first enrollment of the minute, once `everyone` is spent
-    challenges: RateLimiter  # attestation nonces per address
-    key_failures: RateLimiter  # wrong enrollment keys per address
+    per_address: Limiter  # enrollments per address
+    everyone: Limiter  # enrollments from all addresses together
+    first_of_address: Limiter  # an address's first enrollment of the minute, once `everyone` is spent
+    challenges: Limiter  # attestation nonces per address
+    key_failures: Limiter  # wrong enrollment keys per address
     attestation: AttestationService | None
 
     def _check_key(self, key: str | None, address: str) -> None:
@@ -53,11 +53,9 @@ class Enrollment:
             raise RateLimitedError("too many challenges from this address", wait)
         return Challenge(nonce=self.attestation.nonces.issue(), expires_in=NONCE_SECONDS)
 
-    async def enroll(self, enrolling: EnrollmentRequest | None, address: str) -> Enrolled:
-        """A new device, once its key, the limits and (if configured) its attestation pass (the
-        route refuses it while the server drains, before its body is read)."""
-        self._check_key(enrolling.enrollment_key if enrolling is not None else None, address)
-        assert enrolling is not None
+    def _limits(self, address: str) -> bool:
+        """Count the enrollment against its limits (429 when one is spent); whether it is the
+        address's first in the window. The limits may live in the database: run in a thread."""
         first = not self.per_address.count(address)  # the address's first enrollment in the window
         allowed, wait = self.per_address.allow(address)
         if not allowed:
@@ -67,6 +65,14 @@ class Enrollment:
             allowed, wait = self.first_of_address.allow(ENROLLMENT_KEY)
         if not allowed:
             raise RateLimitedError("too many enrollments from all addresses together; try again later", wait)
+        return first
+
+    async def enroll(self, enrolling: EnrollmentRequest | None, address: str) -> Enrolled:
+        """A new device, once its key, the limits and (if configured) its attestation pass (the
+        route refuses it while the server drains, before its body is read)."""
+        await to_thread.run_sync(self._check_key, enrolling.enrollment_key if enrolling is not None else None, address)
+        assert enrolling is not None
+        first = await to_thread.run_sync(self._limits, address)
         if self.attestation is not None:
             await self.attestation.verify(enrolling.attestation, enrolling.platform, enrolling.nonce, address, first)
         device_id, token = f"d-{secrets.token_hex(8)}", new_token()

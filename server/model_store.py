@@ -7,19 +7,31 @@ recorded; a crash between leaves a file that the next start removes.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import contextlib
+import hashlib
+import os
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from fedper.common import weights
-from fedper.common.atomic_write import atomic_write_bytes
+from fedper.common.atomic_write import atomic_write_bytes, fsync_directory
 from fedper.common.manifest import sha256_file
 from fedper.common.weights import TensorSpec
 from fedper.server.storage import Database
 from fedper.server.update_store import UpdateStore
 
 Tensors = dict[str, np.ndarray]
+
+
+@dataclass(frozen=True)
+class StagedVersion:
+    """A new version's file, written durably in ``tmp/``, not yet in ``models/``."""
+
+    path: Path
+    sha256: str
 
 
 class ModelStore:
@@ -44,11 +56,23 @@ class ModelStore:
         atomic_write_bytes(target, initial_base.read_bytes())
         return target, sha256_file(target)
 
-    def write(self, version: int, tensors: Mapping[str, np.ndarray]) -> tuple[Path, str]:
-        """A new version's file, durable (temp file, fsync, rename, fsync of the folder)."""
+    @contextlib.contextmanager
+    def staged(self, tensors: Mapping[str, np.ndarray]) -> Iterator[StagedVersion]:
+        """A new version's file in ``tmp/`` (removed on exit unless :meth:`place` moved it)."""
+        data = weights.encode(dict(tensors))
+        with self._files.temp_file(".safetensors") as (path, f):
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+            yield StagedVersion(path, hashlib.sha256(data).hexdigest())
+
+    def place(self, staged: StagedVersion, version: int) -> Path:
+        """Move a staged file into place as version ``version`` (in the transaction that records
+        it, after the closer's fencing check)."""
         target = self.path(version)
-        weights.save(target, dict(tensors))
-        return target, sha256_file(target)
+        os.replace(staged.path, target)
+        fsync_directory(self.dir)
+        return target
 
     def copy(self, source: Path, version: int) -> Path:
         target = self.path(version)
@@ -81,12 +105,20 @@ class ModelStore:
         for v in versions:
             self._files.remove(self.path(v))
 
-    def remove_unrecorded(self) -> None:
+    def remove_unrecorded(self, shared: bool = False) -> None:
         """At start: temp files of writes a crash interrupted (``.v1.safetensors.*.tmp``), version
-        files written but never recorded, and files of versions pruned before a crash."""
-        recorded = {self.dir / file for file in self.db.versions.files().values()}
+        files written but never recorded, and files of versions pruned before a crash. ``shared``:
+        other processes use the directory, and a version newer than the newest recorded one may be
+        being placed by one of them (it is recorded in the same transaction)."""
+        versions = self.db.versions.files()
+        recorded = {self.dir / file for file in versions.values()}
+        newest = max(versions, default=0)
         for path in list(self.dir.iterdir()):
-            if path not in recorded and (path.name.endswith(".tmp") or path.suffix == ".safetensors"):
-                self._files.remove(path)
-        for path in list(self.dir.parent.glob(".*.tmp")):  # the secrets' atomic writes
+            if path in recorded or not (path.name.endswith(".tmp") or path.suffix == ".safetensors"):
+                continue
+            number = path.stem[1:] if path.name.startswith("v") else ""
+            if shared and (path.name.endswith(".tmp") or (number.isdigit() and int(number) > newest)):
+                continue
+            self._files.remove(path)
+        for path in [] if shared else list(self.dir.parent.glob(".*.tmp")):  # the secrets' atomic writes
             self._files.remove(path)

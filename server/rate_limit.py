@@ -14,8 +14,11 @@ import ipaddress
 import threading
 import time
 from collections import OrderedDict, deque
+from collections.abc import Callable
+from typing import Protocol
 
 from fedper.server.refusals import RateLimitedError, RefusalError, UnauthorizedError
+from fedper.server.storage import Database
 
 MAX_ADDRESSES = 100_000
 IPV6_PREFIX = 64
@@ -35,7 +38,7 @@ def address_key(host: str) -> str:
     return str(address)
 
 
-def failed_attempt(limiter: RateLimiter, address: str, message: str) -> RefusalError:
+def failed_attempt(limiter: Limiter, address: str, message: str) -> RefusalError:
     """A failed authentication from ``address``: 401, counted against it; 429 once it is over the limit."""
     wait = limiter.blocked(address)
     if wait:
@@ -86,6 +89,10 @@ class RateLimiter:
             events = self._recent(key, now)
             return self._wait(events, now) if len(events) >= self.limit else 0
 
+    def blocked_locally(self, key: str) -> int:
+        """The same as :meth:`blocked`: this process holds every event."""
+        return self.blocked(key)
+
     def count(self, key: str, now: float | None = None) -> int:
         """Events of ``key`` in the window (counts nothing)."""
         now = time.monotonic() if now is None else now
@@ -97,3 +104,72 @@ class RateLimiter:
         now = time.monotonic() if now is None else now
         with self._lock:
             self._recent(key, now).append(now)
+
+
+class Limiter(Protocol):
+    """A sliding-window limit: :class:`RateLimiter` (one process's memory) or
+    :class:`SharedRateLimiter` (the database: every process sharing it counts the same events)."""
+
+    limit: int
+
+    def allow(self, key: str, now: float | None = None) -> tuple[bool, int]: ...
+    def blocked(self, key: str, now: float | None = None) -> int: ...
+    def blocked_locally(self, key: str) -> int: ...
+    def count(self, key: str, now: float | None = None) -> int: ...
+    def record(self, key: str, now: float | None = None) -> None: ...
+
+
+class SharedRateLimiter:
+    """At most ``limit`` events per ``window`` seconds per key, counted in the database, so that
+    replicas behind a load balancer share one limit (an address does not get one per replica).
+    Wall-clock time, which the processes agree on. Each method reads or writes the database:
+    call it from a worker thread, never from the event loop, except :meth:`blocked_locally`."""
+
+    def __init__(
+        self, db: Database, name: str, limit: int, window: float = 60.0, clock: Callable[[], float] = time.time
+    ) -> None:
+        self.db, self.name, self.limit, self.window, self._clock = db, name, limit, window, clock
+        self._seen_blocked: OrderedDict[str, float] = OrderedDict()  # key -> until when, as this process saw it
+        self._lock = threading.Lock()
+
+    def allow(self, key: str, now: float | None = None) -> tuple[bool, int]:
+        now = self._clock() if now is None else now
+        with self.db.transaction() as tx:
+            count, first = self.db.rate_events.window(self.name, key, now - self.window)
+            if count >= self.limit and first is not None:
+                return False, self._blocked_until(key, first, now)
+            self.db.rate_events.add(tx, self.name, key, now)
+            return True, 0
+
+    def blocked(self, key: str, now: float | None = None) -> int:
+        now = self._clock() if now is None else now
+        count, first = self.db.rate_events.window(self.name, key, now - self.window)
+        return self._blocked_until(key, first, now) if count >= self.limit and first is not None else 0
+
+    def blocked_locally(self, key: str) -> int:
+        """Seconds to wait if this process last found ``key`` at the limit (no database read)."""
+        now = self._clock()
+        with self._lock:
+            until = self._seen_blocked.get(key)
+            if until is None or until <= now:
+                self._seen_blocked.pop(key, None)
+                return 0
+            return max(1, int(until - now) + 1)
+
+    def count(self, key: str, now: float | None = None) -> int:
+        now = self._clock() if now is None else now
+        return self.db.rate_events.window(self.name, key, now - self.window)[0]
+
+    def record(self, key: str, now: float | None = None) -> None:
+        now = self._clock() if now is None else now
+        with self.db.transaction() as tx:
+            self.db.rate_events.add(tx, self.name, key, now)
+
+    def _blocked_until(self, key: str, first: float, now: float) -> int:
+        until = first + self.window
+        with self._lock:
+            self._seen_blocked[key] = until
+            self._seen_blocked.move_to_end(key)
+            while len(self._seen_blocked) > MAX_ADDRESSES:
+                self._seen_blocked.popitem(last=False)
+        return max(1, int(until - now) + 1)

@@ -89,6 +89,10 @@ class RoundNotOpenError(RefusalError):
     """The round is not the open one."""
 
 
+class RoundClosingError(RoundNotOpenError):
+    """The round is sealed: a process is aggregating it (:mod:`server.storage.closers`)."""
+
+
 class NotInCohortError(RefusalError):
     """The device holds no slot of the round's cohort."""
 

@@ -5,15 +5,26 @@ readers see.
 Every transition is one transaction, and the :class:`Snapshot` is re-read from the database after
 every commit, whether the commit or what followed it failed or not: memory never runs ahead of or
 behind the database. Time comes from an injected clock.
+
+Several processes may share one PostgreSQL database (docs/SCALING.md): then the snapshot is also
+re-read on each tick of the clock (another process's commits do not tell this one), every decision
+that matters is checked again inside the transaction that acts on it (each holds the database's
+write lock), and one process at a time closes a round: it seals the round with a lease and a
+fencing token first (:mod:`server.storage.closers`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
+import os
+import secrets
+import socket
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,14 +37,15 @@ from fedper.server.disk_room import DiskRoom
 from fedper.server.metrics_registry import AggregationCounts
 from fedper.server.model_store import ModelStore
 from fedper.server.privacy import ServerPrivacy
-from fedper.server.refusals import DrainingError, RoundNotOpenError, RunFinishedError
+from fedper.server.refusals import DrainingError, RoundClosingError, RoundNotOpenError, RunFinishedError
 from fedper.server.round_refusals import RoundRefusals
 from fedper.server.secure_round import SecureRounds
-from fedper.server.storage import Database, Round, RoundEnding, RoundState, RunState
+from fedper.server.storage import Database, Round, RoundEnding, RoundState, RunState, StorageError
 from fedper.server.update_store import UpdateStore
 
 log = logging.getLogger("fedper.server")
 Clock = Callable[[], float]
+RATE_WINDOW = 60.0  # seconds: the window of every rate limit (server.rate_limit)
 
 
 @dataclass(frozen=True)
@@ -52,6 +64,11 @@ class Snapshot:
     @property
     def is_open(self) -> bool:
         return self.state == RoundState.OPEN
+
+
+class FencedError(Exception):
+    """This process no longer holds the round it was closing (its lease ran out and another
+    process took the round over, or the round ended meanwhile): it publishes nothing."""
 
 
 class RoundContext:
@@ -84,13 +101,39 @@ class RoundContext:
         self.aggregation_counts = AggregationCounts()  # since this process started
         self.rounds_refused = 0  # aggregates not published (server.publish_check)
         self.refusals = RoundRefusals()
+        self._rate_events_pruned = 0.0
+        self.holder = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"  # this process, as a closer
 
     def ending(self, number: int) -> RoundEnding:
         """What round ``number``'s record keeps when it ends besides the database's rows: its
         refusals, and how many slots fill its cohort (0: under DP or secure aggregation the
         draw fixes the cohort)."""
         drawn = self.config.privacy.dp or self.config.secure.secagg
-        return RoundEnding(self.refusals.of(number), 0 if drawn else self.config.slots)
+        return RoundEnding(self.refusals.unshared_of(number), 0 if drawn else self.config.slots)
+
+    def forget_rate_events(self) -> None:
+        """Drop rate-limit events older than every window (:class:`server.rate_limit.SharedRateLimiter`),
+        once a minute."""
+        now = time.time()
+        if now - self._rate_events_pruned < RATE_WINDOW:
+            return
+        self._rate_events_pruned = now
+        with self.db.transaction() as tx:
+            self.db.rate_events.prune(tx, now - RATE_WINDOW)
+
+    def share_counts(self) -> None:
+        """Add this process's refusals of the open round to the database's (other processes that
+        close the round read them there); a failure keeps them for the next tick."""
+        number, counts = self.refusals.unshared()
+        if not counts:
+            return
+        try:
+            with self.db.transaction() as tx:
+                self.db.rounds.add_refusals(tx, number, counts)
+        except StorageError as exc:
+            log.warning(json.dumps({"event": "refusals_not_shared", "round": number, "error": str(exc)}))
+            return
+        self.refusals.shared(number, counts)
 
     def round_mode(self) -> Strategy:
         """The round mode, with its DP state as the database holds it."""
@@ -120,14 +163,77 @@ class RoundContext:
         )
 
     def open_round(self, number: int) -> Round:
-        """Round ``number`` if it is the open one; else why not (410, 409 ``round_not_open``)."""
+        """Round ``number`` if it is the open one and not being closed; else why not (410, 409
+        ``round_not_open``)."""
         if self.finished():
             raise RunFinishedError()
         current = self.db.rounds.latest()
         assert current is not None
         if number != current.round or current.state != RoundState.OPEN:
             raise RoundNotOpenError(f"round {number} is not open (the open round is {current.round})")
+        if self.db.closers.sealed(number):
+            raise RoundClosingError(f"round {number} is being closed: it takes nothing more")
         return current
+
+    # --- one closer per round -----------------------------------------------------------
+
+    def seal(self, number: int) -> int | None:
+        """Seal open round ``number`` for this process to close: its fencing token, or None when the
+        round is no longer open or another process's lease on it runs."""
+        with self.db.transaction() as tx:
+            current = self.db.rounds.get(number)
+            if current is None or current.state != RoundState.OPEN:
+                return None
+            return self.db.closers.seal(tx, number, self.holder, self.clock(), self.config.close_lease)
+
+    def fence(self, number: int, token: int) -> None:
+        """Inside the transaction that ends round ``number``: FencedError unless this process still
+        holds it and it is still open."""
+        current = self.db.rounds.get(number)
+        if current is None or current.state != RoundState.OPEN or not self.db.closers.holds(number, token):
+            raise FencedError(f"round {number} is no longer this process's to close (token {token})")
+
+    def may_end(self, number: int, now: float) -> None:
+        """Inside the transaction that ends round ``number`` without having sealed it (the clock
+        abandons it, a secure session broke): FencedError unless it is open and no process's lease
+        on it runs."""
+        current = self.db.rounds.get(number)
+        if current is None or current.state != RoundState.OPEN or self.db.closers.lease_live(number, now):
+            raise FencedError(f"round {number} is no longer open, or another process is closing it")
+
+    def unseal(self, number: int, token: int) -> None:
+        """The round takes updates again (its close was deferred, or met a full disk)."""
+        try:
+            with self.db.transaction() as tx:
+                self.db.closers.release(tx, number, token)
+        except StorageError as exc:  # the lease runs out by itself
+            log.warning(json.dumps({"event": "unseal_failed", "round": number, "error": str(exc)}))
+
+    @contextlib.contextmanager
+    def lease(self, number: int, token: int) -> Iterator[None]:
+        """Renew the lease on round ``number`` every third of it while the block runs (a closer
+        that stalls, e.g. a stopped process, stops renewing and is replaced)."""
+        done = threading.Event()
+        every = self.config.close_lease / 3
+
+        def renew() -> None:
+            while not done.wait(every):
+                try:
+                    with self.db.transaction() as tx:
+                        held = self.db.closers.renew(tx, number, token, self.clock() + self.config.close_lease)
+                except StorageError as exc:
+                    log.warning(json.dumps({"event": "lease_renewal_failed", "round": number, "error": str(exc)}))
+                    continue
+                if not held:
+                    return
+
+        thread = threading.Thread(target=renew, name=f"lease-r{number}", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            done.set()
+            thread.join()
 
     def pace(self) -> int:
         """Retry-After for a device that has no task in the open round (pace steering)."""

@@ -102,7 +102,10 @@ class RoundManager:
 
     def refused_in(self, number: int) -> dict[str, int]:
         """The open round's refused uploads by code, so far (an ended round's record keeps them)."""
-        return self.ctx.refusals.of(number)
+        counted = self.db.rounds.refusals(number)  # what processes sharing the database added
+        for code, n in self.ctx.refusals.unshared_of(number).items():
+            counted[code] = counted.get(code, 0) + n
+        return counted
 
     # --- the lifecycle ----------------------------------------------------------------------
 
@@ -163,6 +166,8 @@ class RoundManager:
     # --- readers ----------------------------------------------------------------------------
 
     def round_exists(self, number: int) -> bool:
+        if number > self.ctx.snapshot.round and self.db.shared:  # another process may have opened it
+            self.ctx.refresh()
         return 1 <= number <= self.ctx.snapshot.round
 
     def round_base(self, number: int) -> dict[str, np.ndarray]:
@@ -175,15 +180,19 @@ class RoundManager:
     def version_file(self, version: int) -> tuple[Path, str] | None:
         return self.ctx.models.file(version)
 
+    def received(self, number: int) -> int:
+        """How many updates round ``number`` holds (a secure round's are its masked inputs)."""
+        if self.secure is not None:
+            return self.db.secagg.count_messages(number, "masked")
+        return self.db.rounds.count_updates(number)
+
     def round_info(self, number: int) -> RoundInfo | None:
         r = self.db.rounds.get(number)
         if r is None:
             return None
         updates = self.db.rounds.updates(number)
         metrics = r.metrics if r.metrics is not None else round_metrics(updates)
-        received = len(updates)
-        if self.secure is not None and r.state == RoundState.OPEN:  # a secure round's updates are masked inputs
-            received = sum(stage == "masked" for stage, _, _ in self.db.secagg.messages(number))
+        received = self.received(number) if r.state == RoundState.OPEN else len(updates)
         return RoundInfo(
             round=r.round,
             state=r.state,  # type: ignore[arg-type]

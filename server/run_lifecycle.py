@@ -22,6 +22,10 @@ from fedper.server.storage import RoundState, RunState, StorageError
 
 log = logging.getLogger("fedper.server")
 
+# Other processes sharing the data directory may have files this young in flight: a process that
+# starts leaves them (a request's body, a staged update or version, a masked input).
+LEFTOVER_AGE = 3600.0
+
 
 class RunLifecycle:
     def __init__(self, ctx: RoundContext, closing: Closing) -> None:
@@ -39,15 +43,17 @@ class RunLifecycle:
             return
         ctx.models.dir.mkdir(parents=True, exist_ok=True)
         with ctx.lock:
-            if ctx.db.versions.get(0) is None:
-                target, sha256 = ctx.models.write_initial(initial_base)
-                now = ctx.clock()
-                waiting = ctx.db.devices.count() < ctx.config.start_devices  # no clock until they come
-                with ctx.db.transaction() as tx:
+            with ctx.db.transaction() as tx:  # a process that starts at the same time waits for this one
+                if ctx.db.versions.get(0) is None:
+                    target, sha256 = ctx.models.write_initial(initial_base)
+                    now = ctx.clock()
+                    waiting = ctx.db.devices.count() < ctx.config.start_devices  # no clock until they come
                     ctx.db.versions.insert(tx, 0, sha256, target.name, now, None)
                     ctx.db.rounds.open(tx, 1, 0, now, None if waiting else ctx.deadline(now))
                     ctx.db.set_run_state(tx, RunState.WAITING if waiting else RunState.RUNNING)
-                log.info(json.dumps({"event": "round_opened", "round": 1, "model_version": 0}))
+                    log.info(json.dumps({"event": "round_opened", "round": 1, "model_version": 0}))
+                if not ctx.db.shared:  # the only process: a seal left is a dead closer's
+                    ctx.db.closers.release_all(tx)
             current = ctx.db.rounds.latest()
             assert current is not None
             open_round = current.round if current.state == RoundState.OPEN and not ctx.finished() else None
@@ -57,8 +63,9 @@ class RunLifecycle:
             referenced = {u.file for u in ctx.db.rounds.updates(open_round)} if open_round is not None else set()
             if ctx.secure is not None and open_round is not None:
                 referenced |= ctx.secure.referenced(open_round)
-            ctx.store.remove_leftovers(open_round, {f for f in referenced if f is not None})
-            ctx.models.remove_unrecorded()
+            min_age = LEFTOVER_AGE if ctx.db.shared else 0.0
+            ctx.store.remove_leftovers(open_round, {f for f in referenced if f is not None}, min_age)
+            ctx.models.remove_unrecorded(ctx.db.shared)
             ctx.refresh()
         self.enrolled()  # enough devices may have enrolled before a restart
         self.tick()  # a deadline that passed while we were down, or a full round not yet closed
@@ -81,7 +88,13 @@ class RunLifecycle:
         log.info(json.dumps({"event": "round_clock_started", "round": 1, "devices": ctx.db.devices.count()}))
 
     def tick(self) -> None:
-        """Apply the clock: first enter or leave draining (the disk), then let the closing decide."""
+        """Apply the clock: first enter or leave draining (the disk), then let the closing decide.
+        On a database other processes share, first read what they did."""
+        ctx = self.ctx
+        if ctx.db.shared and not ctx.db.read_only:
+            ctx.refresh()
+            ctx.share_counts()
+            ctx.forget_rate_events()
         self._check_disk()
         if self.ctx.draining is None:
             self.closing.tick()

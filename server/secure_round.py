@@ -45,11 +45,13 @@ from fedper.server.clock import iso_time
 from fedper.server.refusals import (
     AlreadyReportedError,
     NotInCohortError,
+    RoundClosingError,
+    RoundNotOpenError,
     SecureMessageError,
     SecureStageError,
     SecureStageNotOpenError,
 )
-from fedper.server.storage import Database, SecAggSession, Transaction
+from fedper.server.storage import Database, RoundState, SecAggSession, Transaction
 
 STAGES = ("keys", "shares", "masked", "unmask")
 DONE = "done"
@@ -126,6 +128,8 @@ class SecureRounds:
         if row is None:
             return None
         if self._cached is not None and self._cached[0] == number:
+            if self.db.shared:  # other processes may have accepted messages since
+                self._catch_up(number, self._cached[1])
             return row, self._cached[1]
         k = len(next(iter(row.graph.values())))
         session = ServerSession(
@@ -144,6 +148,17 @@ class SecureRounds:
             raise SessionBrokenError(f"round {number}'s stored secure session does not replay: {e}") from e
         self._cached = (number, session)
         return row, session
+
+    def _catch_up(self, number: int, session: ServerSession) -> None:
+        """Apply the messages other processes stored since this one last read them (a message
+        already in the session is this process's own)."""
+        try:
+            for stage, device, body in self.db.secagg.messages(number):
+                if device not in session.done(stage):
+                    apply(session, stage, device, body, self.folder)
+        except (StageError, OSError, ValueError, KeyError, TypeError) as e:
+            self._cached = None
+            raise SessionBrokenError(f"round {number}'s stored secure session does not replay: {e}") from e
 
     def stage(self, number: int, now: float) -> str | None:
         """The stage round ``number`` is in (``DONE`` once the unmasking ended), None if not secure."""
@@ -217,6 +232,27 @@ class SecureRounds:
             self._post(number, device, stage, body, now, unopened)
 
     def _post(self, number: int, device: str, stage: str, body: bytes, now: float, unopened: str) -> None:
+        """Checked, applied and stored inside one transaction (the database's write lock): a
+        process sharing the database cannot accept the same device's message meanwhile, nor seal
+        or end the round."""
+        applied = False
+        try:
+            with self.db.transaction() as tx:
+                current = self.db.rounds.get(number)
+                if current is None or current.state != RoundState.OPEN:
+                    raise RoundNotOpenError(f"round {number} is not open")
+                if self.db.closers.sealed(number):
+                    raise RoundClosingError(f"round {number} is being closed: it takes nothing more")
+                self._apply_new(tx, number, device, stage, body, now, unopened)
+                applied = True
+        except BaseException:
+            if applied:  # the session is ahead of the database: rebuild it from there
+                self._cached = None
+            raise
+
+    def _apply_new(
+        self, tx: Transaction, number: int, device: str, stage: str, body: bytes, now: float, unopened: str
+    ) -> None:
         s = self._check(number, device, stage, now)
         stored = body
         path = None
@@ -238,12 +274,7 @@ class SecureRounds:
             if path is not None:
                 path.unlink(missing_ok=True)
             raise SecureMessageError(f"{stage}: {e}") from e
-        try:
-            with self.db.transaction() as tx:
-                self.db.secagg.put_message(tx, number, stage, device, stored, now)
-        except BaseException:
-            self._cached = None  # the session is ahead of the database: rebuild it from there
-            raise
+        self.db.secagg.put_message(tx, number, stage, device, stored, now)
 
     def get(self, number: int, device: str, stage: str, now: float) -> dict[str, object] | None:
         """What the server relays to the device for ``stage`` once the stage before it is over

@@ -20,7 +20,7 @@ from fedper.server.disk_room import DiskRoom, round_reserve
 from fedper.server.enrollment import Enrollment
 from fedper.server.log_tail import LogTail
 from fedper.server.metrics_registry import MetricsRegistry
-from fedper.server.rate_limit import RateLimiter
+from fedper.server.rate_limit import Limiter, RateLimiter, SharedRateLimiter
 from fedper.server.rounds import Clock, RoundManager
 from fedper.server.run_history import RunHistory
 from fedper.server.storage import Database, StorageError
@@ -39,7 +39,7 @@ class ServerState:
     secrets: Secrets
     db: Database
     rounds: RoundManager
-    auth_failures: RateLimiter  # wrong bearer tokens per address
+    auth_failures: Limiter  # wrong bearer tokens per address
     metrics: MetricsRegistry
     places: UploadPlaces  # for upload bodies in flight
     uploads: Uploads
@@ -146,13 +146,18 @@ def open_state(config: ServerConfig, clock: Clock | None = None, free: Callable[
                                          config.attestation_timeout, config.retry_after,
                                          config.attestation_per_address)  # fmt: skip
     total = config.enroll_total_per_minute
+
+    def limiter(name: str, limit: int) -> Limiter:
+        """In this process's memory, or, when other processes share the database, in it."""
+        return SharedRateLimiter(db, name, limit) if db.shared and limit < UNLIMITED else RateLimiter(limit)
+
     enrollment = Enrollment(
         secrets, db, rounds,
-        per_address=RateLimiter(config.enroll_per_minute),
-        everyone=RateLimiter(total or UNLIMITED),
-        first_of_address=RateLimiter(max(1, total // 4) if total else UNLIMITED),
-        challenges=RateLimiter(config.enroll_per_minute),
-        key_failures=RateLimiter(config.auth_failures_per_minute),
+        per_address=limiter("enrollments", config.enroll_per_minute),
+        everyone=limiter("all_enrollments", total or UNLIMITED),
+        first_of_address=limiter("first_enrollments", max(1, total // 4) if total else UNLIMITED),
+        challenges=limiter("challenges", config.enroll_per_minute),
+        key_failures=limiter("enrollment_key_failures", config.auth_failures_per_minute),
         attestation=attestation,
     )  # fmt: skip
     history = RunHistory(db)
@@ -164,7 +169,7 @@ def open_state(config: ServerConfig, clock: Clock | None = None, free: Callable[
         secrets=secrets,
         db=db,
         rounds=rounds,
-        auth_failures=RateLimiter(config.auth_failures_per_minute),
+        auth_failures=limiter("auth_failures", config.auth_failures_per_minute),
         metrics=metrics,
         places=places,
         uploads=Uploads(config, manifest, rounds, places, metrics, limit),

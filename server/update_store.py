@@ -83,9 +83,15 @@ class UpdateStore:
     def commit(self, temp: Path, number: int, device_id: str) -> str:
         """Move a canonical file into round ``number``'s folder; returns its name relative to ``updates/``."""
         round_dir = self.updates_dir / f"r{number}"
-        round_dir.mkdir(exist_ok=True)
         final = round_dir / f"{device_id}.safetensors"
-        os.replace(temp, final)
+        for attempt in (1, 2):  # another process may remove the folder it left empty in between
+            round_dir.mkdir(exist_ok=True)
+            try:
+                os.replace(temp, final)
+                break
+            except FileNotFoundError:
+                if attempt == 2 or not temp.exists():
+                    raise
         fsync_directory(round_dir)
         return f"r{number}/{final.name}"
 
@@ -143,14 +149,27 @@ class UpdateStore:
         """Delete round ``number``'s folder once its updates are aggregated or discarded."""
         self.remove_tree(self.updates_dir / f"r{number}")
 
-    def remove_leftovers(self, open_round: int | None, referenced: set[str]) -> None:
-        """At start: temp files of a crashed process, folders of finished rounds, unrecorded files."""
+    def remove_leftovers(self, open_round: int | None, referenced: set[str], min_age: float = 0.0) -> None:
+        """At start: temp files of a crashed process, folders of finished rounds, unrecorded files.
+        ``min_age``: other processes share the directory (docs/SCALING.md), and files younger than
+        this may be theirs, in flight."""
         for path in list(self.tmp_dir.iterdir()):
-            self.remove_tree(path)
+            if _older(path, min_age):
+                self.remove_tree(path)
         for round_dir in list(self.updates_dir.iterdir()):
             if round_dir.name != f"r{open_round}" or not round_dir.is_dir():
                 self.remove_tree(round_dir)
                 continue
             for path in list(round_dir.iterdir()):
-                if f"{round_dir.name}/{path.name}" not in referenced:
+                if f"{round_dir.name}/{path.name}" not in referenced and _older(path, min_age):
                     self.remove(path)
+
+
+def _older(path: Path, seconds: float) -> bool:
+    """Whether ``path`` was last changed more than ``seconds`` ago (gone: no)."""
+    if seconds <= 0:
+        return True
+    try:
+        return time.time() - path.lstat().st_mtime > seconds
+    except FileNotFoundError:
+        return False

@@ -2,7 +2,8 @@
 # ensure-debian-package.sh COMMAND PACKAGE: installs Debian's PACKAGE if COMMAND is missing.
 # `make monitoring-check` needs promtool (package prometheus) for the alert rules, `make test-slow`
 # chromium for the dashboard's browser test, `make test` PostgreSQL's server for the storage
-# tests on Postgres (they start their own scratch cluster). No service is started here.
+# tests on Postgres (they start their own scratch cluster), nginx (package nginx-light) for the
+# replicas behind a proxy. No service is started here.
 set -euo pipefail
 command="$1" package="$2"
 command -v "$command" >/dev/null && exit 0

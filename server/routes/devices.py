@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from typing import TypeVar
 
+from anyio import to_thread
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
@@ -58,9 +59,9 @@ def enrollment_spent(scope: Scope, method: str, path: str, key: str) -> tuple[st
     if state is None:
         return None
     if path == Route.CHALLENGE:
-        wait = state.enrollment.challenges.blocked(key) if state.attestation is not None else 0
+        wait = state.enrollment.challenges.blocked_locally(key) if state.attestation is not None else 0
         return ("too many challenges from this address", wait) if wait else None
-    wait = state.enrollment.per_address.blocked(key)
+    wait = state.enrollment.per_address.blocked_locally(key)
     return ("too many enrollments from this address", wait) if wait else None
 
 
@@ -68,7 +69,7 @@ def enrollment_spent(scope: Scope, method: str, path: str, key: str) -> tuple[st
 async def challenge(request: Request, state: State) -> Challenge:
     """A single-use nonce for the platform's attestation request (docs/SERVER.md)."""
     body = await read_small(request, JSON_LIMIT, state.config.request_body_timeout)
-    return state.enrollment.challenge(_parsed(body, ChallengeRequest), limit_key(request))
+    return await to_thread.run_sync(state.enrollment.challenge, _parsed(body, ChallengeRequest), limit_key(request))
 
 
 @router.post(Route.DEVICES, status_code=201, response_model=Enrolled, responses=ERRORS)
