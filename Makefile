@@ -8,7 +8,7 @@ INSTALLED := $(VENV)/.installed-test
 BENCH_INSTALLED := $(VENV)/.installed-bench
 DEMO_OUT ?= demo-out
 
-.PHONY: install demo test test-fast test-slow test-portable test-postgres test-zoo lint typecheck pytest android-test monitoring-check arm-check bench results resnet34-digits poisoning bn-sharing dp-results clean
+.PHONY: install demo test test-fast test-slow test-portable test-postgres test-replicas test-zoo lint typecheck pytest android-test monitoring-check arm-check bench results resnet34-digits poisoning bn-sharing dp-results clean
 
 install: $(INSTALLED)
 
@@ -34,10 +34,18 @@ typecheck: $(INSTALLED)
 	$(BIN)/lint-imports
 
 # `make test`'s tests: all but those marked `slow` (README, "Development"). The storage tests run
-# on SQLite and on a scratch PostgreSQL cluster (Debian's server, installed first if missing).
+# on SQLite and on a scratch PostgreSQL cluster (Debian's server, installed first if missing); the
+# replicas' test puts Debian's nginx in front of three servers.
 pytest: $(INSTALLED)
 	server/monitoring/ensure-debian-package.sh pg_ctlcluster postgresql
+	server/monitoring/ensure-debian-package.sh nginx nginx-light
 	$(BIN)/python -m pytest -q -m "not slow"
+
+# Three replicas behind nginx, one killed with -9 in each of 20 rounds (docs/SCALING.md).
+test-replicas: $(INSTALLED)
+	server/monitoring/ensure-debian-package.sh pg_ctlcluster postgresql
+	server/monitoring/ensure-debian-package.sh nginx nginx-light
+	FEDPER_REPLICA_TRIALS=20 $(BIN)/python -m pytest -q -s tests/integration/test_replicas.py tests/unit/server/test_replicas.py
 
 # The server's whole suite (not slow) with every test server's records on PostgreSQL.
 test-postgres: $(INSTALLED)
