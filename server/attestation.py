@@ -35,8 +35,11 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from queue import PriorityQueue
 
+from anyio import to_thread
+
 from fedper.common.errors import ConfigError
 from fedper.server.refusals import AttestationFailedError, RateLimitedError, ServerBusyError
+from fedper.server.storage import Database
 
 Verifier = Callable[[str, str | None, str], str | None]  # (token, platform, nonce) -> why refused, or None
 NONCE_SECONDS = 300  # how long a challenge's nonce may wait for its enrollment
@@ -94,6 +97,24 @@ class Nonces:
         return expires is not None and self._clock() < expires
 
 
+class SharedNonces:
+    """:class:`Nonces` in the database, for processes that share it (docs/SCALING.md): a nonce
+    one replica issued can be taken at another. Call from a worker thread (it reads and writes)."""
+
+    def __init__(self, db: Database, clock: Callable[[], float] = time.time) -> None:
+        self._db, self._clock = db, clock
+
+    def issue(self) -> str:
+        nonce = secrets.token_hex(16)
+        with self._db.transaction() as tx:
+            self._db.nonces.issue(tx, nonce, self._clock() + NONCE_SECONDS)
+        return nonce
+
+    def take(self, nonce: str) -> bool:
+        with self._db.transaction() as tx:
+            return self._db.nonces.take(tx, nonce, self._clock())
+
+
 @dataclass(order=True)
 class _Job:
     """One enrollment's verification, queued: a new address's lane first, then first come."""
@@ -117,9 +138,9 @@ class AttestationService:
     """
 
     def __init__(self, verifier: Verifier, workers: int, queue: int, timeout: float, retry_after: int,
-                 per_address: int = 2) -> None:  # fmt: skip
+                 per_address: int = 2, nonces: Nonces | SharedNonces | None = None) -> None:  # fmt: skip
         self.verifier, self.timeout, self.retry_after = verifier, timeout, retry_after
-        self.nonces = Nonces()
+        self.nonces = nonces or Nonces()
         self._capacity, self._per_address = workers + queue, per_address
         self._jobs: PriorityQueue[_Job] = PriorityQueue()
         self._lock = threading.Lock()
@@ -178,7 +199,7 @@ class AttestationService:
         up to ``timeout`` seconds for the verifier's answer."""
         if not token:
             raise AttestationFailedError("this server needs an attestation token")
-        if nonce is None or not self.nonces.take(nonce):
+        if nonce is None or not await to_thread.run_sync(self.nonces.take, nonce):
             raise AttestationFailedError("the attestation needs a nonce of this server's (POST /v1/devices/challenge), "
                                          "fresh and not used before")  # fmt: skip
         job = self._admit(address, first, lambda: self.verifier(token, platform, nonce))

@@ -112,14 +112,15 @@ class RoundContext:
         return RoundEnding(self.refusals.unshared_of(number), 0 if drawn else self.config.slots)
 
     def forget_rate_events(self) -> None:
-        """Drop rate-limit events older than every window (:class:`server.rate_limit.SharedRateLimiter`),
-        once a minute."""
+        """Drop rate-limit events older than every window (:class:`server.rate_limit.SharedRateLimiter`)
+        and expired attestation nonces, once a minute."""
         now = time.time()
         if now - self._rate_events_pruned < RATE_WINDOW:
             return
         self._rate_events_pruned = now
         with self.db.transaction() as tx:
             self.db.rate_events.prune(tx, now - RATE_WINDOW)
+            self.db.nonces.prune(tx, now)
 
     def share_counts(self) -> None:
         """Add this process's refusals of the open round to the database's (other processes that

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from fedper.common.errors import FedperError
 from fedper.common.manifest import MANIFEST_FILE, Manifest, ManifestError, read_manifest
-from fedper.server.attestation import AttestationService, load_verifier
+from fedper.server.attestation import AttestationService, SharedNonces, load_verifier
 from fedper.server.clock import SteadyClock
 from fedper.server.config import ServerConfig
 from fedper.server.credentials import Secrets, load_or_create
@@ -144,7 +144,8 @@ def open_state(config: ServerConfig, clock: Clock | None = None, free: Callable[
     if verifier is not None:
         attestation = AttestationService(verifier, config.attestation_workers, config.attestation_queue,
                                          config.attestation_timeout, config.retry_after,
-                                         config.attestation_per_address)  # fmt: skip
+                                         config.attestation_per_address,
+                                         SharedNonces(db) if db.shared else None)  # fmt: skip
     total = config.enroll_total_per_minute
 
     def limiter(name: str, limit: int) -> Limiter:

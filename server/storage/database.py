@@ -18,6 +18,7 @@ from fedper.server.storage.closers import CloserRecords
 from fedper.server.storage.cohort import CohortRecords
 from fedper.server.storage.devices import DeviceRecords
 from fedper.server.storage.errors import StorageError, storage_errors
+from fedper.server.storage.nonces import NonceRecords
 from fedper.server.storage.rate_events import RateEventRecords
 from fedper.server.storage.records import RunState
 from fedper.server.storage.rounds import RoundRecords
@@ -81,6 +82,7 @@ class Database:
         self.secagg = SecAggRecords(self._query)
         self.closers = CloserRecords(self._query)
         self.rate_events = RateEventRecords(self._query)
+        self.nonces = NonceRecords(self._query)
 
     @property
     def shared(self) -> bool:

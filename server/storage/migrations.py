@@ -210,7 +210,8 @@ _V12 = _statements(
 )
 
 # Several server processes on one database (PostgreSQL): who closes a round (a lease with a fencing
-# token), sliding-window rate limits, and the open round's upload refusals counted by each process.
+# token), sliding-window rate limits, the open round's upload refusals counted by each process, and
+# attestation nonces (a challenge and its enrollment may reach different processes).
 _V13 = _statements(
     "CREATE TABLE closers (round INTEGER PRIMARY KEY, token INTEGER NOT NULL, holder TEXT NOT NULL,"
     " until REAL NOT NULL)",
@@ -218,6 +219,7 @@ _V13 = _statements(
     "CREATE INDEX rate_events_by_key ON rate_events (limiter, key, at)",
     "CREATE TABLE refusal_counts (round INTEGER NOT NULL, code TEXT NOT NULL, n INTEGER NOT NULL,"
     " PRIMARY KEY (round, code))",
+    "CREATE TABLE nonces (nonce TEXT PRIMARY KEY, expires_at REAL NOT NULL)",
 )
 
 STEPS: Sequence[Step] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8, _V9, _v10, _V11, _V12, _V13)

@@ -122,6 +122,7 @@ STEPS: dict[int, Sequence[str]] = {
         "CREATE INDEX rate_events_by_key ON rate_events (limiter, key, at)",
         "CREATE TABLE refusal_counts (round BIGINT NOT NULL, code TEXT NOT NULL, n BIGINT NOT NULL,"
         " PRIMARY KEY (round, code))",
+        "CREATE TABLE nonces (nonce TEXT PRIMARY KEY, expires_at DOUBLE PRECISION NOT NULL)",
     ),
 }
 assert max(STEPS) == VERSION, "every SQLite schema step needs its Postgres step here"

@@ -1,8 +1,8 @@
 """Several server processes on one PostgreSQL database and one data directory (docs/SCALING.md),
 as two :class:`ServerState` in this process with one injected clock: a round is closed by one of
 them only, an update is recorded into the round its closer aggregates or refused, a closer that
-lost its lease publishes nothing, and the limits and tallies hold across them. (Real processes
-behind a load balancer, killed with -9: tests/integration/test_replicas.py.)"""
+lost its lease publishes nothing, and the limits, attestation nonces and tallies hold across
+them. (Real processes behind a load balancer, killed with -9: tests/integration/test_replicas.py.)"""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from fedper.common.manifest import read_manifest
+from fedper.server.attestation import NONCE_SECONDS, SharedNonces
 from fedper.server.config import ServerConfig
 from fedper.server.rate_limit import failed_attempt
 from fedper.server.refusals import RateLimitedError, RoundClosingError, RoundNotOpenError, UnauthorizedError
@@ -157,6 +158,16 @@ def test_a_dead_closers_seal_is_taken_over_once_its_lease_runs_out(pair: Any, se
     assert b.db.versions.latest() == 1 and b.db.rounds.get(1).state == "closed"  # type: ignore[union-attr]
 
 
+def test_an_attestation_nonce_issued_by_one_process_is_taken_once_at_another(pair: Any) -> None:
+    a, b, _ = pair()
+    now = [1000.0]
+    issuing, taking = SharedNonces(a.db, lambda: now[0]), SharedNonces(b.db, lambda: now[0])
+    nonce, late = issuing.issue(), issuing.issue()
+    assert taking.take(nonce) and not issuing.take(nonce) and not taking.take("never issued")
+    now[0] += NONCE_SECONDS
+    assert not taking.take(late)  # expired
+
+
 def test_rate_limits_and_refusal_tallies_hold_across_processes(pair: Any, server_artifacts: Path) -> None:
     a, b, _ = pair(target_clients=2, min_clients=1, enroll_per_minute=2, auth_failures_per_minute=3)
     assert a.enrollment.per_address.allow("10.0.0.1") == (True, 0)
@@ -208,3 +219,62 @@ def test_processes_starting_together_on_a_new_database_make_one_run(
     assert states[0].db.versions.latest() == 0 and states[0].db.rounds.latest().round == 1  # type: ignore[union-attr]
     for s in states:
         s.db.close()
+
+
+class _Alternating:
+    """Requests spread over two processes' clients in turn, as a load balancer does."""
+
+    def __init__(self, *clients: Any) -> None:
+        self._clients, self._next = clients, 0
+
+    def _pick(self) -> Any:
+        self._next += 1
+        return self._clients[self._next % len(self._clients)]
+
+    def get(self, *args: Any, **kwargs: Any) -> Any:
+        return self._pick().get(*args, **kwargs)
+
+    def post(self, *args: Any, **kwargs: Any) -> Any:
+        return self._pick().post(*args, **kwargs)
+
+
+def test_a_secure_round_whose_messages_reach_either_process_publishes_the_honest_sum(
+    server_artifacts: Path, server_manifest: Any, tmp_path: Path, postgres_cluster: Any
+) -> None:
+    import numpy as np
+
+    from tests.support import secure_round_driver as secure
+    from tests.support.server_support import InProcessServer, admin, enroll
+
+    url, clock = postgres_cluster.database(), FakeClock()
+    options = {**secure.options(), "database": url}
+    with (
+        InProcessServer(server_artifacts, tmp_path / "data", clock=clock, **options) as a,
+        InProcessServer(server_artifacts, tmp_path / "data", clock=clock, **options) as b,
+    ):
+        http = _Alternating(a.http, b.http)
+        devices = [enroll(a.http) for _ in range(secure.N)]
+        words = sum(int(np.prod(shape)) for _, shape in server_manifest.layout("base"))
+        rng = np.random.default_rng(7)
+        deltas = {d: (lambda v: v * (0.5 / np.linalg.norm(v)))(rng.normal(size=words)) for d, _ in devices}
+        samples = {d: int(rng.integers(20, 200)) for d, _ in devices}
+        driver = secure.SecureRoundDriver(http, clock, devices, secure.WINDOW, floats=words)
+        driver.begin()
+        driver.honest_round([d for d, _ in devices], deltas, samples)
+        driver.wait_out("unmask")
+        for server in (a, b, a):
+            assert server.state is not None
+            server.state.rounds.tick()
+        info = b.http.get(f"/v1/rounds/{driver.number}", headers=admin()).json()
+        assert info["state"] == "closed", info
+
+        def base(version: int) -> Any:
+            from fedper.common import weights
+
+            r = http.get(f"/v1/models/{version}/base", headers=admin())
+            tensors = weights.decode(r.content, f"version {version}")
+            return np.concatenate([tensors[n].astype(np.float64).ravel() for n in server_manifest.base_names])
+
+        total = sum(samples.values())
+        expected = base(0) + sum(samples[d] * deltas[d] for d, _ in devices) / total
+        assert np.max(np.abs(base(1) - expected)) <= 1e-6
