@@ -10,25 +10,24 @@ import logging
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from fedper.common.manifest import read_manifest
 from fedper.server.attestation import NONCE_SECONDS, SharedNonces
-from fedper.server.config import ServerConfig
 from fedper.server.rate_limit import failed_attempt
 from fedper.server.refusals import RateLimitedError, RoundClosingError, RoundNotOpenError, UnauthorizedError
 from fedper.server.round_context import FencedError
 from fedper.server.rounds import RoundManager
 from fedper.server.state import ServerState, open_state
 from fedper.server.upload_validation import Upload
-from tests.support.server_support import FakeClock, base_like
+from tests.support.server_support import FakeClock, base_like, serve_config
 
 pytestmark = pytest.mark.usefixtures("server_secrets")
 
 
 def _open(artifacts: Path, data: Path, clock: FakeClock, database: str = "", **options: object) -> ServerState:
-    config = ServerConfig(artifacts=artifacts, data_dir=data, database=database,
-                          **{"round_timeout": 0, **options})  # type: ignore[arg-type]  # fmt: skip
+    config = serve_config(artifacts, data, database=database, **{"round_timeout": 0, **options})
     return open_state(config, clock)
 
 
@@ -241,8 +240,6 @@ class _Alternating:
 def test_a_secure_round_whose_messages_reach_either_process_publishes_the_honest_sum(
     server_artifacts: Path, server_manifest: Any, tmp_path: Path, postgres_cluster: Any
 ) -> None:
-    import numpy as np
-
     from tests.support import secure_round_driver as secure
     from tests.support.server_support import InProcessServer, admin, enroll
 
@@ -278,3 +275,27 @@ def test_a_secure_round_whose_messages_reach_either_process_publishes_the_honest
         total = sum(samples.values())
         expected = base(0) + sum(samples[d] * deltas[d] for d, _ in devices) / total
         assert np.max(np.abs(base(1) - expected)) <= 1e-6
+
+
+def test_a_dp_round_through_either_process_is_noised_and_counted_once(pair: Any, server_artifacts: Path) -> None:
+    a, b, clock = pair(dp=True, checkin_window=5, round_timeout=60, cohort_size=4, target_clients=4, min_clients=1,
+                       dp_noise_multiplier=1.0, dp_clip=0.5, dp_clip_learning_rate=0,
+                       dp_sampling_probability=1)  # fmt: skip
+    devices, base = _devices(a, 4), a.rounds.round_base(1)
+    for i, device in enumerate(devices):  # check in during the window, through either process
+        assert (a, b)[i % 2].rounds.assign(1, device) is None
+    clock.now += 5
+    for i, device in enumerate(devices):
+        rounds = (b, a)[i % 2].rounds
+        assert rounds.assign(1, device) is not None  # drawn once, whoever draws
+        rng = np.random.default_rng(i)  # a step of norm about 0.05, inside the clip
+        near = {k: (v + 1e-4 * rng.standard_normal(v.shape)).astype(np.float32) for k, v in base.items()}
+        upload = Upload(near, 10, 0, {}, unclipped=True)
+        staged = rounds.stage(device, 1, upload)
+        rounds.commit(staged)
+        rounds.discard(staged)
+    clock.now += 60  # a DP round closes at its deadline
+    for state in (a, b, a):
+        state.rounds.tick()
+    assert a.db.versions.latest() == 1 and a.db.dp_state().rounds == 1
+    assert b.rounds.privacy is not None and b.rounds.privacy.spent().rounds == 1
