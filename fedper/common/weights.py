@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import json
+import struct
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -183,6 +184,19 @@ def decode(data: bytes, source: str) -> dict[str, np.ndarray]:
         return dict(st_load_bytes(data))
     except (SafetensorError, ValueError) as exc:
         raise WeightsError(f"{source} is not a valid safetensors file: {exc}") from exc
+
+
+def metadata_of(data: bytes, source: str) -> dict[str, str]:
+    """The ``__metadata__`` of safetensors bytes (strings to strings); ``source`` names them in any error."""
+    try:
+        (length,) = struct.unpack("<Q", data[:8])
+        header = json.loads(data[8 : 8 + length])
+    except (struct.error, ValueError) as exc:
+        raise WeightsError(f"{source} has no readable safetensors header: {exc}") from exc
+    found = header.get(_METADATA_KEY, {}) if isinstance(header, dict) else None
+    if not isinstance(found, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in found.items()):
+        raise WeightsError(f"{source}: {_METADATA_KEY} must map strings to strings")
+    return dict(found)
 
 
 def check_layout(
