@@ -62,7 +62,8 @@ class Closing:
             if ctx.db.closers.lease_live(current.round, now):  # another process is closing it
                 return
             due = current.deadline is not None and now >= current.deadline
-            progress = RoundProgress(ctx.db.rounds.count_updates(current.round), due)
+            counted = ctx.db.rounds.count_updates(current.round)
+            progress = RoundProgress(counted, due)
             if ctx.secure is not None:
                 try:
                     stage = ctx.secure.stage(current.round, now)
@@ -77,7 +78,7 @@ class Closing:
             if decision.action == "close":
                 self.try_close(current.round, decision.reason)
             elif decision.action == "abandon":
-                self.abandon(current.round, current.model_version, reason=decision.reason)
+                self.abandon(current.round, current.model_version, reason=decision.reason, counted=counted)
 
     # --- closing ------------------------------------------------------------------------
 
@@ -313,12 +314,15 @@ class Closing:
         noised: RoundResult | None = None,
         reason: str | None = None,
         token: int | None = None,
+        counted: int | None = None,
     ) -> bool:
         """End the round unaggregated (with ``reason`` recorded: GET /v1/rounds/{r} says it) and
         open the next on the same version, or finish the run, when a refused noised round used up
         the privacy budget. A secure round's secrets (sealed shares, answers) go with its row's
         messages, its masked inputs with its folder. Checked in the transaction: the closer that
-        holds ``token``, or (None) no process's lease on the round runs; False if not ended here."""
+        holds ``token``, or (None) no process's lease on the round runs and, when the clock
+        decided on ``counted`` updates, the round still holds that many (another process may
+        have recorded one since: the clock decides again); False if not ended here."""
         ctx = self.ctx
         now = ctx.clock()
         try:
@@ -327,6 +331,8 @@ class Closing:
                     ctx.fence(number, token)
                 else:
                     ctx.may_end(number, now)
+                if counted is not None and ctx.db.rounds.count_updates(number) != counted:
+                    raise FencedError(f"round {number} has received an update since the clock decided")
                 ctx.db.rounds.end(tx, number, RoundState.ABANDONED, now, reason=reason, ending=ctx.ending(number))
                 self._next_round(tx, number, version, now, noised)
         except FencedError as exc:

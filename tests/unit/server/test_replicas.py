@@ -299,3 +299,28 @@ def test_a_dp_round_through_either_process_is_noised_and_counted_once(pair: Any,
         state.rounds.tick()
     assert a.db.versions.latest() == 1 and a.db.dp_state().rounds == 1
     assert b.rounds.privacy is not None and b.rounds.privacy.spent().rounds == 1
+
+
+def test_a_round_the_clock_would_abandon_is_kept_when_another_process_records_an_update_meanwhile(
+    pair: Any, server_artifacts: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    a, b, clock = pair(target_clients=10, min_clients=2, round_timeout=100)
+    first, second = _devices(a, 2)
+    _send(a.rounds, first, 1, _upload(server_artifacts, 0))
+    b.rounds.assign(1, second)
+    staged = b.rounds.stage(second, 1, _upload(server_artifacts, 1))
+    clock.now += 101  # due with 1 of the 2 updates it needs: a's clock decides to abandon ...
+    abandon = a.rounds.closing.abandon
+
+    def meanwhile(*args: Any, **kwargs: Any) -> bool:
+        clock.now -= 2  # ... while b, whose clock is 2 s behind a's, records the second
+        b.rounds.commit(staged)
+        clock.now += 2
+        return abandon(*args, **kwargs)
+
+    monkeypatch.setattr(a.rounds.closing, "abandon", meanwhile)
+    a.rounds.tick()
+    assert a.db.rounds.get(1).state == "open" and a.db.rounds.count_updates(1) == 2  # type: ignore[union-attr]
+    monkeypatch.setattr(a.rounds.closing, "abandon", abandon)
+    a.rounds.tick()  # decided again: 2 updates at the deadline close the round
+    assert a.db.rounds.get(1).state == "closed" and a.db.versions.latest() == 1  # type: ignore[union-attr]
