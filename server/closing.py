@@ -135,7 +135,7 @@ class Closing:
         try:
             inputs = RoundInputs(
                 ctx.layout, round_base,
-                updates=lambda: (Contribution(t, u.num_samples, u.unclipped) for u, t in self.stored(number)),
+                updates=lambda: (Contribution(t, u.num_samples, u.unclipped) for u, t in self.stored(number, token)),
                 noise=np.random.default_rng(secrets.randbits(128)) if private else None,
                 last_step=lambda: ctx.models.last_step(version),
                 secure=self._secure_sum(number) if ctx.secure is not None else None,
@@ -222,11 +222,13 @@ class Closing:
         }))  # fmt: skip
         self._prune()
 
-    def stored(self, number: int) -> Iterator[tuple[StoredUpdate, dict[str, np.ndarray]]]:
+    def stored(self, number: int, token: int | None = None) -> Iterator[tuple[StoredUpdate, dict[str, np.ndarray]]]:
         """Round ``number``'s stored updates, read with the loader one at a time, in ascending
         order of the sha256 of their files (then device id, for identical files). A file that
         cannot be read or that the loader refuses is quarantined and its row removed, so the
-        round's count is recomputed and that device may upload again."""
+        round's count is recomputed and that device may upload again: by the closer holding
+        ``token``, or (None, at start) only while nobody is closing the round (else FencedError;
+        a closer that lost the round never touches its records or files)."""
         keyed = []
         for update in self.ctx.db.rounds.updates(number):
             try:
@@ -234,21 +236,26 @@ class Closing:
                     raise FileNotFoundError("no file recorded")
                 keyed.append((self.ctx.store.digest(update.file), update.device_id, update))
             except OSError as exc:
-                self._drop(update, exc)
+                self._drop(update, exc, token)
         for _, _, update in sorted(keyed, key=lambda k: k[:2]):
             assert update.file is not None
             try:
                 tensors = self.ctx.store.load(update.file)
             except (weights.WeightsError, OSError) as exc:
-                self._drop(update, exc)
+                self._drop(update, exc, token)
                 continue
             yield update, tensors
 
-    def _drop(self, update: StoredUpdate, exc: Exception) -> None:
-        if update.file is not None:
-            self.ctx.store.quarantine(update.file, str(exc))
-        with self.ctx.db.transaction() as tx:
-            self.ctx.db.rounds.delete_update(tx, update.round, update.device_id)
+    def _drop(self, update: StoredUpdate, exc: Exception, token: int | None) -> None:
+        ctx = self.ctx
+        with ctx.db.transaction() as tx:
+            if token is not None:
+                ctx.fence(update.round, token)
+            else:
+                ctx.unsealed(update.round)
+            ctx.db.rounds.delete_update(tx, update.round, update.device_id)
+            if update.file is not None:
+                ctx.store.quarantine(update.file, str(exc))
         log.warning(json.dumps({"event": "update_dropped", "round": update.round, "device": update.device_id,
                                 "reason": str(exc)[:300]}))  # fmt: skip
 

@@ -202,6 +202,12 @@ class RoundContext:
         if current is None or current.state != RoundState.OPEN or self.db.closers.lease_live(number, now):
             raise FencedError(f"round {number} is no longer open, or another process is closing it")
 
+    def unsealed(self, number: int) -> None:
+        """Inside a transaction: FencedError unless round ``number`` is open and nobody has sealed it."""
+        current = self.db.rounds.get(number)
+        if current is None or current.state != RoundState.OPEN or self.db.closers.sealed(number):
+            raise FencedError(f"round {number} is no longer open, or a process is closing it")
+
     def unseal(self, number: int, token: int) -> None:
         """The round takes updates again (its close was deferred, or met a full disk)."""
         try:

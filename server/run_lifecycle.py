@@ -8,6 +8,7 @@ A round is ``open`` until it becomes ``closed`` (aggregated into version v+1), `
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -17,7 +18,7 @@ from fedper.common.errors import ConfigError
 from fedper.common.robust_aggregate import held_bytes
 from fedper.server.closing import Closing
 from fedper.server.refusals import PrivacyBudgetSpentError, UnknownVersionError
-from fedper.server.round_context import RoundContext
+from fedper.server.round_context import FencedError, RoundContext
 from fedper.server.storage import RoundState, RunState, StorageError
 
 log = logging.getLogger("fedper.server")
@@ -58,8 +59,9 @@ class RunLifecycle:
             assert current is not None
             open_round = current.round if current.state == RoundState.OPEN and not ctx.finished() else None
             if open_round is not None:
-                for _ in self.closing.stored(open_round):  # quarantines what the loader refuses
-                    pass
+                with contextlib.suppress(FencedError):  # another process is closing it: its closer checks
+                    for _ in self.closing.stored(open_round):  # quarantines what the loader refuses
+                        pass
             referenced = {u.file for u in ctx.db.rounds.updates(open_round)} if open_round is not None else set()
             if ctx.secure is not None and open_round is not None:
                 referenced |= ctx.secure.referenced(open_round)

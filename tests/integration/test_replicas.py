@@ -1,17 +1,21 @@
 """Three ``fedper serve`` replicas on one PostgreSQL database and one data directory, behind nginx
 (docs/SCALING.md, "Several replicas"): devices (the device runtime's own protocol client, with its
-retries) reach whichever replica the proxy picks; in every round one replica is killed with -9 at
-a random moment, half of the time the one closing the round, and started again.
+retries) reach whichever replica the proxy picks. In every round one replica is disrupted, in
+turn: killed with -9 at a random moment; the one closing the round killed mid-close; or that one
+stopped (SIGSTOP) past its lease while another takes the round over, then continued. A killed
+replica is started again.
 
 Every update a device was told was accepted (202, or ``duplicate_update`` after a lost answer) is
-in its round, and every published version is byte for byte what one server on SQLite publishes
-from the same accepted updates. ``FEDPER_REPLICA_TRIALS`` rounds (default 2; ``make
+in its round, every published version is byte for byte what one server on SQLite publishes from
+the same accepted updates, and a paused closer that woke up published nothing
+(``round_close_fenced``). ``FEDPER_REPLICA_TRIALS`` rounds (default 3, one of each; ``make
 test-replicas`` runs 20)."""
 
 from __future__ import annotations
 
 import os
 import random
+import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -29,7 +33,7 @@ from tests.support import load_balancer
 from tests.support.server_support import ENROLL, FakeClock, ServerUnderTest, base_like, serve, update_body
 
 DEVICES = 6
-TRIALS = int(os.environ.get("FEDPER_REPLICA_TRIALS", "2"))
+TRIALS = int(os.environ.get("FEDPER_REPLICA_TRIALS", "3"))
 OPTIONS: dict[str, object] = {
     "target_clients": DEVICES, "min_clients": 1, "round_timeout": 60, "close_lease": 2,
     "max_requests_per_address": 0, "enroll_per_minute": 1000, "forwarded_allow_ips": "127.0.0.1",
@@ -69,24 +73,32 @@ def _take_part(server: str, token: str, device: int, manifest: Manifest) -> tupl
         client.close()
 
 
-def _kill_one(replicas: list[ServerUnderTest], db: Database, number: int, closer: bool, rng: random.Random) -> str:
-    """Kill -9 one replica during round ``number``: the one holding its seal (``closer``), else
-    any, at a random moment; start it again. What was killed."""
-    victim, what = None, "any"
-    if closer:
+def _disrupt(replicas: list[ServerUnderTest], db: Database, number: int, how: str, rng: random.Random) -> str:
+    """During round ``number``: ``kill`` -9 a replica at a random moment, ``kill closer`` the one
+    holding the round's seal, or ``pause closer`` it (SIGSTOP) past its lease, so that another
+    takes the round over, then let it go on (SIGCONT); a killed replica is started again. What
+    was done."""
+    victim, what = None, "kill any"
+    if how != "kill":
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline and victim is None:
             holder = db.closers.holder(number)
             if holder is not None:
                 pid = int(holder.split(":")[1])
                 victim = next((r for r in replicas if r.proc is not None and r.proc.pid == pid), None)
-                what = "closer"
+                what = how
             elif (db.rounds.get(number) or db.rounds.latest()).state != RoundState.OPEN:  # type: ignore[union-attr]
                 break
             time.sleep(0.002)
     if victim is None:
         time.sleep(rng.uniform(0, 0.6))
-        victim, what = rng.choice(replicas), "closer missed, any" if closer else "any"
+        victim, what = rng.choice(replicas), f"kill any ({how}: missed)" if how != "kill" else "kill any"
+    if what == "pause closer":
+        assert victim.proc is not None
+        victim.proc.send_signal(signal.SIGSTOP)
+        time.sleep(float(OPTIONS["close_lease"]) + 2)  # type: ignore[arg-type]
+        victim.proc.send_signal(signal.SIGCONT)
+        return what
     victim.kill()
     victim.start()
     return what
@@ -125,7 +137,9 @@ def test_replicas_behind_a_proxy_lose_no_accepted_update_when_one_is_killed_and_
     for trial in range(TRIALS):
         number = db.rounds.latest().round  # type: ignore[union-attr]
         with ThreadPoolExecutor(DEVICES + 1) as pool:
-            killer = pool.submit(_kill_one, replicas, db, number, trial % 2 == 1, rng)
+            killer = pool.submit(
+                _disrupt, replicas, db, number, ("kill", "kill closer", "pause closer")[trial % 3], rng
+            )
             outcomes = pool.map(lambda d: _take_part(proxy.url, tokens[d], d, manifest), range(DEVICES))
             told = dict(enumerate(outcomes))
             kills.append(killer.result())
@@ -159,4 +173,7 @@ def test_replicas_behind_a_proxy_lose_no_accepted_update_when_one_is_killed_and_
         ours, theirs = one.db.versions.get(number), db.versions.get(number)
         assert ours is not None and theirs is not None and ours.sha256 == theirs.sha256, (number, kills)
     one.db.close()
-    print(f"kills: {kills}")
+    paused = sum(k == "pause closer" for k in kills)
+    fenced = sum("round_close_fenced" in r.log.read_text() for r in replicas)
+    assert fenced >= min(paused, 1), (kills, fenced)  # a paused closer woke up and published nothing
+    print(f"disruptions: {kills}; replicas whose log has round_close_fenced: {fenced}")
