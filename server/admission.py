@@ -130,8 +130,8 @@ class Admission:
         with ctx.lock:
             current = ctx.db.rounds.latest()
             assert current is not None
-            if current.state != RoundState.OPEN:
-                return False
+            if current.state != RoundState.OPEN or ctx.db.closers.sealed(current.round):
+                return False  # a round being closed keeps its set: the revoked device's last update counts
             if not ctx.db.rounds.has_update(current.round, device_id):
                 with ctx.db.transaction() as tx:
                     ctx.db.cohort.delete_slot(tx, current.round, device_id)  # free for another device
