@@ -46,6 +46,8 @@ from bench.common import write_results
 from fedper.server.process import ServerProcess
 from fedper.server.storage import Database
 
+# What the server logs about its rounds, kept with each run's result (a round that ended early shows).
+ROUND_EVENTS = ("round_opened", "round_clock_started", "cohort_drawn", "round_abandoned", "round_closed", "draining")
 ADMIN, ENROLL = "bench-admin-token-0123456789abcdefghij", "bench-enroll"
 
 
@@ -170,8 +172,11 @@ def measure(
         opened = time.monotonic()  # the round opens as the server starts: its window runs from here
         fleet = asyncio.run(_fleet(server.url, tokens, args, opened))
         rss = server.rss_mb()
-    drawn = [json.loads(line[line.index("{") :]) for line in log.read_text().splitlines() if '"cohort_drawn"' in line]
-    return {"code": label, **fleet, "draw": drawn[-1] if drawn else None, "server_peak_rss_mb": rss}
+    events = [json.loads(line[line.index("{") :]) for line in log.read_text().splitlines()
+              if any(f'"{e}"' in line for e in ROUND_EVENTS)]  # fmt: skip
+    drawn = [e for e in events if e["event"] == "cohort_drawn"]
+    return {"code": label, **fleet, "draw": drawn[-1] if drawn else None, "server_peak_rss_mb": rss,
+            "round_events": events}  # fmt: skip
 
 
 def main() -> None:
