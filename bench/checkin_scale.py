@@ -175,7 +175,8 @@ def measure(
     events = [json.loads(line[line.index("{") :]) for line in log.read_text().splitlines()
               if any(f'"{e}"' in line for e in ROUND_EVENTS)]  # fmt: skip
     drawn = [e for e in events if e["event"] == "cohort_drawn"]
-    return {"code": label, **fleet, "draw": drawn[-1] if drawn else None, "server_peak_rss_mb": rss,
+    # The first draw is the measured round's (a slow run may outlast its deadline and draw the next).
+    return {"code": label, **fleet, "draw": drawn[0] if drawn else None, "server_peak_rss_mb": rss,
             "round_events": events}  # fmt: skip
 
 
