@@ -201,9 +201,14 @@ def test_processes_starting_together_on_a_new_database_make_one_run(
     states: list[ServerState] = []
     errors: list[BaseException] = []
 
+    # Each process parses its own command line and fills its own lazy caches: here, once, first
+    # (tyro's parser is not thread-safe: a KeyError from it failed this test once in CI).
+    config = serve_config(server_artifacts, tmp_path / "data", database=url, round_timeout=0)
+    _open(server_artifacts, tmp_path / "warm", FakeClock()).db.close()
+
     def start() -> None:
         try:
-            states.append(_open(server_artifacts, tmp_path / "data", clock, url))
+            states.append(open_state(config, clock))
         except BaseException as exc:  # pragma: no cover - reported below
             errors.append(exc)
 
