@@ -72,7 +72,7 @@ class SecureRounds:
         with equal weights and the unclipped bit as a flag word)."""
         self.settings, self.db, self.words, self.folder = settings, db, words, folder
         self._dp_clip = dp_clip
-        self._cached: tuple[int, ServerSession] | None = None
+        self._cached: _CachedSession | None = None
         # The cache is rebuilt by readers that do not hold the rounds' lock (a task's took_part, a
         # 204's retry_after): without this lock, a replay read before a post's message was stored
         # could replace the session holding it, and the device that sent it would be out of the
@@ -127,10 +127,11 @@ class SecureRounds:
         row = self.db.secagg.session(number)
         if row is None:
             return None
-        if self._cached is not None and self._cached[0] == number:
+        cached = self._cached
+        if cached is not None and cached.number == number:
             if self.db.shared:  # other processes may have accepted messages since
-                self._catch_up(number, self._cached[1])
-            return row, self._cached[1]
+                self._catch_up(cached)
+            return row, cached.session
         k = len(next(iter(row.graph.values())))
         session = ServerSession(
             sorted(row.graph),
@@ -141,24 +142,22 @@ class SecureRounds:
             row.graph,
             lambda device: read_masked(self.masked_path(number, device)),
         )
-        try:
-            for stage, device, body in self.db.secagg.messages(number):
-                apply(session, stage, device, body, self.folder)
-        except (StageError, OSError, ValueError, KeyError, TypeError) as e:
-            raise SessionBrokenError(f"round {number}'s stored secure session does not replay: {e}") from e
-        self._cached = (number, session)
+        cached = _CachedSession(number, session)
+        self._catch_up(cached)
+        self._cached = cached
         return row, session
 
-    def _catch_up(self, number: int, session: ServerSession) -> None:
-        """Apply the messages other processes stored since this one last read them (a message
-        already in the session is this process's own)."""
+    def _catch_up(self, cached: _CachedSession) -> None:
+        """Apply the messages stored since this process last read the round's (all of them for a
+        new session); one this process stored itself is in the session already."""
         try:
-            for stage, device, body in self.db.secagg.messages(number):
-                if device not in session.done(stage):
-                    apply(session, stage, device, body, self.folder)
+            for rowid, stage, device, body in self.db.secagg.messages_after(cached.number, cached.seen):
+                if not cached.session.sent(stage, device):
+                    apply(cached.session, stage, device, body, self.folder)
+                cached.seen = rowid
         except (StageError, OSError, ValueError, KeyError, TypeError) as e:
             self._cached = None
-            raise SessionBrokenError(f"round {number}'s stored secure session does not replay: {e}") from e
+            raise SessionBrokenError(f"round {cached.number}'s stored secure session does not replay: {e}") from e
 
     def stage(self, number: int, now: float) -> str | None:
         """The stage round ``number`` is in (``DONE`` once the unmasking ended), None if not secure."""
@@ -317,6 +316,15 @@ class SecureRounds:
         if row is None or current in (None, DONE):
             return 1
         return max(1, min(POLL_SECONDS, int(row.stage_ends[current] - now) + 1))
+
+
+@dataclass
+class _CachedSession:
+    """A round's replayed session and the rowid of the last stored message it has seen."""
+
+    number: int
+    session: ServerSession
+    seen: int = 0
 
 
 class SessionBrokenError(RuntimeError):

@@ -45,8 +45,15 @@ class SecAggRecords:
         return int(rows[0]["n"])
 
     def messages(self, number: int) -> list[tuple[str, str, bytes]]:
-        """(stage, device, body) of round ``number``'s accepted messages, in the order they came."""
+        """(stage, device, body) of round ``number``'s accepted messages, in the order they were stored."""
+        return [(stage, device, body) for _, stage, device, body in self.messages_after(number, 0)]
+
+    def messages_after(self, number: int, after: int) -> list[tuple[int, str, str, bytes]]:
+        """(rowid, stage, device, body) of round ``number``'s messages stored after the one whose
+        rowid is ``after`` (0: all), in the order they were stored. Writers take the database's
+        write lock, so rowids grow in the order transactions commit, on both engines."""
         rows = self._query(
-            "SELECT stage, device_id, body FROM secagg_messages WHERE round = ? ORDER BY at, rowid", (number,)
+            "SELECT rowid, stage, device_id, body FROM secagg_messages WHERE round = ? AND rowid > ? ORDER BY rowid",
+            (number, after),
         )
-        return [(str(r["stage"]), str(r["device_id"]), bytes(r["body"])) for r in rows]
+        return [(int(r["rowid"]), str(r["stage"]), str(r["device_id"]), bytes(r["body"])) for r in rows]

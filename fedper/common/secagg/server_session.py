@@ -94,6 +94,11 @@ class ServerSession:
         return {"keys": set(self.advertised), "shares": set(self.shared), "masked": set(self.masked),
                 "unmask": set(self.answers)}[stage]  # fmt: skip
 
+    def sent(self, stage: str, device: str) -> bool:
+        """Whether ``device`` sent its part of ``stage`` (:meth:`done` without copying a set)."""
+        return device in {"keys": self.advertised, "shares": self.shared, "masked": self.masked,
+                          "unmask": self.answers}[stage]  # fmt: skip
+
     def advertise(self, device: str, advertisement: Advertisement) -> None:
         """Refused: a key that is not a valid public key, the same key twice, or a key some device
         of the round already advertised (a replay: the honest devices would refuse the list)."""

@@ -255,6 +255,11 @@ def test_a_secure_round_whose_messages_reach_either_process_publishes_the_honest
         InProcessServer(server_artifacts, tmp_path / "data", clock=clock, **options) as b,
     ):
         http = _Alternating(a.http, b.http)
+        read: dict[str, int] = {"a": 0, "b": 0}
+        for name, server in (("a", a), ("b", b)):
+            assert server.state is not None
+            records = server.state.db.secagg
+            records.messages_after = _counted(records.messages_after, read, name)  # type: ignore[method-assign]
         devices = [enroll(a.http) for _ in range(secure.N)]
         words = sum(int(np.prod(shape)) for _, shape in server_manifest.layout("base"))
         rng = np.random.default_rng(7)
@@ -264,6 +269,9 @@ def test_a_secure_round_whose_messages_reach_either_process_publishes_the_honest
         driver.begin()
         driver.honest_round([d for d, _ in devices], deltas, samples)
         driver.wait_out("unmask")
+        stored = len(stored_messages(a, driver.number))
+        # a process catching up reads only what was stored since it last read: each message once
+        assert 0 < read["a"] <= stored and 0 < read["b"] <= stored, (read, stored)
         for server in (a, b, a):
             assert server.state is not None
             server.state.rounds.tick()
@@ -280,6 +288,21 @@ def test_a_secure_round_whose_messages_reach_either_process_publishes_the_honest
         total = sum(samples.values())
         expected = base(0) + sum(samples[d] * deltas[d] for d, _ in devices) / total
         assert np.max(np.abs(base(1) - expected)) <= 1e-6
+
+
+def _counted(read: Any, tally: dict[str, int], name: str) -> Any:
+    def counting(number: int, after: int) -> Any:
+        rows = read(number, after)
+        tally[name] += len(rows)
+        return rows
+
+    return counting
+
+
+def stored_messages(server: Any, number: int) -> list[Any]:
+    """The round's stored messages, read past the counting wrapper."""
+    records = server.state.db.secagg
+    return list(type(records).messages_after(records, number, 0))
 
 
 def test_a_dp_round_through_either_process_is_noised_and_counted_once(pair: Any, server_artifacts: Path) -> None:

@@ -427,16 +427,16 @@ def test_a_reader_rebuilding_the_session_cannot_drop_a_message_posted_meanwhile(
         assert secure is not None
         secure._cached = None  # as after the draw: the next reader rebuilds
         entered, release = threading.Event(), threading.Event()
-        read = secure.db.secagg.messages
+        read = secure.db.secagg.messages_after
 
-        def held(number: int) -> object:
-            found = read(number)
+        def held(number: int, after: int) -> object:
+            found = read(number, after)
             if threading.current_thread().name == "reader":
                 entered.set()
                 release.wait(10)
             return found
 
-        monkeypatch.setattr(secure.db.secagg, "messages", held)
+        monkeypatch.setattr(secure.db.secagg, "messages_after", held)
         reader = threading.Thread(target=secure.took_part, args=(n, "d-nobody"), name="reader")
         reader.start()
         assert entered.wait(10)

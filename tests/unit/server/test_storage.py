@@ -296,11 +296,14 @@ def test_secagg_sessions_and_messages(storage: Database) -> None:
         storage.secagg.put_message(tx, 1, "shares", "d-1", b"", 1.0)
     assert storage.secagg.session(1) == session and storage.secagg.session(2) is None
     assert storage.secagg.session(SQLITE_MAX + 5) is None
-    assert storage.secagg.messages(1) == [
+    assert storage.secagg.messages(1) == [  # in the order stored, whatever their clocks said
+        ("keys", "d-2", b"\x00two"),
         ("keys", "d-1", b"one\xff"),
         ("shares", "d-1", b""),
-        ("keys", "d-2", b"\x00two"),
     ]
+    first = storage.secagg.messages_after(1, 0)[0][0]
+    assert [m[1:] for m in storage.secagg.messages_after(1, first)] == storage.secagg.messages(1)[1:]
+    assert storage.secagg.messages_after(1, storage.secagg.messages_after(1, 0)[-1][0]) == []
     with pytest.raises(StorageError), storage.transaction() as tx:
         storage.secagg.put_message(tx, 1, "keys", "d-1", b"again", 3.0)  # one message per stage and device
     with storage.transaction() as tx:
