@@ -8,7 +8,6 @@ recorded; a crash between leaves a file that the next start removes.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -59,12 +58,11 @@ class ModelStore:
     @contextlib.contextmanager
     def staged(self, tensors: Mapping[str, np.ndarray]) -> Iterator[StagedVersion]:
         """A new version's file in ``tmp/`` (removed on exit unless :meth:`place` moved it)."""
-        data = weights.encode(dict(tensors))
         with self._files.temp_file(".safetensors") as (path, f):
-            f.write(data)
+            weights.write_float32(f, dict(tensors))
             f.flush()
             os.fsync(f.fileno())
-            yield StagedVersion(path, hashlib.sha256(data).hexdigest())
+            yield StagedVersion(path, sha256_file(path))
 
     def place(self, staged: StagedVersion, version: int) -> Path:
         """Move a staged file into place as version ``version`` (in the transaction that records

@@ -47,10 +47,13 @@ def failed_attempt(limiter: Limiter, address: str, message: str) -> RefusalError
     return UnauthorizedError(message)
 
 
+WINDOW = 60.0  # seconds: the window of every rate limit (the database forgets older events)
+
+
 class RateLimiter:
     """At most ``limit`` events per ``window`` seconds per key."""
 
-    def __init__(self, limit: int, window: float = 60.0, max_keys: int = MAX_ADDRESSES):
+    def __init__(self, limit: int, window: float = WINDOW, max_keys: int = MAX_ADDRESSES):
         self.limit = limit
         self.window = window
         self.max_keys = max_keys
@@ -120,31 +123,29 @@ class Limiter(Protocol):
 
 
 class SharedRateLimiter:
-    """At most ``limit`` events per ``window`` seconds per key, counted in the database, so that
+    """At most ``limit`` events per :data:`WINDOW` seconds per key, counted in the database, so that
     replicas behind a load balancer share one limit (an address does not get one per replica).
     Wall-clock time, which the processes agree on. Each method reads or writes the database:
     call it from a worker thread, never from the event loop, except :meth:`blocked_locally`."""
 
     def __init__(
-        self, db: Database, name: str, limit: int, window: float = 60.0, clock: Callable[[], float] = time.time
+        self, db: Database, name: str, limit: int, clock: Callable[[], float] = time.time
     ) -> None:
-        self.db, self.name, self.limit, self.window, self._clock = db, name, limit, window, clock
+        self.db, self.name, self.limit, self._clock = db, name, limit, clock
         self._seen_blocked: OrderedDict[str, float] = OrderedDict()  # key -> until when, as this process saw it
         self._lock = threading.Lock()
 
     def allow(self, key: str, now: float | None = None) -> tuple[bool, int]:
         now = self._clock() if now is None else now
         with self.db.transaction() as tx:
-            count, first = self.db.rate_events.window(self.name, key, now - self.window)
-            if count >= self.limit and first is not None:
-                return False, self._blocked_until(key, first, now)
+            wait = self._wait(key, now)
+            if wait:
+                return False, wait
             self.db.rate_events.add(tx, self.name, key, now)
             return True, 0
 
     def blocked(self, key: str, now: float | None = None) -> int:
-        now = self._clock() if now is None else now
-        count, first = self.db.rate_events.window(self.name, key, now - self.window)
-        return self._blocked_until(key, first, now) if count >= self.limit and first is not None else 0
+        return self._wait(key, self._clock() if now is None else now)
 
     def blocked_locally(self, key: str) -> int:
         """Seconds to wait if this process last found ``key`` at the limit (no database read)."""
@@ -158,15 +159,19 @@ class SharedRateLimiter:
 
     def count(self, key: str, now: float | None = None) -> int:
         now = self._clock() if now is None else now
-        return self.db.rate_events.window(self.name, key, now - self.window)[0]
+        return self.db.rate_events.window(self.name, key, now - WINDOW)[0]
 
     def record(self, key: str, now: float | None = None) -> None:
         now = self._clock() if now is None else now
         with self.db.transaction() as tx:
             self.db.rate_events.add(tx, self.name, key, now)
 
-    def _blocked_until(self, key: str, first: float, now: float) -> int:
-        until = first + self.window
+    def _wait(self, key: str, now: float) -> int:
+        """Seconds to wait if ``key`` is at the limit (remembered for :meth:`blocked_locally`), else 0."""
+        count, first = self.db.rate_events.window(self.name, key, now - WINDOW)
+        if count < self.limit or first is None:
+            return 0
+        until = first + WINDOW
         with self._lock:
             self._seen_blocked[key] = until
             self._seen_blocked.move_to_end(key)

@@ -37,6 +37,7 @@ from fedper.server.disk_room import DiskRoom
 from fedper.server.metrics_registry import AggregationCounts
 from fedper.server.model_store import ModelStore
 from fedper.server.privacy import ServerPrivacy
+from fedper.server.rate_limit import WINDOW
 from fedper.server.refusals import DrainingError, RoundClosingError, RoundNotOpenError, RunFinishedError
 from fedper.server.round_refusals import RoundRefusals
 from fedper.server.secure_round import SecureRounds
@@ -45,7 +46,6 @@ from fedper.server.update_store import UpdateStore
 
 log = logging.getLogger("fedper.server")
 Clock = Callable[[], float]
-RATE_WINDOW = 60.0  # seconds: the window of every rate limit (server.rate_limit)
 
 
 @dataclass(frozen=True)
@@ -115,11 +115,11 @@ class RoundContext:
         """Drop rate-limit events older than every window (:class:`server.rate_limit.SharedRateLimiter`)
         and expired attestation nonces, once a minute."""
         now = time.time()
-        if now - self._rate_events_pruned < RATE_WINDOW:
+        if now - self._rate_events_pruned < WINDOW:
             return
         self._rate_events_pruned = now
         with self.db.transaction() as tx:
-            self.db.rate_events.prune(tx, now - RATE_WINDOW)
+            self.db.rate_events.prune(tx, now - WINDOW)
             self.db.nonces.prune(tx, now)
 
     def share_counts(self) -> None:

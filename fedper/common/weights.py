@@ -163,9 +163,13 @@ def save(
     metadata: Mapping[str, str] | None = None,
 ) -> None:
     """Write a float32 safetensors file atomically, streaming it (no second copy in memory)."""
-    arrays = _as_arrays(tensors, np.float32)
     with atomic_writer(Path(path)) as f:
-        write_to(f, arrays, metadata or None)
+        write_float32(f, tensors, metadata)
+
+
+def write_float32(f: BinaryIO, tensors: Tensors, metadata: Mapping[str, str] | None = None) -> int:
+    """:func:`write_to` of the tensors in float32: streamed to ``f``, not built in memory first."""
+    return write_to(f, _as_arrays(tensors, np.float32), metadata or None)
 
 
 def load(path: Path) -> dict[str, np.ndarray]:

@@ -23,7 +23,8 @@ def why_not() -> str | None:
 
 
 def nginx_binary() -> str | None:
-    return shutil.which("nginx") or next((p for p in ("/usr/sbin/nginx",) if os.path.exists(p)), None)
+    """nginx on PATH, or in /usr/sbin where Debian puts it (not on a non-root PATH)."""
+    return shutil.which("nginx", path=f"{os.environ.get('PATH', '')}{os.pathsep}/usr/sbin")
 
 
 def configuration(root: Path, port: int, upstreams: list[str]) -> str:
