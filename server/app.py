@@ -29,7 +29,7 @@ from fedper.server.errors import (
 )
 from fedper.server.refusals import RefusalError, ServerBusyError
 from fedper.server.request_metrics import RequestTimer
-from fedper.server.routes import admin, dashboard, devices, downloads, health, rounds, secagg
+from fedper.server.routes import admin, dashboard, devices, downloads, health, regions, rounds, secagg
 from fedper.server.routes.devices import enrollment_spent
 from fedper.server.state import ServerState, open_state
 from fedper.server.storage import DatabaseBusyError
@@ -91,7 +91,7 @@ def create_app(config: ServerConfig, state: ServerState | None = None) -> FastAP
     async def path_error(_r: Request, exc: RequestValidationError) -> JSONResponse:
         return JSONResponse({"code": ErrorCode.NOT_FOUND, "message": "no such resource"}, status_code=404)
 
-    for router in (health.router, devices.router, downloads.router, rounds.router, secagg.router, admin.router,
-                   dashboard.router):  # fmt: skip
+    for router in (health.router, devices.router, downloads.router, rounds.router, secagg.router, regions.router,
+                   admin.router, dashboard.router):  # fmt: skip
         app.include_router(router)
     return app

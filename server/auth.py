@@ -36,8 +36,9 @@ State = Annotated[ServerState, Depends(get_state)]
 
 @dataclass(frozen=True)
 class Caller:
-    role: Literal["device", "operator"]
+    role: Literal["device", "operator", "region"]
     device_id: str | None = None
+    region: int | None = None  # a regional server's number, at a root
 
 
 def client_address(request: Request) -> str:
@@ -65,6 +66,9 @@ def caller(request: Request, state: State) -> Caller:
         return Caller("device", row.id)
     if same_secret(token, state.secrets.admin_token):
         return Caller("operator")
+    region = state.region_tokens.get(token_hash(token))
+    if region is not None:  # found by the hash of a 256-bit token: nothing to learn from the timing
+        return Caller("region", region=region)
     why = "this device has been revoked" if row is not None and row.revoked else "unknown token"
     raise failed_attempt(state.auth_failures, limit_key(request), why)
 
@@ -82,6 +86,12 @@ def operator(who: AnyCaller) -> Caller:
     if who.role != "operator":
         raise ForbiddenError("this endpoint needs the admin token")
     return who
+
+
+def region(who: AnyCaller) -> int:
+    if who.role != "region" or who.region is None:
+        raise ForbiddenError("this endpoint is for a root's regional servers (their region token)")
+    return who.region
 
 
 def browser_operator(request: Request, state: State) -> Caller:
@@ -108,4 +118,5 @@ def browser_operator(request: Request, state: State) -> Caller:
 BASIC_CHALLENGE = 'Basic realm="fedper dashboard", charset="UTF-8"'
 DeviceId = Annotated[str, Depends(device)]
 Operator = Annotated[Caller, Depends(operator)]
+RegionNumber = Annotated[int, Depends(region)]
 BrowserOperator = Annotated[Caller, Depends(browser_operator)]

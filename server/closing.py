@@ -26,6 +26,7 @@ from fedper.common.secagg.server_session import RoundFailedError
 from fedper.common.strategy.round_strategy import Contribution, RoundInputs, RoundProgress, RoundResult, SecureSum
 from fedper.server import publish_check
 from fedper.server.disk_room import out_of_space
+from fedper.server.regional_intake import combined
 from fedper.server.round_context import FencedError, RoundContext
 from fedper.server.secure_round import DONE
 from fedper.server.storage import RoundState, RunState, StoredUpdate, Transaction
@@ -62,7 +63,7 @@ class Closing:
             if ctx.db.closers.lease_live(current.round, now):  # another process is closing it
                 return
             due = current.deadline is not None and now >= current.deadline
-            counted = ctx.db.rounds.count_updates(current.round)
+            counted = ctx.count_received(current.round)
             progress = RoundProgress(counted, due)
             if ctx.secure is not None:
                 try:
@@ -131,17 +132,12 @@ class Closing:
         updates = ctx.db.rounds.updates(number)
         round_base = ctx.models.base(version)
         mode = ctx.round_mode()
-        private = mode.private is not None
         try:
-            inputs = RoundInputs(
-                ctx.layout, round_base,
-                updates=lambda: (Contribution(t, u.num_samples, u.unclipped) for u, t in self.stored(number, token)),
-                noise=np.random.default_rng(secrets.randbits(128)) if private else None,
-                last_step=lambda: ctx.models.last_step(version),
-                secure=self._secure_sum(number) if ctx.secure is not None else None,
-                spill=ctx.store.tmp_dir, group=1,  # one loaded update in memory at a time (for the mean)
-            )  # fmt: skip
-            result = mode.aggregate(inputs)
+            result = (
+                combined(ctx, number)
+                if ctx.config.regions
+                else mode.aggregate(self.inputs(number, token, version, round_base))
+            )
         except (RoundFailedError, SumOutOfBoundsError) as exc:
             log.warning(json.dumps({"event": "secure_round_failed", "round": number, "reason": str(exc)}))
             self._refuse(number, version, f"secure round failed: {exc}", token=token)
@@ -214,13 +210,27 @@ class Closing:
             ctx.aggregation_counts.add(result.robust)
             done = result.robust.to_dict()
         else:
-            done = {"secure": True, "updates": result.updates}
+            done = {"secure": result.secure, "updates": result.updates}
         log.info(json.dumps({
             "event": "round_closed", "round": number, "reason": reason, "updates": result.updates,
             "model_version": version, "seconds": round(time.perf_counter() - start, 3), "finished": finished,
             "aggregation" if result.dp is None else "privacy": done,
         }))  # fmt: skip
         self._prune()
+
+    def inputs(self, number: int, token: int | None, version: int, round_base: dict[str, np.ndarray]) -> RoundInputs:
+        """What the round mode aggregates round ``number`` from (its stored updates, read again on
+        each pass; DP's noise; a secure round's unmasked sum)."""
+        ctx = self.ctx
+        private = ctx.strategy.private is not None
+        return RoundInputs(
+            ctx.layout, round_base,
+            updates=lambda: (Contribution(t, u.num_samples, u.unclipped) for u, t in self.stored(number, token)),
+            noise=np.random.default_rng(secrets.randbits(128)) if private else None,
+            last_step=lambda: ctx.models.last_step(version),
+            secure=self._secure_sum(number) if ctx.secure is not None else None,
+            spill=ctx.store.tmp_dir, group=1,  # one loaded update in memory at a time (for the mean)
+        )  # fmt: skip
 
     def stored(self, number: int, token: int | None = None) -> Iterator[tuple[StoredUpdate, dict[str, np.ndarray]]]:
         """Round ``number``'s stored updates, read with the loader one at a time, in ascending
@@ -338,7 +348,7 @@ class Closing:
                     ctx.fence(number, token)
                 else:
                     ctx.may_end(number, now)
-                if counted is not None and ctx.db.rounds.count_updates(number) != counted:
+                if counted is not None and ctx.count_received(number) != counted:
                     raise FencedError(f"round {number} has received an update since the clock decided")
                 ctx.db.rounds.end(tx, number, RoundState.ABANDONED, now, reason=reason, ending=ctx.ending(number))
                 self._next_round(tx, number, version, now, noised)

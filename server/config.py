@@ -107,6 +107,20 @@ class ServerConfig:
         30.0, "seconds a process closing a round holds it without renewing: a closer that dies or stalls longer "
         "is replaced by another process sharing the database (docs/SCALING.md)",
     )  # fmt: skip
+    regions: int = option(
+        0, "serve as the root of a tree of this many regional servers (docs/SCALING.md): take each one's sum of "
+        "its devices' updates (POST /v1/rounds/{r}/regions/{k}), no devices; a round closes once every region's "
+        "sum is in, or at its deadline with --min-clients of them (0: not a root)",
+    )  # fmt: skip
+    root: str = option(
+        "", "serve as a regional server of the root at this URL (http://HOST:PORT): forward each round's sum there "
+        "instead of publishing, and train the versions the root publishes (empty: not a region)", metavar="URL",
+    )  # fmt: skip
+    region: int = option(0, "this regional server's number among the root's --regions (0-based)")
+    region_token_file: str = option(
+        "", "file holding this region's token, which the root writes to its data directory "
+        "(region_tokens/region-K)", metavar="FILE",
+    )  # fmt: skip
     max_update_norm: float = option(
         0.0, "largest L2 distance of an update from the round's base, over all base tensors (0: no bound)"
     )
@@ -172,6 +186,8 @@ class ServerConfig:
             raise ConfigError("--cohort-size and --report-timeout must be >= 0 (0: their defaults)")
         if not 1 <= self.over_selection <= 100:
             raise ConfigError(f"--over-selection must be in 1..100, got {self.over_selection}")
+        if self.regions or self.root:
+            self._check_tree()
         if self.privacy.dp:
             self._check_privacy()
         if self.secure.secagg:
@@ -180,6 +196,31 @@ class ServerConfig:
             raise ConfigError(
                 f"--cohort-size x --over-selection gives {self.slots} slots, fewer than --target-clients "
                 f"{self.target_clients}: no round could ever fill"
+            )
+
+    def _check_tree(self) -> None:
+        """What a tree of servers supports so far (docs/SCALING.md, "Hierarchical aggregation"):
+        the mean, with per-update bounds at the regions; the root takes no devices."""
+        if self.regions and self.root:
+            raise ConfigError("--regions (a root) and --root (a region) exclude each other: a tree has two levels")
+        if self.regions < 0 or self.region < 0:
+            raise ConfigError("--regions and --region must be >= 0")
+        if self.regions and not self.min_clients <= self.regions:
+            raise ConfigError(f"at a root, --min-clients counts regions' sums: at most --regions {self.regions}")
+        if self.regions and (self.checkin_window or self.start_devices or self.privacy.dp or self.secure.secagg):
+            raise ConfigError("a root takes no devices: --checkin-window, --start-devices, --dp and --secagg "
+                              "belong to its regions' servers (--dp is not built for a tree yet)")  # fmt: skip
+        if self.root and not self.root.startswith(("http://", "https://")):
+            raise ConfigError(f"--root must be an http:// or https:// URL, got {self.root[:60]!r}")
+        if self.root and (self.privacy.dp or not self.region_token_file):
+            raise ConfigError("a region needs --region-token-file (the root's region_tokens/region-K); "
+                              "--dp is not built for a tree yet: its noise belongs at the root")  # fmt: skip
+        a = self.aggregation
+        if a.aggregate != "mean" or a.clip_factor or a.weight_cap or a.coordinate_clip:
+            raise ConfigError(
+                "a tree of servers adds plain sums (docs/SCALING.md): use --aggregate mean with --clip-factor 0 "
+                "--weight-cap 0 --coordinate-clip 0 (each is relative to a whole round's medians, which no server of "
+                "a tree sees) and bound each update with --max-update-norm instead"
             )
 
     def _check_privacy(self) -> None:

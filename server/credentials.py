@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import hmac
 import os
@@ -14,6 +15,7 @@ from fedper.common.protocol import Env
 
 ADMIN_TOKEN_FILE = "admin_token"
 ENROLLMENT_KEY_FILE = "enrollment_key"
+REGION_TOKENS_DIR = "region_tokens"
 
 
 def new_token() -> str:
@@ -69,3 +71,25 @@ def load_or_create(data_dir: Path) -> Secrets:
                 generated.append(filename)
         values[filename] = value
     return Secrets(values[ADMIN_TOKEN_FILE], values[ENROLLMENT_KEY_FILE], tuple(generated))
+
+
+def region_token(admin_token: str, region: int) -> str:
+    """Region ``region``'s token at a root: derived from the admin token (HMAC-SHA256), so that
+    every replica of the root knows it without storing it, and a new admin token renews them all."""
+    mac = hmac.new(admin_token.encode("utf-8"), f"fedper region token {region}".encode(), hashlib.sha256)
+    return base64.urlsafe_b64encode(mac.digest()).decode("ascii").rstrip("=")
+
+
+def write_region_tokens(data_dir: Path, admin_token: str, regions: int) -> dict[str, int]:
+    """Each region's token in ``region_tokens/region-K`` (0600), for the operator to hand to that
+    region's server; returns region by token hash, for authentication."""
+    folder = data_dir / REGION_TOKENS_DIR
+    folder.mkdir(mode=0o700, exist_ok=True)
+    by_hash = {}
+    for region in range(regions):
+        token = region_token(admin_token, region)
+        path = folder / f"region-{region}"
+        if not path.exists() or path.read_text().strip() != token:
+            atomic_write_text(path, token + "\n", mode=0o600)
+        by_hash[token_hash(token)] = region
+    return by_hash

@@ -128,9 +128,7 @@ class SharedRateLimiter:
     Wall-clock time, which the processes agree on. Each method reads or writes the database:
     call it from a worker thread, never from the event loop, except :meth:`blocked_locally`."""
 
-    def __init__(
-        self, db: Database, name: str, limit: int, clock: Callable[[], float] = time.time
-    ) -> None:
+    def __init__(self, db: Database, name: str, limit: int, clock: Callable[[], float] = time.time) -> None:
         self.db, self.name, self.limit, self._clock = db, name, limit, clock
         self._seen_blocked: OrderedDict[str, float] = OrderedDict()  # key -> until when, as this process saw it
         self._lock = threading.Lock()

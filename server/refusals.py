@@ -40,6 +40,9 @@ class ForbiddenError(RefusalError):
     """A token of the wrong role for the endpoint."""
 
 
+ROOT_TAKES_NO_DEVICES = "this server is the root of a tree of servers: devices enroll at their region's server"
+
+
 class NotFoundError(RefusalError):
     def __init__(self, what: str) -> None:
         super().__init__(f"{what} does not exist")

@@ -66,6 +66,14 @@ class Snapshot:
         return self.state == RoundState.OPEN
 
 
+def quorum(config: ServerConfig) -> Quorum:
+    """When a round closes: at ``--target-clients`` updates (at a root: once every region's sum is
+    in), or at the deadline with ``--min-clients``."""
+    if config.regions:
+        return Quorum(config.min_clients, config.regions)
+    return Quorum(config.min_clients, config.target_clients)
+
+
 class FencedError(Exception):
     """This process no longer holds the round it was closing (its lease ran out and another
     process took the round over, or the round ended meanwhile): it publishes nothing."""
@@ -82,7 +90,7 @@ class RoundContext:
         self.cohort = Cohort(config, db)
         words = sum(math.prod(shape) for _, shape in self.layout)
         self.strategy: Strategy = round_strategy(
-            config.aggregation, config.privacy, Quorum(config.min_clients, config.target_clients),
+            config.aggregation, config.privacy, quorum(config),
             expected_cohort=config.cohort, sampling_probability=config.privacy.dp_sampling_probability,
             population=db.devices.count, secure_words=words if config.secure.secagg else None,
             max_update_norm=config.max_update_norm,
@@ -158,10 +166,14 @@ class RoundContext:
             state=current.state,
             model_version=current.model_version,
             deadline=current.deadline,
-            received=self.db.rounds.count_updates(current.round) if current.state == RoundState.OPEN else 0,
+            received=self.count_received(current.round) if current.state == RoundState.OPEN else 0,
             rounds_closed=self.db.rounds.count_closed(),
             opened_at=current.opened_at,
         )
+
+    def count_received(self, number: int) -> int:
+        """What round ``number`` holds towards its quorum: its updates, or at a root its regions' sums."""
+        return self.db.regions.count(number) if self.config.regions else self.db.rounds.count_updates(number)
 
     def open_round(self, number: int) -> Round:
         """Round ``number`` if it is the open one and not being closed; else why not (410, 409

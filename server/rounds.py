@@ -28,7 +28,8 @@ from fedper.server.disk_room import DiskRoom
 from fedper.server.metrics_registry import AggregationCounts
 from fedper.server.privacy import ServerPrivacy
 from fedper.server.refusals import DrainingError
-from fedper.server.round_context import Clock, RoundContext, Snapshot
+from fedper.server.regional_intake import RegionalIntake
+from fedper.server.round_context import Clock, RoundContext, Snapshot, quorum
 from fedper.server.run_lifecycle import RunLifecycle
 from fedper.server.secure_round import SecureRounds
 from fedper.server.storage import Database, Round, RoundState, Slot
@@ -52,6 +53,7 @@ class RoundManager:
         self.closing = Closing(self.ctx)
         self.lifecycle = RunLifecycle(self.ctx, self.closing)
         self.admission = Admission(self.ctx, self.closing.received, self.closing.abandon_failed)
+        self.regional = RegionalIntake(self.ctx, self.closing.received) if config.regions else None
         self.config, self.db, self.clock = config, db, self.ctx.clock
 
     # --- what the jobs share, for readers ---------------------------------------------------
@@ -184,7 +186,7 @@ class RoundManager:
         """How many updates round ``number`` holds (a secure round's are its masked inputs)."""
         if self.secure is not None:
             return self.db.secagg.count_messages(number, "masked")
-        return self.db.rounds.count_updates(number)
+        return self.ctx.count_received(number)
 
     def round_info(self, number: int) -> RoundInfo | None:
         r = self.db.rounds.get(number)
@@ -198,8 +200,8 @@ class RoundManager:
             state=r.state,  # type: ignore[arg-type]
             model_version=r.model_version,
             received=received,
-            min_clients=self.config.min_clients,
-            target_clients=self.config.target_clients,
+            min_clients=quorum(self.config).min_clients,
+            target_clients=quorum(self.config).target_clients,
             result_version=r.result_version,
             deadline=iso_time(r.deadline),
             metrics=metrics,  # type: ignore[arg-type]

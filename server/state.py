@@ -6,7 +6,7 @@ import json
 import logging
 import urllib.parse
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from fedper.common.errors import FedperError
@@ -14,7 +14,7 @@ from fedper.common.manifest import MANIFEST_FILE, Manifest, ManifestError, read_
 from fedper.server.attestation import AttestationService, SharedNonces, load_verifier
 from fedper.server.clock import SteadyClock
 from fedper.server.config import ServerConfig
-from fedper.server.credentials import Secrets, load_or_create
+from fedper.server.credentials import Secrets, load_or_create, write_region_tokens
 from fedper.server.dashboard_data import EndedRows
 from fedper.server.disk_room import DiskRoom, round_reserve
 from fedper.server.enrollment import Enrollment
@@ -49,6 +49,7 @@ class ServerState:
     log_tail: LogTail
     ended_rows: EndedRows
     attestation: AttestationService | None = None
+    region_tokens: dict[str, int] = field(default_factory=dict)  # at a root: region by token hash
 
     def artifact_path(self, name: str) -> Path | None:
         """Only files the manifest names (and the manifest itself); never a path."""
@@ -180,4 +181,5 @@ def open_state(config: ServerConfig, clock: Clock | None = None, free: Callable[
         ended_rows=EndedRows(),
         log_tail=LogTail(),
         attestation=attestation,
+        region_tokens=write_region_tokens(data_dir, secrets.admin_token, config.regions) if config.regions else {},
     )

@@ -19,12 +19,15 @@ regions' clipped sums; a secure round runs per region, whose unmasked sum is its
 Order statistics (median, trimmed mean, Krum) need every update in one place and do not.
 
 A forwarded sum is safetensors bytes (:func:`encode`): the base's tensors in float64 and the
-metadata ``region``, ``weight`` (the sum of the region's ``num_samples``) and ``count``.
+metadata ``region``, ``weight`` (the sum of the region's ``num_samples``), ``count`` and
+``base_version`` (the model version the region's devices trained); docs/PROTOCOL.md, "Regional
+aggregation", specifies it to the byte.
 """
 
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -32,8 +35,10 @@ import numpy as np
 
 from fedper.common import weights
 from fedper.common.aggregate import AggregationError, FedAvg
+from fedper.common.protocol import Metadata
 
 Layout = Sequence[tuple[str, tuple[int, ...]]]
+INTEGER = re.compile(r"[0-9]{1,15}")  # no sign, no spaces, no exponent: one spelling per number
 
 
 def region_of(device_id: str, regions: int) -> int:
@@ -45,15 +50,19 @@ def region_of(device_id: str, regions: int) -> int:
 
 @dataclass(frozen=True)
 class RegionalSum:
-    """What a region forwards: sum_i n_i * w_i over its devices (float64), sum_i n_i, and how many."""
+    """What a region forwards: sum_i n_i * w_i over its devices (float64), sum_i n_i, how many,
+    and the version they trained."""
 
     region: int
     weighted_sum: dict[str, np.ndarray]
     weight: int
     count: int
+    base_version: int = 0
 
 
-def regional_sum(layout: Layout, region: int, updates: Iterable[tuple[Mapping[str, np.ndarray], int]]) -> RegionalSum:
+def regional_sum(
+    layout: Layout, region: int, updates: Iterable[tuple[Mapping[str, np.ndarray], int]], base_version: int = 0
+) -> RegionalSum:
     """Region ``region``'s sum of ``updates`` ((tensors, num_samples), in the canonical order)."""
     fedavg = FedAvg(layout, group=1)  # one at a time: a strictly sequential float64 sum
     for tensors, num_samples in updates:
@@ -61,7 +70,7 @@ def regional_sum(layout: Layout, region: int, updates: Iterable[tuple[Mapping[st
     if fedavg.count == 0:
         raise AggregationError(f"region {region} has no updates to forward")
     summed = {name: array.copy() for name, array in fedavg.weighted_sum().items()}
-    return RegionalSum(region, summed, fedavg.total_samples, fedavg.count)
+    return RegionalSum(region, summed, fedavg.total_samples, fedavg.count, base_version)
 
 
 def combine(layout: Layout, sums: Iterable[RegionalSum]) -> dict[str, np.ndarray]:
@@ -86,22 +95,31 @@ def combine(layout: Layout, sums: Iterable[RegionalSum]) -> dict[str, np.ndarray
 
 def encode(summed: RegionalSum) -> bytes:
     """A region's sum as the bytes it forwards."""
-    metadata = {"region": str(summed.region), "weight": str(summed.weight), "count": str(summed.count)}
+    metadata = {Metadata.REGION: str(summed.region), Metadata.WEIGHT: str(summed.weight),
+                Metadata.COUNT: str(summed.count), Metadata.BASE_VERSION: str(summed.base_version)}  # fmt: skip
     return weights.encode(summed.weighted_sum, metadata, dtype=np.float64)
 
 
 def decode(data: bytes, layout: Layout, source: str = "a regional sum") -> RegionalSum:
-    """The bytes a region forwarded, checked against ``layout`` (float64, finite, every tensor)."""
-    tensors = weights.decode(data, source)
+    """The bytes a region forwarded, checked against ``layout`` (float64, finite, every tensor);
+    WeightsError with the reason, :class:`MalformedSumError` when they are not safetensors."""
+    try:
+        tensors = weights.decode(data, source)
+    except weights.WeightsError as exc:
+        raise MalformedSumError(str(exc)) from exc
     weights.check_layout(tensors, list(layout), source)
     for name, array in tensors.items():
         if array.dtype != np.float64:
             raise weights.WeightsError(f"{source}: tensor {name!r} is {array.dtype}, a regional sum is float64")
     metadata = weights.metadata_of(data, source)
-    try:
-        region, weight, count = (int(metadata[key]) for key in ("region", "weight", "count"))
-    except (KeyError, ValueError) as exc:
-        raise weights.WeightsError(f"{source}: metadata needs integer region, weight and count ({exc})") from exc
-    if region < 0 or weight < 1 or count < 1:
-        raise weights.WeightsError(f"{source}: region must be >= 0, weight and count >= 1")
-    return RegionalSum(region, tensors, weight, count)
+    keys = (Metadata.REGION, Metadata.WEIGHT, Metadata.COUNT, Metadata.BASE_VERSION)
+    if any(not INTEGER.fullmatch(metadata.get(key, "")) for key in keys):
+        raise weights.WeightsError(f"{source}: metadata needs {', '.join(keys)} as decimal integers")
+    region, weight, count, base_version = (int(metadata[key]) for key in keys)
+    if weight < 1 or count < 1 or count > weight:
+        raise weights.WeightsError(f"{source}: weight and count must be >= 1, count at most weight")
+    return RegionalSum(region, tensors, weight, count, base_version)
+
+
+class MalformedSumError(weights.WeightsError):
+    """The bytes are not safetensors at all (not a sum with the wrong content)."""

@@ -24,7 +24,7 @@ from fedper.common.train_config import TrainConfig
 AnyTrainConfig = TypeVar("AnyTrainConfig", bound=TrainConfig)
 
 VERSION = 1
-REVISION = "1.8"
+REVISION = "1.9"
 PREFIX = "/v1"
 
 
@@ -52,6 +52,10 @@ class Route:
     SECAGG_SHARES = f"{PREFIX}/rounds/{{round_number}}/secagg/shares"
     SECAGG_MASKED = f"{PREFIX}/rounds/{{round_number}}/secagg/masked"
     SECAGG_UNMASK = f"{PREFIX}/rounds/{{round_number}}/secagg/unmask"
+    # Revision 1.9, server to server: a regional server's sum for the root's round, and what the
+    # root tells a region (docs/PROTOCOL.md, "Regional aggregation").
+    REGION_SUM = f"{PREFIX}/rounds/{{round_number}}/regions/{{region}}"
+    REGION = f"{PREFIX}/regions/{{region}}"
 
 
 class ErrorCode(StrEnum):
@@ -90,6 +94,7 @@ class ErrorCode(StrEnum):
     UPDATE_OUT_OF_BOUNDS = "update_out_of_bounds"  # 422
     DELTA_ABOVE_CLIP = "delta_above_clip"  # 422
     BAD_SECAGG_MESSAGE = "bad_secagg_message"  # 422
+    BAD_REGIONAL_SUM = "bad_regional_sum"  # 422: a region's sum with the wrong content (revision 1.9)
     RATE_LIMITED = "rate_limited"  # 429
     INTERNAL_ERROR = "internal_error"  # 500
     SERVER_BUSY = "server_busy"  # 503
@@ -110,6 +115,10 @@ class Metadata:
     # In a round whose task carries ``dp``: "1" if the base delta's norm was within the clip
     # before clipping, else "0" (adaptive clipping counts them); required there, refused elsewhere.
     UNCLIPPED = "dp_unclipped"
+    # A regional sum's (revision 1.9, fedper.common.hierarchical), besides BASE_VERSION.
+    REGION = "region"
+    WEIGHT = "weight"
+    COUNT = "count"
 
 
 class Header:
@@ -292,6 +301,27 @@ class Accepted(_Body):
     received: int
 
 
+class RegionAccepted(_Body):
+    """A region's sum is in the root's round (202; the same bytes again answer the same)."""
+
+    round: int
+    region: int
+    regions_in: int  # sums the round holds now
+
+
+class RegionView(_Body):
+    """What the root tells region ``region``: its open round (null: none), the version that round
+    trains, whether this region's sum is in it, and whether the run is finished."""
+
+    region: int
+    regions: int
+    round: int | None
+    model_version: int
+    deadline: str | None
+    forwarded: bool
+    finished: bool
+
+
 class MetricSummary(_Body):
     mean: float
     weighted_mean: float
@@ -396,6 +426,7 @@ def octets(text: str) -> bytes:
 MODELS: tuple[type[BaseModel], ...] = (
     Health, EnrollmentRequest, ChallengeRequest, Challenge, Enrolled, TaskConfig, DPTask, SecAggTask, Task,
     SecAggKeys, SecAggNeighbours, SecAggSealed, SecAggUnmaskRequest, SecAggUnmaskAnswer, SecAggAccepted, Accepted,
+    RegionAccepted, RegionView,
     MetricSummary, RoundInfo, PrivacySpent, Status, ProvisionRequest, Provisioned, Revoked, Stopped, RolledBack,
     Error,
 )  # fmt: skip

@@ -22,7 +22,7 @@ from fedper.common.protocol import (
 )
 from fedper.server.auth import Operator, State
 from fedper.server.credentials import new_token, token_hash
-from fedper.server.refusals import MalformedError, NotFoundError
+from fedper.server.refusals import ROOT_TAKES_NO_DEVICES, ForbiddenError, MalformedError, NotFoundError
 from fedper.server.request_body import json_body, read_small
 from fedper.server.routes.responses import ERRORS, OCTETS, file_response
 from fedper.server.state import ServerState
@@ -35,6 +35,8 @@ router = APIRouter()
 async def provision(request: Request, _op: Operator, state: State) -> Provisioned:
     """Enroll ``count`` devices in one transaction, for an operator provisioning a
     fleet (their tokens go to the devices by the operator's own channel)."""
+    if state.config.regions:
+        raise ForbiddenError(ROOT_TAKES_NO_DEVICES)
     raw = await read_small(request, 4096, state.config.request_body_timeout)
     try:
         body = ProvisionRequest.model_validate(json_body(raw))

@@ -22,7 +22,7 @@ from fedper.common.protocol import (
     Task,
 )
 from fedper.server.auth import DeviceId, State, limit_key
-from fedper.server.refusals import MalformedError
+from fedper.server.refusals import ROOT_TAKES_NO_DEVICES, ForbiddenError, MalformedError
 from fedper.server.request_body import json_body, read_small
 from fedper.server.routes.responses import ERRORS
 from fedper.server.tasks import Wait
@@ -74,6 +74,8 @@ async def challenge(request: Request, state: State) -> Challenge:
 
 @router.post(Route.DEVICES, status_code=201, response_model=Enrolled, responses=ERRORS)
 async def enroll(request: Request, state: State) -> Enrolled:
+    if state.config.regions:
+        raise ForbiddenError(ROOT_TAKES_NO_DEVICES)
     if state.rounds.draining is not None:  # before the body is read
         raise state.rounds.busy()
     body = await read_small(request, JSON_LIMIT, state.config.request_body_timeout)

@@ -21,6 +21,7 @@ from fedper.server.storage.errors import StorageError, storage_errors
 from fedper.server.storage.nonces import NonceRecords
 from fedper.server.storage.rate_events import RateEventRecords
 from fedper.server.storage.records import RunState
+from fedper.server.storage.regions import RegionRecords
 from fedper.server.storage.rounds import RoundRecords
 from fedper.server.storage.secagg import SecAggRecords
 from fedper.server.storage.sqlite_engine import READERS, SqliteEngine
@@ -83,6 +84,7 @@ class Database:
         self.closers = CloserRecords(self._query)
         self.rate_events = RateEventRecords(self._query)
         self.nonces = NonceRecords(self._query)
+        self.regions = RegionRecords(self._query)
 
     @property
     def shared(self) -> bool:

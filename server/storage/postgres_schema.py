@@ -124,6 +124,12 @@ STEPS: dict[int, Sequence[str]] = {
         " PRIMARY KEY (round, code))",
         "CREATE TABLE nonces (nonce TEXT PRIMARY KEY, expires_at DOUBLE PRECISION NOT NULL)",
     ),
+    14: (
+        "CREATE TABLE region_sums (round BIGINT NOT NULL, region BIGINT NOT NULL, file TEXT NOT NULL,"
+        " sha256 TEXT NOT NULL, weight BIGINT NOT NULL, count BIGINT NOT NULL, at DOUBLE PRECISION NOT NULL,"
+        " PRIMARY KEY (round, region))",
+        "CREATE TABLE forwards (round BIGINT PRIMARY KEY, sha256 TEXT NOT NULL, at DOUBLE PRECISION NOT NULL)",
+    ),
 }
 assert max(STEPS) == VERSION, "every SQLite schema step needs its Postgres step here"
 

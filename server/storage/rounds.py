@@ -125,6 +125,8 @@ class RoundRecords:
         tx._execute("DELETE FROM secagg_sessions WHERE round = ?", (number,))
         tx._execute("DELETE FROM refusal_counts WHERE round <= ?", (number,))
         tx._execute("DELETE FROM closers WHERE round <= ?", (number,))
+        tx._execute("DELETE FROM region_sums WHERE round <= ?", (number,))
+        tx._execute("DELETE FROM forwards WHERE round <= ?", (number,))
 
     def add_refusals(self, tx: Transaction, number: int, counts: dict[str, int]) -> None:
         """Add one process's refusals of open round ``number`` (several processes, one database)."""

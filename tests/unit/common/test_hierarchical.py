@@ -14,7 +14,15 @@ from hypothesis import strategies as st
 
 from fedper.common import weights
 from fedper.common.aggregate import AggregationError, FedAvg
-from fedper.common.hierarchical import RegionalSum, combine, decode, encode, region_of, regional_sum
+from fedper.common.hierarchical import (
+    MalformedSumError,
+    RegionalSum,
+    combine,
+    decode,
+    encode,
+    region_of,
+    regional_sum,
+)
 
 LAYOUT = [("conv.weight", (64, 32, 3, 3)), ("bn.bias", (64,)), ("fc.weight", (10, 64))]
 
@@ -86,10 +94,18 @@ def test_a_forwarded_sum_that_cannot_be_accepted_is_refused_with_its_reason() ->
     as_float32 = weights.encode(summed.weighted_sum, {"region": "2", "weight": "5", "count": "1"})
     with pytest.raises(weights.WeightsError, match="float64"):
         decode(as_float32, LAYOUT)
-    with pytest.raises(weights.WeightsError, match="region, weight and count"):
+    with pytest.raises(weights.WeightsError, match="region, weight, count, base_version"):
         decode(weights.encode(summed.weighted_sum, {"region": "2"}, dtype=np.float64), LAYOUT)
-    with pytest.raises(weights.WeightsError, match="weight and count >= 1"):
+    for spelling in ("-1", "+5", " 5", "5.0", "1e3", "", "٥"):  # one spelling per number
+        bad = {"region": "2", "weight": spelling, "count": "1", "base_version": "0"}
+        with pytest.raises(weights.WeightsError, match="decimal integers"):
+            decode(weights.encode(summed.weighted_sum, bad, dtype=np.float64), LAYOUT)
+    with pytest.raises(weights.WeightsError, match="weight and count must be >= 1"):
         decode(encode(RegionalSum(2, summed.weighted_sum, 0, 1)), LAYOUT)
+    with pytest.raises(weights.WeightsError, match="count at most weight"):
+        decode(encode(RegionalSum(2, summed.weighted_sum, 3, 4)), LAYOUT)
+    with pytest.raises(MalformedSumError):
+        decode(b"not safetensors", LAYOUT)
     nan = {**summed.weighted_sum, "bn.bias": np.full(64, np.nan)}
     with pytest.raises(weights.WeightsError, match="NaN"):
         decode(encode(RegionalSum(2, nan, 5, 1)), LAYOUT)

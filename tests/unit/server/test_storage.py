@@ -283,6 +283,31 @@ def test_meta(storage: Database) -> None:
     assert storage.get_meta("manifest_sha256") == "cd"
 
 
+# --- a tree of servers -----------------------------------------------------------------------
+
+
+def test_regional_sums_and_forwards_last_as_long_as_their_round(storage: Database) -> None:
+    from fedper.server.storage.regions import StoredRegionSum
+
+    two = StoredRegionSum(1, 2, "r1/region-2.sum", "a" * 64, 30, 3)
+    zero = StoredRegionSum(1, 0, "r1/region-0.sum", "b" * 64, 5, 1)
+    with storage.transaction() as tx:
+        storage.rounds.open(tx, 1, 0, 0.0, 60.0)
+        storage.regions.put_sum(tx, two, 1.0)
+        storage.regions.put_sum(tx, zero, 2.0)
+        storage.regions.put_forward(tx, 1, "c" * 64, 3.0)
+        storage.regions.put_forward(tx, 1, "d" * 64, 4.0)  # the first forward of a round holds
+    assert storage.regions.sums(1) == [zero, two] and storage.regions.count(1) == 2  # in region order
+    assert storage.regions.get(1, 2) == two and storage.regions.get(1, 1) is None
+    assert storage.regions.forwarded(1) == "c" * 64 and storage.regions.forwarded(2) is None
+    assert storage.regions.sums(SQLITE_MAX + 5) == []
+    with pytest.raises(StorageError), storage.transaction() as tx:
+        storage.regions.put_sum(tx, two, 5.0)  # one sum per region and round
+    with storage.transaction() as tx:
+        storage.rounds.end(tx, 1, RoundState.CLOSED, 70.0, result_version=1)
+    assert storage.regions.sums(1) == [] and storage.regions.forwarded(1) is None
+
+
 # --- secure rounds ---------------------------------------------------------------------------
 
 
