@@ -41,7 +41,10 @@ class Closing:
     # --- when ---------------------------------------------------------------------------
 
     def received(self, number: int, count: int) -> None:
-        """After an update is recorded (under the lock): close a round the mode says is full."""
+        """After an update is recorded (under the lock): close a round the mode says is full (a
+        regional server's rounds end on the clock's tick: server.regional_rounds)."""
+        if self.ctx.config.root:
+            return
         decision = self.ctx.strategy.decide(RoundProgress(count, due=False))
         if decision.action == "close":
             self.try_close(number, decision.reason)

@@ -64,6 +64,20 @@ class ModelStore:
             os.fsync(f.fileno())
             yield StagedVersion(path, sha256_file(path))
 
+    @contextlib.contextmanager
+    def staged_bytes(self, data: bytes, source: str) -> Iterator[StagedVersion]:
+        """Another server's published version (a regional server's root) in ``tmp/``, checked
+        with the loader against the manifest's layout first (WeightsError naming ``source``)."""
+        with self._files.temp_file(".safetensors") as (path, f):
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+            try:
+                weights.load_checked([path], self.layout)
+            except weights.WeightsError as exc:
+                raise weights.WeightsError(f"{source}: {exc}") from exc
+            yield StagedVersion(path, sha256_file(path))
+
     def place(self, staged: StagedVersion, version: int) -> Path:
         """Move a staged file into place as version ``version`` (in the transaction that records
         it, after the closer's fencing check)."""

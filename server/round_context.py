@@ -228,6 +228,15 @@ class RoundContext:
         except StorageError as exc:  # the lease runs out by itself
             log.warning(json.dumps({"event": "unseal_failed", "round": number, "error": str(exc)}))
 
+    def end_lease(self, number: int, token: int) -> None:
+        """Keep round ``number`` sealed but let its lease run out now (a regional server's forwarded
+        round: it takes nothing more, and ends when the root's does)."""
+        try:
+            with self.db.transaction() as tx:
+                self.db.closers.renew(tx, number, token, self.clock())
+        except StorageError as exc:  # the lease runs out by itself
+            log.warning(json.dumps({"event": "lease_end_failed", "round": number, "error": str(exc)}))
+
     @contextlib.contextmanager
     def lease(self, number: int, token: int) -> Iterator[None]:
         """Renew the lease on round ``number`` every third of it while the block runs (a closer

@@ -29,6 +29,8 @@ from fedper.server.metrics_registry import AggregationCounts
 from fedper.server.privacy import ServerPrivacy
 from fedper.server.refusals import DrainingError
 from fedper.server.regional_intake import RegionalIntake
+from fedper.server.regional_rounds import RegionalRounds
+from fedper.server.root_link import RootLink
 from fedper.server.round_context import Clock, RoundContext, Snapshot, quorum
 from fedper.server.run_lifecycle import RunLifecycle
 from fedper.server.secure_round import SecureRounds
@@ -48,10 +50,13 @@ class RoundManager:
         data_dir: Path,
         clock: Clock | None = None,
         disk: DiskRoom | None = None,
+        root: RootLink | None = None,
     ):
+        """``root``: at a regional server, its link to the root (its rounds follow the root's)."""
         self.ctx = RoundContext(config, manifest, db, data_dir, clock or SteadyClock(), disk or DiskRoom(data_dir, 0))
         self.closing = Closing(self.ctx)
-        self.lifecycle = RunLifecycle(self.ctx, self.closing)
+        self.following = RegionalRounds(self.ctx, self.closing, root) if root is not None else None
+        self.lifecycle = RunLifecycle(self.ctx, self.closing, self.following.tick if self.following else None)
         self.admission = Admission(self.ctx, self.closing.received, self.closing.abandon_failed)
         self.regional = RegionalIntake(self.ctx, self.closing.received) if config.regions else None
         self.config, self.db, self.clock = config, db, self.ctx.clock

@@ -12,6 +12,7 @@ import contextlib
 import json
 import logging
 import math
+from collections.abc import Callable
 from pathlib import Path
 
 from fedper.common.errors import ConfigError
@@ -29,8 +30,11 @@ LEFTOVER_AGE = 3600.0
 
 
 class RunLifecycle:
-    def __init__(self, ctx: RoundContext, closing: Closing) -> None:
+    def __init__(self, ctx: RoundContext, closing: Closing, follow: Callable[[], None] | None = None) -> None:
+        """``follow``: at a regional server, what the clock does instead of closing rounds itself
+        (:class:`server.regional_rounds.RegionalRounds`)."""
         self.ctx, self.closing = ctx, closing
+        self._decide = follow or closing.tick
         if ctx.secure is None and ctx.privacy is None:
             self._check_memory()
 
@@ -101,7 +105,7 @@ class RunLifecycle:
             ctx.forget_rate_events()
         self._check_disk()
         if self.ctx.draining is None:
-            self.closing.tick()
+            self._decide()
 
     def _check_memory(self) -> None:
         """Refuse at start an aggregation that would not fit at close, rather than fail then."""

@@ -21,6 +21,7 @@ from fedper.server.enrollment import Enrollment
 from fedper.server.log_tail import LogTail
 from fedper.server.metrics_registry import MetricsRegistry
 from fedper.server.rate_limit import Limiter, RateLimiter, SharedRateLimiter
+from fedper.server.root_link import RootLink
 from fedper.server.rounds import Clock, RoundManager
 from fedper.server.run_history import RunHistory
 from fedper.server.storage import Database, StorageError
@@ -133,7 +134,14 @@ def open_state(config: ServerConfig, clock: Clock | None = None, free: Callable[
             f"{MIN_ADMIN_TOKEN_LENGTH} random ones (python -c 'import secrets; print(secrets.token_urlsafe(32))'), "
             "or unset FEDPER_ADMIN_TOKEN and delete the data directory's admin_token to have one generated"
         )
-    rounds = RoundManager(config, manifest, db, data_dir, clock or SteadyClock(), disk)
+    root = None
+    if config.root:
+        try:
+            root = RootLink.from_token_file(config.root, config.region, Path(config.region_token_file))
+        except FedperError as exc:
+            db.close()
+            raise StartupError(str(exc)) from exc
+    rounds = RoundManager(config, manifest, db, data_dir, clock or SteadyClock(), disk, root)
     rounds.start(initial_base)
     v0 = rounds.version_file(0)
     assert v0 is not None

@@ -14,6 +14,7 @@ from fedper.common.strategy.round_strategy import (
     RoundInputs,
     RoundProgress,
     RoundResult,
+    SecureSum,
     Tensors,
     UpdateRefusal,
 )
@@ -67,6 +68,18 @@ class SecureAggregation:
             bits = min(max(summed.flags[0], 0), private.max_devices())
             sensitivity = summed.fixed.clip + summed.fixed.error_norm(self.words)
             return private.aggregate_sum(inputs, summed.sums, summed.survivors, bits, sensitivity)
+        checked = self.checked_sum(inputs)
+        if isinstance(checked, str):
+            return checked
+        scale = checked.fixed.weight_cap / checked.weight
+        base = {name: (inputs.base[name] + checked.sums[name] * scale).astype(np.float32) for name, _ in inputs.layout}
+        return RoundResult(base, checked.survivors, secure=True)
+
+    def checked_sum(self, inputs: RoundInputs) -> SecureSum | str:
+        """Without DP: the unmasked sum, once it is one honest devices could have sent
+        (SumOutOfBoundsError if not) from at least ``min_clients`` of them; else why not. What a
+        round publishes, or a regional server forwards (docs/SCALING.md)."""
+        summed = inputs.secure
         if summed is None:
             return "no secure session: fewer than two devices were drawn"
         flat = np.concatenate([summed.sums[name].ravel() for name, _ in inputs.layout])
@@ -74,9 +87,7 @@ class SecureAggregation:
         quorum = self.inner.quorum
         if summed.survivors < quorum.min_clients:
             return f"{summed.survivors} devices in the secure sum, fewer than {quorum.min_clients}"
-        scale = summed.fixed.weight_cap / summed.weight
-        base = {name: (inputs.base[name] + summed.sums[name] * scale).astype(np.float32) for name, _ in inputs.layout}
-        return RoundResult(base, summed.survivors, secure=True)
+        return summed
 
     def record(self, result: RoundResult) -> bool:
         return self.inner.record(result)

@@ -1,0 +1,196 @@
+"""A tree of servers (docs/SCALING.md, "Hierarchical aggregation"): two regional servers and a
+root publish what one server publishes from the same accepted updates (within one float32 unit
+in the last place: only the order of the float64 additions differs), the regions train the
+root's versions byte for byte, and a region that misses a round, or starts late, follows."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from fedper.common import hierarchical, weights
+from fedper.common.manifest import Manifest
+from fedper.server.root_link import RootLink
+from tests.support.server_support import FakeClock, InProcessServer, admin, enroll, round_info, update_body
+
+PLAIN = {"clip_factor": 0, "weight_cap": 0, "coordinate_clip": 0, "min_clients": 1, "round_timeout": 600,
+         "max_update_norm": 50.0}  # fmt: skip
+DEVICES = 8
+
+
+def updates(manifest: Manifest, base: dict[str, np.ndarray], seed: int) -> list[tuple[dict[str, np.ndarray], int]]:
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(DEVICES):
+        tensors = {}
+        for name, shape in manifest.layout("base"):
+            moved = base[name] + rng.normal(0, 0.02, shape)
+            tensors[name] = (np.abs(moved) if name.endswith("running_var") else moved).astype(np.float32)
+        out.append((tensors, int(rng.integers(1, 200))))
+    return out
+
+
+def upload(http: Any, number: int, tensors: dict[str, np.ndarray], samples: int, version: int) -> None:
+    _, headers = enroll(http)
+    task = http.get("/v1/task", headers=headers)
+    assert task.status_code == 200 and task.json()["round"] == number, task.text
+    body = update_body(tensors, samples, base_version=version)
+    answer = http.post(f"/v1/rounds/{number}/updates", content=body, headers=headers)
+    assert answer.status_code == 202, answer.text
+
+
+def version(http: Any, v: int) -> bytes:
+    answer = http.get(f"/v1/models/{v}/base", headers=admin())
+    assert answer.status_code == 200, answer.text
+    return answer.content
+
+
+@contextlib.contextmanager
+def tree(
+    artifacts: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    clock: FakeClock,
+    sizes: tuple[int, int],
+    secure: dict[str, object] | None = None,
+) -> Iterator[tuple[InProcessServer, list[InProcessServer]]]:
+    """A root and two regions in this process on one clock; the regions reach the root through
+    its test client (tests/integration/test_tree.py runs them as processes on sockets)."""
+    with InProcessServer(artifacts, tmp_path / "root", clock=clock, regions=2, **PLAIN) as root:
+
+        def link(cls: type[RootLink], url: str, region: int, token_file: Path) -> RootLink:
+            return cls(url, region, token_file.read_text().strip(), client=root.http)
+
+        monkeypatch.setattr(RootLink, "from_token_file", classmethod(link))
+        with contextlib.ExitStack() as stack:
+            options = [{**PLAIN, "target_clients": n} for n in sizes]
+            if secure is not None:  # region 0 runs secure rounds
+                options[0] = {**PLAIN, **secure, "max_update_norm": 0}
+            regions = [stack.enter_context(InProcessServer(
+                artifacts, tmp_path / f"region-{k}", clock=clock, root="http://testserver", region=k,
+                region_token_file=str(tmp_path / "root" / "region_tokens" / f"region-{k}"),
+                **options[k])) for k in (0, 1)]  # fmt: skip
+            yield root, regions
+
+
+def tick(*servers: InProcessServer) -> None:
+    for server in servers:
+        assert server.state is not None
+        server.state.rounds.tick()
+
+
+def test_a_tree_publishes_what_one_server_publishes_and_its_regions_train_the_roots_versions(
+    server_artifacts: Path, server_manifest: Manifest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    base0 = weights.load(server_artifacts / server_manifest.artifacts["initial_base"])
+    accepted = updates(server_manifest, base0, seed=5)
+    homes = [hierarchical.region_of(f"device-{i}", 2) for i in range(DEVICES)]  # the fleet's routing rule
+    sizes = (homes.count(0), homes.count(1))
+    clock = FakeClock()
+    with InProcessServer(server_artifacts, tmp_path / "flat", clock=clock, target_clients=DEVICES, **PLAIN) as flat:
+        for tensors, samples in accepted:
+            upload(flat.http, 1, tensors, samples, 0)
+        assert round_info(flat.http, 1)["result_version"] == 1
+        flat_v1 = weights.decode(version(flat.http, 1), "the flat server's version 1")
+    with tree(server_artifacts, tmp_path, monkeypatch, clock, sizes) as (root, regions):
+        for (tensors, samples), home in zip(accepted, homes, strict=True):
+            upload(regions[home].http, 1, tensors, samples, 0)
+        tick(*regions)  # each forwards its sum: the root closes once both are in
+        assert round_info(root.http, 1)["state"] == "closed"
+        tick(*regions)  # each ends its round as the root did, and opens the root's round 2
+        tree_v1 = version(root.http, 1)
+        for region in regions:
+            assert version(region.http, 1) == tree_v1  # the root's bytes, under the same number
+            info = round_info(region.http, 1)
+            assert (info["state"], info["result_version"]) == ("closed", 1)
+            assert round_info(region.http, 2)["model_version"] == 1
+        published = weights.decode(tree_v1, "the root's version 1")
+        for name in server_manifest.base_names:
+            ulps = np.abs(published[name].view(np.int32).astype(np.int64) - flat_v1[name].view(np.int32))
+            assert ulps.max() <= 1, name  # the order of the float64 additions, no more
+
+
+def test_a_region_that_misses_a_round_ends_it_as_the_root_did_and_trains_the_new_version(
+    server_artifacts: Path, server_manifest: Manifest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    base0 = weights.load(server_artifacts / server_manifest.artifacts["initial_base"])
+    accepted = updates(server_manifest, base0, seed=6)
+    clock = FakeClock()
+    with tree(server_artifacts, tmp_path, monkeypatch, clock, (2, 2)) as (root, regions):
+        for tensors, samples in accepted[:2]:
+            upload(regions[1].http, 1, tensors, samples, 0)
+        tick(*regions)
+        assert round_info(root.http, 1)["received"] == 1  # region 0 has nothing to send
+        clock.now += 601
+        tick(root)  # the root's deadline: it closes with region 1's sum alone
+        tick(*regions)
+        zero = round_info(regions[0].http, 1)
+        assert zero["state"] == "abandoned" and "without this sum" in zero["reason"]
+        assert round_info(regions[1].http, 1)["result_version"] == 1
+        for region in regions:
+            assert version(region.http, 1) == version(root.http, 1)
+            assert round_info(region.http, 2)["model_version"] == 1
+        tensors, samples = accepted[2]
+        upload(regions[0].http, 2, tensors, samples, 1)  # round 2 trains version 1 there
+
+
+def test_a_region_that_starts_after_its_root_moved_on_joins_the_roots_open_round(
+    server_artifacts: Path, server_manifest: Manifest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clock = FakeClock()
+    with tree(server_artifacts, tmp_path, monkeypatch, clock, (1, 1)) as (root, regions):
+        clock.now += 601
+        tick(root)  # round 1 abandoned at the root: nobody sent a sum
+        clock.now += 601
+        tick(root)
+        assert root.http.get("/v1/regions/0", headers=_token(tmp_path, 0)).json()["round"] == 3
+        tick(*regions)
+        for region in regions:
+            first = round_info(region.http, 1)
+            assert first["state"] == "abandoned" and "root abandoned round 1" in first["reason"]
+            assert round_info(region.http, 3)["state"] == "open"
+            assert region.http.get("/v1/rounds/2", headers=admin()).status_code == 404  # never this region's
+
+
+def test_a_secure_region_forwards_its_unmasked_sum_and_the_root_adds_it_to_a_plain_regions(
+    server_artifacts: Path, server_manifest: Manifest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Secure aggregation composes per region: the root sees region 0's sum, never an update."""
+    from tests.support import secure_round_driver as secure
+
+    base0 = weights.load(server_artifacts / server_manifest.artifacts["initial_base"])
+    names = server_manifest.base_names
+    flat0 = np.concatenate([base0[n].astype(np.float64).ravel() for n in names])
+    plain = updates(server_manifest, base0, seed=8)[:2]
+    clock = FakeClock()
+    with tree(server_artifacts, tmp_path, monkeypatch, clock, (0, 2), secure=secure.options()) as (root, regions):
+        devices = [enroll(regions[0].http) for _ in range(secure.N)]
+        rng = np.random.default_rng(9)
+        deltas = {d: (lambda v: v * (0.5 / np.linalg.norm(v)))(rng.normal(size=flat0.size)) for d, _ in devices}
+        samples = {d: int(rng.integers(20, 200)) for d, _ in devices}
+        driver = secure.SecureRoundDriver(regions[0].http, clock, devices, secure.WINDOW, floats=flat0.size)
+        driver.begin()
+        driver.honest_round([d for d, _ in devices], deltas, samples)
+        driver.wait_out("unmask")
+        for tensors, n in plain:
+            upload(regions[1].http, 1, tensors, n, 0)
+        tick(*regions)
+        assert round_info(root.http, 1)["state"] == "closed"
+        tick(*regions)
+        assert [round_info(r.http, 1)["result_version"] for r in regions] == [1, 1]
+        moved = sum(samples[d] * deltas[d] for d, _ in devices)
+        for tensors, n in plain:
+            moved = moved + n * (np.concatenate([tensors[k].astype(np.float64).ravel() for k in names]) - flat0)
+        expected = flat0 + moved / (sum(samples.values()) + sum(n for _, n in plain))
+        published = weights.decode(version(root.http, 1), "the root's version 1")
+        got = np.concatenate([published[n].astype(np.float64).ravel() for n in names])
+        assert np.max(np.abs(got - expected)) <= 1e-6
+
+
+def _token(tmp_path: Path, region: int) -> dict[str, str]:
+    return {"Authorization": f"Bearer {(tmp_path / 'root' / 'region_tokens' / f'region-{region}').read_text().strip()}"}
