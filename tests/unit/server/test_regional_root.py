@@ -4,6 +4,7 @@ combined once every region's is in."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -150,3 +151,37 @@ def test_any_body_to_the_root_gets_a_4xx_and_changes_nothing(server_artifacts: P
 
         one()
         assert not list((data / "updates").rglob("*.safetensors")) and not list((data / "tmp").iterdir())
+
+
+@pytest.mark.parametrize(
+    ("options", "aggregation", "says"),
+    [
+        ({"regions": 2, "root": "http://x:1", "region_token_file": "t"}, {}, "exclude each other"),
+        ({"regions": 2, "min_clients": 3, "target_clients": 3}, {}, "counts regions' sums"),
+        ({"regions": 2, "checkin_window": 5.0}, {}, "takes no devices"),
+        ({"root": "ftp://x", "region_token_file": "t"}, {}, "http:// or https://"),
+        ({"root": "http://x:1"}, {}, "--region-token-file"),
+        ({"regions": 2, "region": -1}, {}, ">= 0"),
+        ({"regions": 2}, {"coordinate_clip": 3.0}, "--coordinate-clip 0"),  # the default clip is on
+        ({"root": "http://x:1", "region_token_file": "t"}, {"aggregate": "median"}, "adds plain sums"),
+    ],
+)
+def test_a_tree_setting_that_cannot_work_is_refused_at_start(
+    options: dict[str, Any], aggregation: dict[str, Any], says: str
+) -> None:
+    from fedper.common.errors import ConfigError
+    from fedper.common.robust_aggregate import AggregationConfig
+    from fedper.server.config import ServerConfig
+
+    plain = AggregationConfig(**{"clip_factor": 0.0, "weight_cap": 0.0, "coordinate_clip": 0.0, **aggregation})
+    with pytest.raises(ConfigError, match=re.escape(says)):
+        ServerConfig(aggregation=plain, **{"min_clients": 1, **options})
+
+
+def test_a_region_without_its_token_file_does_not_start(server_artifacts: Path, tmp_path: Path) -> None:
+    from fedper.server.state import StartupError
+
+    with pytest.raises(StartupError, match="cannot read the region token"):
+        InProcessServer(server_artifacts, tmp_path / "region", clock=FakeClock(), root="http://127.0.0.1:9",
+                        region_token_file=str(tmp_path / "missing"), **{k: v for k, v in TREE.items() if k != "regions"}
+                        ).__enter__()  # fmt: skip
