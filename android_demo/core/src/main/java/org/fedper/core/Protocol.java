@@ -1,6 +1,6 @@
 package org.fedper.core;
 
-/** The device protocol v1 (revision 1.8): generated from
+/** The device protocol v1 (revision 1.9): generated from
  * docs/protocol.schema.json by android_demo/core/generate_protocol.py; do not edit. */
 public final class Protocol {
   private Protocol() {}
@@ -18,6 +18,8 @@ public final class Protocol {
     public static final String DEVICES = "/v1/devices";
     public static final String HEALTH = "/v1/health";
     public static final String MODEL_BASE = "/v1/models/{version}/base";
+    public static final String REGION = "/v1/regions/{region}";
+    public static final String REGION_SUM = "/v1/rounds/{round_number}/regions/{region}";
     public static final String ROUND = "/v1/rounds/{round_number}";
     public static final String SECAGG_KEYS = "/v1/rounds/{round_number}/secagg/keys";
     public static final String SECAGG_MASKED = "/v1/rounds/{round_number}/secagg/masked";
@@ -32,6 +34,7 @@ public final class Protocol {
     private Metadata() {}
 
     public static final String BASE_VERSION = "base_version";
+    public static final String COUNT = "count";
     public static final String FRACTION_METRIC_PATTERN = "([a-z0-9]+_)*accuracy(_[a-z0-9]+)*";
     public static final int MAX_METRICS = 16;
     public static final double MAX_METRIC_ABS = 1000000000.0;
@@ -39,7 +42,9 @@ public final class Protocol {
     public static final String METRIC_PREFIX = "metric.";
     public static final String NON_NEGATIVE_METRIC_PATTERN = "([a-z0-9]+_)*loss(_[a-z0-9]+)*";
     public static final String NUM_SAMPLES = "num_samples";
+    public static final String REGION = "region";
     public static final String UNCLIPPED = "dp_unclipped";
+    public static final String WEIGHT = "weight";
   }
 
   public static final class Header {
@@ -69,6 +74,7 @@ public final class Protocol {
 
     public static final String ATTESTATION_FAILED = "attestation_failed";
     public static final String BAD_METADATA = "bad_metadata";
+    public static final String BAD_REGIONAL_SUM = "bad_regional_sum";
     public static final String BAD_REQUEST = "bad_request";
     public static final String BAD_SECAGG_MESSAGE = "bad_secagg_message";
     public static final String DELTA_ABOVE_CLIP = "delta_above_clip";
@@ -198,6 +204,26 @@ public final class Protocol {
       private Provisioned() {}
 
       public static final String DEVICES = "devices";
+    }
+
+    public static final class RegionAccepted {
+      private RegionAccepted() {}
+
+      public static final String REGION = "region";
+      public static final String REGIONS_IN = "regions_in";
+      public static final String ROUND = "round";
+    }
+
+    public static final class RegionView {
+      private RegionView() {}
+
+      public static final String DEADLINE = "deadline";
+      public static final String FINISHED = "finished";
+      public static final String FORWARDED = "forwarded";
+      public static final String MODEL_VERSION = "model_version";
+      public static final String REGION = "region";
+      public static final String REGIONS = "regions";
+      public static final String ROUND = "round";
     }
 
     public static final class Revoked {
