@@ -136,11 +136,10 @@ class Closing:
         round_base = ctx.models.base(version)
         mode = ctx.round_mode()
         try:
-            result = (
-                combined(ctx, number)
-                if ctx.config.regions
-                else mode.aggregate(self.inputs(number, token, version, round_base))
-            )
+            if ctx.config.regions:
+                result: RoundResult | str = combined(ctx, number, np.random.default_rng(secrets.randbits(128)))
+            else:
+                result = mode.aggregate(self.inputs(number, token, version, round_base))
         except (RoundFailedError, SumOutOfBoundsError) as exc:
             log.warning(json.dumps({"event": "secure_round_failed", "round": number, "reason": str(exc)}))
             self._refuse(number, version, f"secure round failed: {exc}", token=token)

@@ -192,29 +192,34 @@ class ServerConfig:
             self._check_privacy()
         if self.secure.secagg:
             self._check_secure()
-        if self.slots < self.target_clients:
+        if self.slots < self.target_clients and not self.regions:  # a root has no slots
             raise ConfigError(
                 f"--cohort-size x --over-selection gives {self.slots} slots, fewer than --target-clients "
                 f"{self.target_clients}: no round could ever fill"
             )
 
     def _check_tree(self) -> None:
-        """What a tree of servers supports so far (docs/SCALING.md, "Hierarchical aggregation"):
-        the mean, with per-update bounds at the regions; the root takes no devices."""
+        """What a tree of servers supports (docs/SCALING.md, "Hierarchical aggregation"): the mean,
+        with per-update bounds at the regions, secure rounds or DP-FedAvg there (its noise at the
+        root); the root takes no devices."""
         if self.regions and self.root:
             raise ConfigError("--regions (a root) and --root (a region) exclude each other: a tree has two levels")
         if self.regions < 0 or self.region < 0:
             raise ConfigError("--regions and --region must be >= 0")
         if self.regions and not self.min_clients <= self.regions:
             raise ConfigError(f"at a root, --min-clients counts regions' sums: at most --regions {self.regions}")
-        if self.regions and (self.checkin_window or self.start_devices or self.privacy.dp or self.secure.secagg):
-            raise ConfigError("a root takes no devices: --checkin-window, --start-devices, --dp and --secagg "
-                              "belong to its regions' servers (--dp is not built for a tree yet)")  # fmt: skip
+        if self.regions and (self.checkin_window or self.start_devices or self.secure.secagg):
+            raise ConfigError("a root takes no devices: --checkin-window, --start-devices and --secagg belong to its "
+                              "regions' servers")  # fmt: skip
+        if self.regions and self.privacy.dp and not (self.round_timeout > 0 and self.privacy.dp_delta):
+            raise ConfigError("--dp at a root needs --round-timeout > 0 (it publishes at its deadline) and --dp-delta "
+                              "(it enrolls no devices to derive one from)")  # fmt: skip
         if self.root and not self.root.startswith(("http://", "https://")):
             raise ConfigError(f"--root must be an http:// or https:// URL, got {self.root[:60]!r}")
-        if self.root and (self.privacy.dp or not self.region_token_file):
-            raise ConfigError("a region needs --region-token-file (the root's region_tokens/region-K); "
-                              "--dp is not built for a tree yet: its noise belongs at the root")  # fmt: skip
+        if self.root and not self.region_token_file:
+            raise ConfigError("a region needs --region-token-file (the root's region_tokens/region-K)")
+        if self.privacy.dp and self.secure.secagg:
+            raise ConfigError("--dp with --secagg is not built for a tree of servers (docs/SCALING.md)")
         a = self.aggregation
         if a.aggregate != "mean" or a.clip_factor or a.weight_cap or a.coordinate_clip:
             raise ConfigError(
@@ -226,7 +231,7 @@ class ServerConfig:
     def _check_privacy(self) -> None:
         """What the guarantee needs (docs/PRIVACY.md): devices drawn on their own coins at the end
         of a check-in window, a deadline at which every round is published, a mean."""
-        if not (self.round_timeout > 0 and self.checkin_window > 0):
+        if not (self.round_timeout > 0 and (self.checkin_window > 0 or self.regions)):
             raise ConfigError(
                 "--dp needs --round-timeout > 0 and --checkin-window > 0: devices are drawn among those that "
                 "checked in, and every round is published at its deadline"

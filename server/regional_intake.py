@@ -16,13 +16,14 @@ import logging
 import math
 import os
 from collections.abc import Callable
+from dataclasses import replace
 
 import numpy as np
 
 from fedper.common import hierarchical, weights
-from fedper.common.protocol import ErrorCode, RegionAccepted, RegionView
+from fedper.common.protocol import ErrorCode, Metadata, RegionAccepted, RegionView
 from fedper.common.robust_aggregate import negative_variance
-from fedper.common.strategy.round_strategy import RoundResult
+from fedper.common.strategy.round_strategy import RoundInputs, RoundResult
 from fedper.server.clock import iso_time
 from fedper.server.refusals import (
     AlreadyReportedError,
@@ -38,6 +39,9 @@ from fedper.server.storage.regions import StoredRegionSum
 log = logging.getLogger("fedper.server")
 
 HEADER_ROOM = 1 << 20  # a sum's safetensors header and metadata, besides its float64 data
+# Under DP: the mean of clipped deltas, recomputed from a float64 sum of the updates, may exceed
+# the clip by rounding alone; a hostile region gains nothing from a billionth of it.
+CLIP_SLACK = 1e-9
 
 
 class RegionalIntake:
@@ -117,6 +121,14 @@ class RegionalIntake:
                 f"{source} weighs {summed.weight}, more than {summed.count} devices of at most "
                 f"{ctx.config.max_num_samples} examples each",
             )
+        private = ctx.privacy is not None
+        if private != (summed.unclipped is not None) or (private and summed.weight != summed.count):
+            why = (
+                f"under DP-FedAvg every weight is 1 and {Metadata.UNCLIPPED} counts the unclipped deltas"
+                if private
+                else f"this root runs no DP: {Metadata.UNCLIPPED} is not expected"
+            )
+            raise UnacceptableError(ErrorCode.BAD_REGIONAL_SUM, f"{source}: {why}")
         base = ctx.models.base(model_version)
         squared = 0.0
         for name, _ in ctx.layout:
@@ -127,7 +139,7 @@ class RegionalIntake:
                 raise UnacceptableError(ErrorCode.UPDATE_OUT_OF_BOUNDS, why)
             diff = (mean - base[name]).ravel()
             squared += float(np.dot(diff, diff))
-        bound = ctx.config.max_update_norm
+        bound = ctx.privacy.clip() * (1 + CLIP_SLACK) if ctx.privacy is not None else ctx.config.max_update_norm
         if bound > 0 and math.sqrt(squared) > bound:
             raise UnacceptableError(
                 ErrorCode.UPDATE_OUT_OF_BOUNDS,
@@ -153,15 +165,33 @@ class RegionalIntake:
             deadline=iso_time(current.deadline) if is_open else None,
             forwarded=is_open and ctx.db.regions.get(current.round, region) is not None,
             finished=finished,
+            dp_clip=ctx.privacy.clip() if ctx.privacy is not None else None,
+            dp_sampling_probability=ctx.config.privacy.dp_sampling_probability if ctx.privacy is not None else None,
         )
 
 
-def combined(ctx: RoundContext, number: int) -> RoundResult:
+def combined(ctx: RoundContext, number: int, noise: np.random.Generator | None = None) -> RoundResult:
     """Round ``number``'s result at a root: the stored sums, read back with the loader, added in
-    ascending region and divided once (:func:`fedper.common.hierarchical.combine`)."""
+    ascending region and divided once (:func:`fedper.common.hierarchical.combine`); under DP the
+    regions' sums of clipped deltas noised once, here, by the one DP-FedAvg (``noise``: its
+    generator), noise alone when no region sent one."""
     sums = []
     for row in ctx.db.regions.sums(number):
         path = ctx.store.updates_dir / row.file
         sums.append(hierarchical.decode(path.read_bytes(), ctx.layout, str(path)))
-    base = hierarchical.combine(ctx.layout, sums)
-    return RoundResult(base, sum(s.count for s in sums))
+    if ctx.privacy is None:
+        return RoundResult(hierarchical.combine(ctx.layout, sums), sum(s.count for s in sums))
+    current = ctx.db.rounds.get(number)
+    assert current is not None
+    base = ctx.models.base(current.model_version)
+    count = sum(s.count for s in sums)
+    deltas = {}
+    for name, shape in ctx.layout:
+        acc = np.zeros(shape, dtype=np.float64)
+        for s in sorted(sums, key=lambda s: s.region):
+            np.add(acc, s.weighted_sum[name], out=acc)
+        deltas[name] = acc - count * base[name]
+    mode = ctx.privacy.mode()
+    inputs = RoundInputs(ctx.layout, base, noise=noise)
+    unclipped = sum(s.unclipped or 0 for s in sums)
+    return replace(mode.aggregate_sum(inputs, deltas, count, unclipped, mode.clip()), secure=False)

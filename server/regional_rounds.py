@@ -19,6 +19,7 @@ import hashlib
 import json
 import logging
 import os
+from dataclasses import replace
 
 from fedper.common import hierarchical, weights
 from fedper.common.protocol import ErrorCode, RegionView
@@ -60,7 +61,8 @@ class RegionalRounds:
         if view.finished or (view.round is not None and view.round > local.round):
             self._end_as_root(local, view)
         elif view.round == local.round and view.model_version == local.model_version:
-            self._forward_when_due(local)
+            if self._same_privacy(local, view):
+                self._forward_when_due(local)
         elif view.round is not None:
             self._report(f"the root's round {view.round} trains version {view.model_version}; this region's round "
                          f"{local.round} trains {local.model_version}: waiting for the root to move on")  # fmt: skip
@@ -144,12 +146,17 @@ class RegionalRounds:
             found = hierarchical.RegionalSum(region, summed, checked.weight, checked.survivors, local.model_version)
             return hierarchical.encode(found)
         updates = ctx.db.rounds.updates(number)
-        pairs = [(tensors, u.num_samples) for u, tensors in self.closing.stored(number, token)]
-        if len(pairs) < len(updates):
+        private = ctx.privacy is not None  # DP-FedAvg: every delta weighs 1, and the root counts the bits
+        stored = list(self.closing.stored(number, token))
+        if len(stored) < len(updates):
             return None
-        if not pairs:
+        if not stored:
             return "no update was accepted"
-        return hierarchical.encode(hierarchical.regional_sum(layout, region, pairs, local.model_version))
+        pairs = [(tensors, 1 if private else u.num_samples) for u, tensors in stored]
+        found = hierarchical.regional_sum(layout, region, pairs, local.model_version)
+        if private:
+            found = replace(found, unclipped=sum(1 for u, _ in stored if u.unclipped))
+        return hierarchical.encode(found)
 
     def _send(self, number: int, body: bytes) -> None:
         try:
@@ -208,6 +215,8 @@ class RegionalRounds:
                             ctx.db.set_run_state(tx, RunState.FINISHED)
                         else:
                             ctx.db.rounds.open(tx, view.round, view.model_version, now, ctx.deadline(now))
+                            if ctx.privacy is not None and view.dp_clip is not None:  # the root's next clip
+                                ctx.db.set_dp_state(tx, replace(ctx.db.dp_state(), clip=view.dp_clip))
                 except FencedError:
                     return
                 finally:
@@ -217,6 +226,29 @@ class RegionalRounds:
         log.info(json.dumps({"event": "round_closed" if reason is None else "round_abandoned", "round": number,
                              "model_version": local.model_version, "result_version": result, "reason": reason,
                              "next_round": None if view.finished else view.round}))  # fmt: skip
+
+    def _same_privacy(self, local: Round, view: RegionView) -> bool:
+        """Whether this region runs the root's DP-FedAvg round: the root's clip (taken over while
+        the round has no update yet) and sampling probability; else the problem is reported."""
+        ctx = self.ctx
+        if (ctx.privacy is None) != (view.dp_clip is None):
+            self._report("the root and this region disagree on --dp: no sum can go to the root")
+            return False
+        if ctx.privacy is None or view.dp_clip is None:
+            return True
+        if view.dp_sampling_probability != ctx.config.privacy.dp_sampling_probability:
+            self._report(f"the root draws devices with probability {view.dp_sampling_probability}, this region "
+                         f"with {ctx.config.privacy.dp_sampling_probability}: set the root's")  # fmt: skip
+            return False
+        if ctx.privacy.clip() == view.dp_clip:
+            return True
+        with ctx.lock, ctx.db.transaction() as tx:
+            if ctx.count_received(local.round) == 0:
+                ctx.db.set_dp_state(tx, replace(ctx.db.dp_state(), clip=view.dp_clip))
+                return True
+        self._report(f"round {local.round}'s updates were clipped to {ctx.privacy.clip()}, the root's clip is "
+                     f"{view.dp_clip}: its sum cannot go to the root")  # fmt: skip
+        return False
 
     def _check_export(self) -> None:
         """Once: the root's version 0 is this region's (the same export)."""

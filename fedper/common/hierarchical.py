@@ -19,8 +19,9 @@ regions' clipped sums; a secure round runs per region, whose unmasked sum is its
 Order statistics (median, trimmed mean, Krum) need every update in one place and do not.
 
 A forwarded sum is safetensors bytes (:func:`encode`): the base's tensors in float64 and the
-metadata ``region``, ``weight`` (the sum of the region's ``num_samples``), ``count`` and
-``base_version`` (the model version the region's devices trained); docs/PROTOCOL.md, "Regional
+metadata ``region``, ``weight`` (the sum of the region's ``num_samples``; under DP-FedAvg every
+weight is 1), ``count``, ``base_version`` (the model version the region's devices trained) and
+under DP ``dp_unclipped`` (how many deltas were within the clip); docs/PROTOCOL.md, "Regional
 aggregation", specifies it to the byte.
 """
 
@@ -58,6 +59,7 @@ class RegionalSum:
     weight: int
     count: int
     base_version: int = 0
+    unclipped: int | None = None  # under DP-FedAvg: how many of the deltas were within the clip
 
 
 def regional_sum(
@@ -97,6 +99,8 @@ def encode(summed: RegionalSum) -> bytes:
     """A region's sum as the bytes it forwards."""
     metadata = {Metadata.REGION: str(summed.region), Metadata.WEIGHT: str(summed.weight),
                 Metadata.COUNT: str(summed.count), Metadata.BASE_VERSION: str(summed.base_version)}  # fmt: skip
+    if summed.unclipped is not None:
+        metadata[Metadata.UNCLIPPED] = str(summed.unclipped)
     return weights.encode(summed.weighted_sum, metadata, dtype=np.float64)
 
 
@@ -113,12 +117,20 @@ def decode(data: bytes, layout: Layout, source: str = "a regional sum") -> Regio
             raise weights.WeightsError(f"{source}: tensor {name!r} is {array.dtype}, a regional sum is float64")
     metadata = weights.metadata_of(data, source)
     keys = (Metadata.REGION, Metadata.WEIGHT, Metadata.COUNT, Metadata.BASE_VERSION)
+    unknown = sorted(set(metadata) - {*keys, Metadata.UNCLIPPED})
+    if unknown:
+        raise weights.WeightsError(f"{source}: metadata key {unknown[0]!r} is not a regional sum's")
     if any(not INTEGER.fullmatch(metadata.get(key, "")) for key in keys):
         raise weights.WeightsError(f"{source}: metadata needs {', '.join(keys)} as decimal integers")
     region, weight, count, base_version = (int(metadata[key]) for key in keys)
     if weight < 1 or count < 1 or count > weight:
         raise weights.WeightsError(f"{source}: weight and count must be >= 1, count at most weight")
-    return RegionalSum(region, tensors, weight, count, base_version)
+    unclipped = None
+    if Metadata.UNCLIPPED in metadata:
+        if not INTEGER.fullmatch(metadata[Metadata.UNCLIPPED]) or int(metadata[Metadata.UNCLIPPED]) > count:
+            raise weights.WeightsError(f"{source}: {Metadata.UNCLIPPED} must be decimal digits, at most count")
+        unclipped = int(metadata[Metadata.UNCLIPPED])
+    return RegionalSum(region, tensors, weight, count, base_version, unclipped)
 
 
 class MalformedSumError(weights.WeightsError):

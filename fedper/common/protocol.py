@@ -320,6 +320,10 @@ class RegionView(_Body):
     deadline: str | None
     forwarded: bool
     finished: bool
+    # Under DP-FedAvg at the root: the round's clip, which the region's tasks carry, and the
+    # sampling probability its draws must use (null: no DP).
+    dp_clip: float | None = None
+    dp_sampling_probability: float | None = None
 
 
 class MetricSummary(_Body):

@@ -5,6 +5,7 @@ combined once every region's is in."""
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -61,7 +62,7 @@ def test_the_root_publishes_its_regions_sums_combined_once_every_region_is_in(
         assert post(http, data, 1, 1, sums[1]).json() == first.json()  # a retry: the same answer
         view = http.get("/v1/regions/0", headers=token(data, 0)).json()
         assert view == {"region": 0, "regions": 2, "round": 1, "model_version": 0, "deadline": view["deadline"],
-                        "forwarded": False, "finished": False}  # fmt: skip
+                        "forwarded": False, "finished": False, "dp_clip": None, "dp_sampling_probability": None}  # fmt: skip
         assert http.get("/v1/regions/1", headers=token(data, 1)).json()["forwarded"] is True
         assert round_info(http, 1)["state"] == "open" and round_info(http, 1)["received"] == 1
         assert post(http, data, 1, 0, sums[0]).status_code == 202
@@ -185,3 +186,37 @@ def test_a_region_without_its_token_file_does_not_start(server_artifacts: Path, 
         InProcessServer(server_artifacts, tmp_path / "region", clock=FakeClock(), root="http://127.0.0.1:9",
                         region_token_file=str(tmp_path / "missing"), **{k: v for k, v in TREE.items() if k != "regions"}
                         ).__enter__()  # fmt: skip
+
+
+def test_a_dp_root_takes_only_sums_of_clipped_deltas_of_weight_one_and_a_plain_root_no_bits(
+    server_artifacts: Path, server_manifest: Manifest, base0: dict[str, np.ndarray], tmp_path: Path
+) -> None:
+    layout = server_manifest.layout("base")
+    rng = np.random.default_rng(4)
+
+    def moved(length: float) -> dict[str, np.ndarray]:
+        step = {n: rng.normal(size=s) for n, s in layout}
+        scale = length / np.sqrt(sum(float(np.sum(v * v)) for v in step.values()))
+        return {n: (base0[n] + step[n] * scale).astype(np.float32) for n, _ in layout}
+
+    def body(updates: list[dict[str, np.ndarray]], weight: int, unclipped: int | None) -> bytes:
+        summed = hierarchical.regional_sum(layout, 0, [(u, weight) for u in updates])
+        return hierarchical.encode(replace(summed, unclipped=unclipped))
+
+    dp = {**TREE, "dp": True, "dp_clip": 0.5, "dp_clip_learning_rate": 0, "dp_delta": 1e-5, "dp_sampling_probability": 1.0, "cohort_size": 4,
+          "max_update_norm": 0}  # fmt: skip
+    with InProcessServer(server_artifacts, tmp_path / "dp-root", **dp) as root:
+        data = tmp_path / "dp-root"
+        cases = [
+            (body([moved(0.4), moved(0.3)], 1, None), "bad_regional_sum"),  # no bit count
+            (body([moved(0.4), moved(0.3)], 3, 2), "bad_regional_sum"),  # weights are 1 under DP
+            (body([moved(0.9), moved(0.8)], 1, 0), "update_out_of_bounds"),  # beyond the clip
+        ]
+        for sent, code in cases:
+            assert post(root.http, data, 1, 0, sent).json()["code"] == code
+        view = root.http.get("/v1/regions/0", headers=token(data, 0)).json()
+        assert (view["dp_clip"], view["dp_sampling_probability"]) == (0.5, 1.0)
+        assert post(root.http, data, 1, 0, body([moved(0.4), moved(0.3)], 1, 2)).status_code == 202
+    with InProcessServer(server_artifacts, tmp_path / "root", **TREE) as plain:
+        answer = post(plain.http, tmp_path / "root", 1, 0, body([moved(0.4)], 5, 1))
+        assert (answer.status_code, answer.json()["code"]) == (422, "bad_regional_sum")

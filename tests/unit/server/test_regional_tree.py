@@ -194,3 +194,101 @@ def test_a_secure_region_forwards_its_unmasked_sum_and_the_root_adds_it_to_a_pla
 
 def _token(tmp_path: Path, region: int) -> dict[str, str]:
     return {"Authorization": f"Bearer {(tmp_path / 'root' / 'region_tokens' / f'region-{region}').read_text().strip()}"}
+
+
+DP = {"dp": True, "dp_clip": 0.5, "dp_clip_learning_rate": 0, "dp_sampling_probability": 1.0}
+WINDOW = 10
+
+
+def _checked_in(server: InProcessServer, count: int) -> list[dict[str, str]]:
+    """``count`` devices enrolled that checked in during the round's window."""
+    devices = [enroll(server.http)[1] for _ in range(count)]
+    for headers in devices:
+        assert server.http.get("/v1/task", headers=headers).status_code == 204
+    return devices
+
+
+def _drawn_upload(
+    server: InProcessServer,
+    devices: list[dict[str, str]],
+    moves: list[np.ndarray],
+    base0: dict[str, np.ndarray],
+    names: list[str],
+) -> None:
+    """After the window: each drawn device (probability 1) uploads the base moved by its delta
+    (within the clip: its bit is 1)."""
+    for headers, move in zip(devices, moves, strict=True):
+        task = server.http.get("/v1/task", headers=headers)
+        assert task.status_code == 200 and task.json()["dp"] == {"clip_norm": 0.5}, task.text
+        tensors, at = {}, 0
+        for name in names:
+            size = base0[name].size
+            tensors[name] = (base0[name] + move[at : at + size].reshape(base0[name].shape)).astype(np.float32)
+            at += size
+        body = update_body(tensors, 7, base_version=0, extra_metadata={"dp_unclipped": "1"})
+        answer = server.http.post(f"/v1/rounds/{task.json()['round']}/updates", content=body, headers=headers)
+        assert answer.status_code == 202, answer.text
+
+
+@pytest.mark.parametrize("z", [0.0, 1.0])
+def test_under_dp_the_regions_forward_clipped_sums_and_the_root_adds_the_noise_once(
+    server_artifacts: Path, server_manifest: Manifest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, z: float
+) -> None:
+    """With no noise the tree publishes what one DP server publishes (within 1 ulp); with noise the
+    published step minus the devices' sum, times the expected cohort, has the standard deviation
+    of one noise draw, z x clip: the regions added none, the root added it once."""
+    names = server_manifest.base_names
+    base0 = weights.load(server_artifacts / server_manifest.artifacts["initial_base"])
+    size = sum(base0[n].size for n in names)
+    rng = np.random.default_rng(11)
+    moves = [(lambda v: v * (0.3 / np.linalg.norm(v)))(rng.normal(size=size)) for _ in range(4)]
+    region = {**PLAIN, **DP, "dp_noise_multiplier": z, "checkin_window": WINDOW, "round_timeout": 300,
+              "cohort_size": 2, "target_clients": 2, "max_update_norm": 0}  # fmt: skip
+    clock = FakeClock()
+    with InProcessServer(server_artifacts, tmp_path / "root", clock=clock, regions=2, **{
+            **PLAIN, **DP, "dp_noise_multiplier": z, "dp_delta": 1e-5, "cohort_size": 4, "target_clients": 4,
+            "max_update_norm": 0}) as root:  # fmt: skip
+
+        def link(cls: type[RootLink], url: str, k: int, token_file: Path) -> RootLink:
+            return cls(url, k, token_file.read_text().strip(), client=root.http)
+
+        monkeypatch.setattr(RootLink, "from_token_file", classmethod(link))
+        tokens = tmp_path / "root" / "region_tokens"
+        with (
+            InProcessServer(server_artifacts, tmp_path / "r0", clock=clock, root="http://testserver", region=0,
+                            region_token_file=str(tokens / "region-0"), **region) as r0,
+            InProcessServer(server_artifacts, tmp_path / "r1", clock=clock, root="http://testserver", region=1,
+                            region_token_file=str(tokens / "region-1"), **region) as r1,
+        ):  # fmt: skip
+            devices = [_checked_in(r0, 2), _checked_in(r1, 2)]
+            clock.now += WINDOW
+            _drawn_upload(r0, devices[0], moves[:2], base0, names)
+            _drawn_upload(r1, devices[1], moves[2:], base0, names)
+            clock.now += 300
+            tick(r0, r1)  # the regions' deadlines: each forwards its sum, un-noised
+            assert root.http.get("/v1/regions/1", headers=_token(tmp_path, 1)).json()["forwarded"] is True
+            assert round_info(root.http, 1)["state"] == "open"  # a DP round is published at its deadline
+            clock.now += 300
+            tick(root)
+            tick(r0, r1)
+            assert [round_info(r.http, 1)["result_version"] for r in (r0, r1)] == [1, 1]
+            assert root.http.get("/v1/status", headers=admin()).json()["privacy"]["rounds"] == 1
+            tree = weights.decode(version(root.http, 1), "the root's version 1")
+    flat0 = np.concatenate([base0[n].astype(np.float64).ravel() for n in names])
+    stepped = np.concatenate([tree[n].astype(np.float64).ravel() for n in names]) - flat0
+    noise = stepped * 4 - sum(moves)  # the expected cohort is the fixed denominator
+    if z == 0:
+        with InProcessServer(server_artifacts, tmp_path / "flat", clock=clock, **{
+                **PLAIN, **DP, "dp_noise_multiplier": 0.0, "checkin_window": WINDOW, "round_timeout": 300,
+                "cohort_size": 4, "target_clients": 4, "max_update_norm": 0}) as flat:  # fmt: skip
+            devices = _checked_in(flat, 4)
+            clock.now += WINDOW
+            _drawn_upload(flat, devices, moves, base0, names)
+            clock.now += 300
+            tick(flat)
+            one = weights.decode(version(flat.http, 1), "the flat server's version 1")
+        for name in names:
+            ulps = np.abs(tree[name].view(np.int32).astype(np.int64) - one[name].view(np.int32))
+            assert ulps.max() <= 1, name
+    else:
+        assert abs(float(np.std(noise)) / (z * 0.5) - 1) < 0.02  # one draw of N(0, (z C)^2), not two
