@@ -15,6 +15,7 @@ import argparse
 import hashlib
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -52,6 +53,17 @@ def vectors() -> dict[str, object]:
             "weight": summed.weight, "count": summed.count,
             "body_hex": data.hex(), "body_sha256": hashlib.sha256(data).hexdigest(),
         })  # fmt: skip
+    # Under DP-FedAvg every weight is 1 and the sum says how many of its deltas were unclipped.
+    private = hierarchical.regional_sum(LAYOUT, 1, [(_update(s), 1) for s in (6, 7)], base_version=4)
+    private = replace(private, unclipped=1)
+    data = hierarchical.encode(private)
+    dp_case = {
+        "region": 1, "base_version": 4, "unclipped": 1,
+        "updates": [{"num_samples": 1, "tensors": {k: _floats(v) for k, v in _update(s).items()}} for s in (6, 7)],
+        "weighted_sum": {k: _floats(v) for k, v in private.weighted_sum.items()},
+        "weight": private.weight, "count": private.count,
+        "body_hex": data.hex(), "body_sha256": hashlib.sha256(data).hexdigest(),
+    }  # fmt: skip
     combined = hierarchical.combine(LAYOUT, sums)
     good = sums[0]
     metadata = _metadata(good)
@@ -68,6 +80,10 @@ def vectors() -> dict[str, object]:
             ("count above weight", hierarchical.encode(hierarchical.RegionalSum(0, good.weighted_sum, 2, 3, 4)),
              "bad_regional_sum"),
             ("a NaN", hierarchical.encode(nan), "bad_regional_sum"),
+            ("an unknown metadata key", weights.encode(good.weighted_sum, {**metadata, "note": "x"}, dtype=np.float64),
+             "bad_regional_sum"),
+            ("more unclipped deltas than deltas", hierarchical.encode(replace(good, unclipped=good.count + 1)),
+             "bad_regional_sum"),
         )
     ]  # fmt: skip
     return {
@@ -76,6 +92,7 @@ def vectors() -> dict[str, object]:
         "layout": [[name, list(shape)] for name, shape in LAYOUT],
         "region_of": region_rule,
         "regional_sums": cases,
+        "dp_regional_sum": dp_case,
         "combined": {
             name: {"float32": _floats(v), "hex": v.astype("<f4").tobytes().hex()} for name, v in combined.items()
         },

@@ -52,19 +52,23 @@ def _read(body: bytes) -> tuple[dict[str, np.ndarray], dict[str, str]]:
 
 def test_a_regions_sum_and_its_bytes_and_the_roots_result_from_the_protocol_alone() -> None:
     forwarded = []
-    for case in VECTORS["regional_sums"]:
+    for case in [*VECTORS["regional_sums"], VECTORS["dp_regional_sum"]]:
         body = bytes.fromhex(case["body_hex"])
         assert hashlib.sha256(body).hexdigest() == case["body_sha256"]
         tensors, metadata = _read(body)
-        assert metadata == {"region": str(case["region"]), "weight": str(case["weight"]),
-                            "count": str(case["count"]), "base_version": str(case["base_version"])}  # fmt: skip
+        expected = {"region": str(case["region"]), "weight": str(case["weight"]), "count": str(case["count"]),
+                    "base_version": str(case["base_version"])}  # fmt: skip
+        if "unclipped" in case:  # under DP-FedAvg
+            expected["dp_unclipped"] = str(case["unclipped"])
+        assert metadata == expected
         for name, shape in LAYOUT:
             acc = np.zeros(shape, dtype=np.float64)
             for update in case["updates"]:  # one at a time, in the order given (the canonical one)
                 values = np.array(update["tensors"][name], dtype=np.float32).reshape(shape)
                 acc = acc + update["num_samples"] * values.astype(np.float64)
             assert acc.tobytes() == tensors[name].tobytes() == np.array(case["weighted_sum"][name]).tobytes()
-        forwarded.append((case["region"], tensors, case["weight"]))
+        if "unclipped" not in case:
+            forwarded.append((case["region"], tensors, case["weight"]))
     total = float(sum(weight for _, _, weight in forwarded))
     for name, shape in LAYOUT:
         acc = np.zeros(shape, dtype=np.float64)

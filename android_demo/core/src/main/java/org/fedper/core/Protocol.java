@@ -218,6 +218,8 @@ public final class Protocol {
       private RegionView() {}
 
       public static final String DEADLINE = "deadline";
+      public static final String DP_CLIP = "dp_clip";
+      public static final String DP_SAMPLING_PROBABILITY = "dp_sampling_probability";
       public static final String FINISHED = "finished";
       public static final String FORWARDED = "forwarded";
       public static final String MODEL_VERSION = "model_version";
