@@ -35,6 +35,7 @@ async def regional_sum(
     config = state.config
     pace = BodyPace(config.upload_timeout, config.min_upload_rate, config.upload_rate_grace)
     data = await read_small(request, intake.limit, pace)
+    state.metrics.received(len(data))  # fedper_bytes_received: what the root takes in, as a server's uploads
     return await to_thread.run_sync(intake.accept, round_number, region, data)
 
 
