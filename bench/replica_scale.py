@@ -122,15 +122,13 @@ def main() -> None:
     from fedper.common.manifest import read_manifest
     from fedper.export.pipeline import write_server_only_export
     from tests.support.postgres import cluster
+    from tests.support.server_support import base_like
 
     runs: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="replica_scale-") as tmp, cluster() as scratch:
         work = Path(tmp)
         write_server_only_export(work / "artifacts", alpha=0.25)
-        rng = np.random.default_rng(0)
-        tensors = {n: rng.standard_normal(s).astype(np.float32) for n, s in read_manifest(work / "artifacts")
-                   .layout("base")}  # fmt: skip
-        tensors = {n: np.abs(v) if n.endswith("running_var") else v for n, v in tensors.items()}
+        tensors = base_like(read_manifest(work / "artifacts"), seed=0)  # random, with variances >= 0
         body = weights.encode(tensors, {"num_samples": "10", "base_version": "0"})
         for repeat in range(args.repeats):
             shift = repeat % len(args.replicas)

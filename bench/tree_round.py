@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import numpy as np
 
 from bench.common import write_results
 from bench.replica_scale import ADMIN, ENROLL, _timed
@@ -107,15 +106,13 @@ def main() -> None:
     from fedper.common import weights
     from fedper.common.manifest import read_manifest
     from fedper.export.pipeline import write_server_only_export
+    from tests.support.server_support import base_like
 
     runs = []
     with tempfile.TemporaryDirectory(prefix="tree_round-") as tmp:
         work = Path(tmp)
         write_server_only_export(work / "artifacts", alpha=0.25)
-        rng = np.random.default_rng(0)
-        tensors = {n: rng.standard_normal(s).astype(np.float32) for n, s in read_manifest(work / "artifacts")
-                   .layout("base")}  # fmt: skip
-        tensors = {n: np.abs(v) if n.endswith("running_var") else v for n, v in tensors.items()}
+        tensors = base_like(read_manifest(work / "artifacts"), seed=0)  # random, with variances >= 0
 
         def body(version: int) -> bytes:
             return weights.encode(tensors, {"num_samples": "10", "base_version": str(version)})
