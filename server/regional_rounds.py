@@ -7,9 +7,10 @@ abandoned with the root's reason, and the root's next round opens here.
 
 Every step is decided on the clock's tick from what the root says (``GET /v1/regions/K``), so
 a region that was down, or whose root was, catches up: a region behind the root ends its round
-as the root ended it and opens the root's current one. A forward is sealed first (the round
-takes nothing more), its bytes are kept in the round's folder until the root has them, and a
-retry sends the same bytes (the root answers a repeat as it answered the first).
+as the root ended it and opens the root's current one. A forward is sealed first. Its sum is
+made from the sealed round's updates and kept in the round's folder, recorded in the same
+transaction, after which the round takes nothing more, even after a restart. Until the root has
+the sum, every retry sends the same bytes (the root answers a repeat as it answered the first).
 """
 
 from __future__ import annotations
@@ -34,8 +35,6 @@ from fedper.server.storage import Round, RoundState, RunState
 
 log = logging.getLogger("fedper.server")
 
-FORWARD_FILE = "forward.sum"  # a sealed round's sum, in its folder until the root has it
-
 
 class ExportMismatchError(RuntimeError):
     """The root serves another export: this region's updates would not fit its versions."""
@@ -48,13 +47,16 @@ class RegionalRounds:
         self._problem: str | None = None  # the last one logged, logged again only when it changes
 
     def tick(self) -> None:
-        """Follow the root: end a round the root has ended, forward a round the mode closes."""
+        """Follow the root: end a round the root has ended, forward a round the mode closes. What
+        the root cannot answer now is asked again on a later tick."""
         try:
-            view = self.link.view()
-            self._check_export()
+            self._follow()
         except (RootUnreachableError, RootRefusedError, ExportMismatchError, weights.WeightsError) as exc:
             self._report(f"the root: {exc}")
-            return
+
+    def _follow(self) -> None:
+        view = self.link.view()
+        self._check_export()
         local = self.ctx.db.rounds.latest()
         if local is None or local.state != RoundState.OPEN or self.ctx.finished():
             return
@@ -71,11 +73,15 @@ class RegionalRounds:
 
     def _forward_when_due(self, local: Round) -> None:
         ctx, number = self.ctx, local.round
-        if ctx.db.regions.forwarded(number) is not None:
-            return  # in the root's round: its end is the root's
-        kept = ctx.store.updates_dir / f"r{number}" / FORWARD_FILE
-        if kept.exists():
-            self._send(number, kept.read_bytes())
+        made = ctx.db.regions.forwarded(number)
+        if made is not None:  # the sum is made: the round takes nothing more, and ends with the root's
+            if not made[1]:
+                try:
+                    kept = (ctx.store.updates_dir / ctx.store.forwarded_sum(number)).read_bytes()
+                except OSError as exc:
+                    self._report(f"round {number}'s sum cannot be read again ({exc}): the root ends it without it")
+                    return
+                self._send(number, kept)  # the same bytes: the root answers as it did
             return
         now = ctx.clock()
         if ctx.db.closers.lease_live(number, now):
@@ -114,16 +120,17 @@ class RegionalRounds:
             if isinstance(body, str):
                 self._report(f"round {number} sends no sum: {body}")  # stays sealed: the root ends it
                 return
-            kept = ctx.store.updates_dir / f"r{number}" / FORWARD_FILE
+            kept = ctx.store.updates_dir / ctx.store.forwarded_sum(number)
             with ctx.store.temp_file(".sum") as (temp, f):
                 f.write(body)
                 f.flush()
                 os.fsync(f.fileno())
                 try:
-                    with ctx.db.transaction():
+                    with ctx.db.transaction() as tx:
                         ctx.fence(number, token)
                         kept.parent.mkdir(exist_ok=True)
                         os.replace(temp, kept)
+                        ctx.db.regions.put_forward(tx, number, hashlib.sha256(body).hexdigest(), ctx.clock())
                 except FencedError:
                     return
         ctx.end_lease(number, token)  # sealed for good, and the root's end may end it at once
@@ -173,7 +180,7 @@ class RegionalRounds:
             return
         ctx = self.ctx
         with ctx.db.transaction() as tx:
-            ctx.db.regions.put_forward(tx, number, hashlib.sha256(body).hexdigest(), ctx.clock())
+            ctx.db.regions.acknowledged(tx, number)
         log.info(json.dumps({"event": "region_sum_forwarded", "round": number, "bytes": len(body)}))
 
     # --- following the root ---------------------------------------------------------------
@@ -192,7 +199,8 @@ class RegionalRounds:
             return  # the root's view moved on meanwhile: the next tick
         if outcome is not None and outcome.state == "closed":
             result = outcome.result_version
-            reason = None if ctx.db.regions.forwarded(number) else f"the root closed round {number} without this sum"
+            made = ctx.db.regions.forwarded(number)
+            reason = None if made and made[1] else f"the root closed round {number} without this region's sum"
         elif outcome is not None:
             reason = f"the root {outcome.state} round {number}" + (f": {outcome.reason}" if outcome.reason else "")
         wanted = {v for v in (result, None if view.finished else view.model_version) if v is not None}

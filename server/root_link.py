@@ -59,7 +59,7 @@ class RootLink:
     def forward(self, number: int, body: bytes) -> None:
         """Round ``number``'s sum (the same bytes may be sent again: the root answers the same)."""
         path = Route.REGION_SUM.format(round_number=number, region=self.region)
-        self._json("POST", path, content=body, headers={Header.CONTENT_TYPE: "application/octet-stream"})
+        self._json("POST", path, content=body, headers={Header.CONTENT_TYPE: Header.OCTET_STREAM})
 
     def round(self, number: int) -> RoundInfo | None:
         """How the root's round ``number`` stands (None: the root has no such round)."""

@@ -69,8 +69,10 @@ class RunLifecycle:
             referenced = {u.file for u in ctx.db.rounds.updates(open_round)} if open_round is not None else set()
             if ctx.secure is not None and open_round is not None:
                 referenced |= ctx.secure.referenced(open_round)
-            if open_round is not None:  # at a root, the regions' sums
+            if open_round is not None:  # at a root, the regions' sums; at a region, its sum being forwarded
                 referenced |= {s.file for s in ctx.db.regions.sums(open_round)}
+                if ctx.db.regions.forwarded(open_round) is not None:
+                    referenced.add(ctx.store.forwarded_sum(open_round))
             min_age = LEFTOVER_AGE if ctx.db.shared else 0.0
             ctx.store.remove_leftovers(open_round, {f for f in referenced if f is not None}, min_age)
             ctx.models.remove_unrecorded(ctx.db.shared)

@@ -95,6 +95,11 @@ class UpdateStore:
         fsync_directory(round_dir)
         return f"r{number}/{final.name}"
 
+    def forwarded_sum(self, number: int) -> str:
+        """Where a regional server keeps round ``number``'s sum until the root has it (relative to
+        ``updates/``; it goes with the round's folder)."""
+        return f"r{number}/forward.sum"
+
     def digest(self, relative: str) -> str:
         """The sha256 of a stored update's file: a key that depends on its content only."""
         return sha256_file(self.updates_dir / relative)

@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from fedper.common import hierarchical, weights
+from fedper.common.protocol import Metadata
 
 OUT = Path(__file__).resolve().parents[1] / "regional_vectors.json"
 LAYOUT = [("a.weight", (2, 3)), ("b.bias", (2,))]
@@ -69,7 +70,7 @@ def vectors() -> dict[str, object]:
     metadata = _metadata(good)
     partial = hierarchical.RegionalSum(0, {"a.weight": good.weighted_sum["a.weight"]}, 5, 1, 4)
     nan = hierarchical.RegionalSum(0, {**good.weighted_sum, "b.bias": np.array([1.0, np.nan])}, 5, 1, 4)
-    signed = weights.encode(good.weighted_sum, {**metadata, "weight": f"+{good.weight}"}, dtype=np.float64)
+    signed = weights.encode(good.weighted_sum, {**metadata, Metadata.WEIGHT: f"+{good.weight}"}, dtype=np.float64)
     refused = [
         {"why": why, "body_hex": body.hex(), "code": code}
         for why, body, code in (
@@ -101,8 +102,8 @@ def vectors() -> dict[str, object]:
 
 
 def _metadata(summed: hierarchical.RegionalSum) -> dict[str, str]:
-    return {"region": str(summed.region), "weight": str(summed.weight), "count": str(summed.count),
-            "base_version": str(summed.base_version)}  # fmt: skip
+    return {Metadata.REGION: str(summed.region), Metadata.WEIGHT: str(summed.weight),
+            Metadata.COUNT: str(summed.count), Metadata.BASE_VERSION: str(summed.base_version)}  # fmt: skip
 
 
 def text() -> str:

@@ -19,8 +19,8 @@ regions' clipped sums; a secure round runs per region, whose unmasked sum is its
 Order statistics (median, trimmed mean, Krum) need every update in one place and do not.
 
 A forwarded sum is safetensors bytes (:func:`encode`): the base's tensors in float64 and the
-metadata ``region``, ``weight`` (the sum of the region's ``num_samples``; under DP-FedAvg every
-weight is 1), ``count``, ``base_version`` (the model version the region's devices trained) and
+metadata ``sum_region``, ``sum_weight`` (the sum of the region's ``num_samples``; under DP-FedAvg every
+weight is 1), ``sum_count``, ``base_version`` (the model version the region's devices trained) and
 under DP ``dp_unclipped`` (how many deltas were within the clip); docs/PROTOCOL.md, "Regional
 aggregation", specifies it to the byte.
 """

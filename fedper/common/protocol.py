@@ -116,9 +116,9 @@ class Metadata:
     # before clipping, else "0" (adaptive clipping counts them); required there, refused elsewhere.
     UNCLIPPED = "dp_unclipped"
     # A regional sum's (revision 1.9, fedper.common.hierarchical), besides BASE_VERSION.
-    REGION = "region"
-    WEIGHT = "weight"
-    COUNT = "count"
+    REGION = "sum_region"
+    WEIGHT = "sum_weight"
+    COUNT = "sum_count"
 
 
 class Header:

@@ -45,8 +45,10 @@ class CloserRecords:
         return str(rows[0]["holder"]) if rows else None
 
     def sealed(self, number: int) -> bool:
-        """Whether round ``number`` is sealed (its closer may have died: it stays sealed for the next)."""
-        return bool(self._query("SELECT 1 FROM closers WHERE round = ?", (number,)))
+        """Whether round ``number`` is sealed (its closer may have died: it stays sealed for the next),
+        or at a regional server its sum is made (it stays sealed until the root's round ends)."""
+        return bool(self._query("SELECT 1 FROM closers WHERE round = ? UNION ALL SELECT 1 FROM forwards"
+                                " WHERE round = ?", (number, number)))  # fmt: skip
 
     def lease_live(self, number: int, now: float) -> bool:
         return bool(self._query("SELECT 1 FROM closers WHERE round = ? AND until > ?", (number, now)))

@@ -228,7 +228,8 @@ _V14 = _statements(
     "CREATE TABLE region_sums (round INTEGER NOT NULL, region INTEGER NOT NULL, file TEXT NOT NULL,"
     " sha256 TEXT NOT NULL, weight INTEGER NOT NULL, count INTEGER NOT NULL, at REAL NOT NULL,"
     " PRIMARY KEY (round, region))",
-    "CREATE TABLE forwards (round INTEGER PRIMARY KEY, sha256 TEXT NOT NULL, at REAL NOT NULL)",
+    "CREATE TABLE forwards (round INTEGER PRIMARY KEY, sha256 TEXT NOT NULL, at REAL NOT NULL,"
+    " acked INTEGER NOT NULL DEFAULT 0)",
 )
 
 STEPS: Sequence[Step] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8, _V9, _v10, _V11, _V12, _V13, _V14)

@@ -128,7 +128,8 @@ STEPS: dict[int, Sequence[str]] = {
         "CREATE TABLE region_sums (round BIGINT NOT NULL, region BIGINT NOT NULL, file TEXT NOT NULL,"
         " sha256 TEXT NOT NULL, weight BIGINT NOT NULL, count BIGINT NOT NULL, at DOUBLE PRECISION NOT NULL,"
         " PRIMARY KEY (round, region))",
-        "CREATE TABLE forwards (round BIGINT PRIMARY KEY, sha256 TEXT NOT NULL, at DOUBLE PRECISION NOT NULL)",
+        "CREATE TABLE forwards (round BIGINT PRIMARY KEY, sha256 TEXT NOT NULL, at DOUBLE PRECISION NOT NULL,"
+        " acked BIGINT NOT NULL DEFAULT 0)",
     ),
 }
 assert max(STEPS) == VERSION, "every SQLite schema step needs its Postgres step here"

@@ -51,13 +51,18 @@ class RegionRecords:
     # --- at a region ----------------------------------------------------------------------
 
     def put_forward(self, tx: Transaction, number: int, sha256: str, now: float) -> None:
-        """Round ``number``'s sum (``sha256`` of its bytes) is in the root's round."""
+        """Round ``number``'s sum (``sha256`` of its bytes) is made and on its way to the root: the
+        round takes nothing more (:meth:`CloserRecords.sealed`), whatever happens to its closer."""
         tx._execute(
-            "INSERT INTO forwards (round, sha256, at) VALUES (?, ?, ?) ON CONFLICT (round) DO NOTHING",
+            "INSERT INTO forwards (round, sha256, at, acked) VALUES (?, ?, ?, 0) ON CONFLICT (round) DO NOTHING",
             (number, sha256, now),
         )
 
-    def forwarded(self, number: int) -> str | None:
-        """The sha256 of the sum round ``number`` forwarded (None: none yet)."""
-        rows = self._query("SELECT sha256 FROM forwards WHERE round = ?", (min(number, SQLITE_MAX),))
-        return str(rows[0]["sha256"]) if rows else None
+    def acknowledged(self, tx: Transaction, number: int) -> None:
+        """The root has round ``number``'s sum."""
+        tx._execute("UPDATE forwards SET acked = 1 WHERE round = ?", (number,))
+
+    def forwarded(self, number: int) -> tuple[str, bool] | None:
+        """The sha256 of round ``number``'s sum and whether the root has it (None: no sum made)."""
+        rows = self._query("SELECT sha256, acked FROM forwards WHERE round = ?", (min(number, SQLITE_MAX),))
+        return (str(rows[0]["sha256"]), bool(rows[0]["acked"])) if rows else None

@@ -91,13 +91,13 @@ def test_the_same_updates_give_the_same_bytes_in_any_arrival_order() -> None:
 def test_a_forwarded_sum_that_cannot_be_accepted_is_refused_with_its_reason() -> None:
     summed = regional_sum(LAYOUT, 2, [(t, n) for _, t, n in _updates(3)])
     assert decode(encode(summed), LAYOUT).weight == summed.weight
-    as_float32 = weights.encode(summed.weighted_sum, {"region": "2", "weight": "5", "count": "1"})
+    as_float32 = weights.encode(summed.weighted_sum, {"sum_region": "2", "sum_weight": "5", "sum_count": "1"})
     with pytest.raises(weights.WeightsError, match="float64"):
         decode(as_float32, LAYOUT)
-    with pytest.raises(weights.WeightsError, match="region, weight, count, base_version"):
-        decode(weights.encode(summed.weighted_sum, {"region": "2"}, dtype=np.float64), LAYOUT)
+    with pytest.raises(weights.WeightsError, match="sum_region, sum_weight, sum_count, base_version"):
+        decode(weights.encode(summed.weighted_sum, {"sum_region": "2"}, dtype=np.float64), LAYOUT)
     for spelling in ("-1", "+5", " 5", "5.0", "1e3", "", "٥"):  # one spelling per number
-        bad = {"region": "2", "weight": spelling, "count": "1", "base_version": "0"}
+        bad = {"sum_region": "2", "sum_weight": spelling, "sum_count": "1", "base_version": "0"}
         with pytest.raises(weights.WeightsError, match="decimal integers"):
             decode(weights.encode(summed.weighted_sum, bad, dtype=np.float64), LAYOUT)
     with pytest.raises(weights.WeightsError, match="weight and count must be >= 1"):

@@ -56,8 +56,8 @@ def test_a_regions_sum_and_its_bytes_and_the_roots_result_from_the_protocol_alon
         body = bytes.fromhex(case["body_hex"])
         assert hashlib.sha256(body).hexdigest() == case["body_sha256"]
         tensors, metadata = _read(body)
-        expected = {"region": str(case["region"]), "weight": str(case["weight"]), "count": str(case["count"]),
-                    "base_version": str(case["base_version"])}  # fmt: skip
+        expected = {"sum_region": str(case["region"]), "sum_weight": str(case["weight"]),
+                    "sum_count": str(case["count"]), "base_version": str(case["base_version"])}  # fmt: skip
         if "unclipped" in case:  # under DP-FedAvg
             expected["dp_unclipped"] = str(case["unclipped"])
         assert metadata == expected

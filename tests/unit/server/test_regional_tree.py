@@ -130,7 +130,7 @@ def test_a_region_that_misses_a_round_ends_it_as_the_root_did_and_trains_the_new
         tick(root)  # the root's deadline: it closes with region 1's sum alone
         tick(*regions)
         zero = round_info(regions[0].http, 1)
-        assert zero["state"] == "abandoned" and "without this sum" in zero["reason"]
+        assert zero["state"] == "abandoned" and "without this region's sum" in zero["reason"]
         assert round_info(regions[1].http, 1)["result_version"] == 1
         for region in regions:
             assert version(region.http, 1) == version(root.http, 1)
@@ -292,3 +292,43 @@ def test_under_dp_the_regions_forward_clipped_sums_and_the_root_adds_the_noise_o
             assert ulps.max() <= 1, name
     else:
         assert abs(float(np.std(noise)) / (z * 0.5) - 1) < 0.02  # one draw of N(0, (z C)^2), not two
+
+
+def test_a_region_restarted_before_the_root_had_its_sum_takes_nothing_more_and_sends_the_same_bytes(
+    server_artifacts: Path, server_manifest: Manifest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from fedper.server.root_link import RootUnreachableError
+
+    base0 = weights.load(server_artifacts / server_manifest.artifacts["initial_base"])
+    accepted = updates(server_manifest, base0, seed=12)
+    clock = FakeClock()
+    with tree(server_artifacts, tmp_path, monkeypatch, clock, (2, 1)) as (root, regions):
+        upload(regions[1].http, 1, *accepted[0], 0)
+        tick(regions[1])
+        for tensors, samples in accepted[1:3]:
+            upload(regions[0].http, 1, tensors, samples, 0)
+        sent: list[bytes] = []
+
+        def unreachable(link: RootLink, number: int, body: bytes) -> None:
+            sent.append(body)
+            raise RootUnreachableError("the root did not answer")
+
+        with monkeypatch.context() as lost:
+            lost.setattr(RootLink, "forward", unreachable)
+            tick(regions[0])  # sealed, its sum made and kept: the root has nothing
+        assert len(sent) == 1 and round_info(root.http, 1)["received"] == 1
+        kept = tmp_path / "region-0" / "updates" / "r1" / "forward.sum"
+        assert kept.read_bytes() == sent[0]
+        regions[0].__exit__(None, None, None)  # a restart (SQLite: every closer's seal is released)
+        again = InProcessServer(server_artifacts, tmp_path / "region-0", clock=clock, root="http://testserver",
+                                region=0, region_token_file=str(tmp_path / "root" / "region_tokens" / "region-0"),
+                                **{**PLAIN, "target_clients": 2})  # fmt: skip
+        with again:
+            _, headers = enroll(again.http)
+            refused = again.http.post("/v1/rounds/1/updates", content=update_body(*accepted[3], 0), headers=headers)
+            assert refused.status_code == 409  # the round's sum is made: nothing more comes in
+            tick(again)  # the same bytes go to the root, which closes with both sums
+            assert round_info(root.http, 1)["state"] == "closed"
+            tick(again, regions[1])
+            assert round_info(again.http, 1)["result_version"] == 1
+            assert round_info(regions[1].http, 1)["result_version"] == 1

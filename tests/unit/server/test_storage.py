@@ -299,7 +299,11 @@ def test_regional_sums_and_forwards_last_as_long_as_their_round(storage: Databas
         storage.regions.put_forward(tx, 1, "d" * 64, 4.0)  # the first forward of a round holds
     assert storage.regions.sums(1) == [zero, two] and storage.regions.count(1) == 2  # in region order
     assert storage.regions.get(1, 2) == two and storage.regions.get(1, 1) is None
-    assert storage.regions.forwarded(1) == "c" * 64 and storage.regions.forwarded(2) is None
+    assert storage.regions.forwarded(1) == ("c" * 64, False) and storage.regions.forwarded(2) is None
+    assert storage.closers.sealed(1) and not storage.closers.sealed(2)  # a made sum seals its round
+    with storage.transaction() as tx:
+        storage.regions.acknowledged(tx, 1)
+    assert storage.regions.forwarded(1) == ("c" * 64, True)
     assert storage.regions.sums(SQLITE_MAX + 5) == []
     with pytest.raises(StorageError), storage.transaction() as tx:
         storage.regions.put_sum(tx, two, 5.0)  # one sum per region and round

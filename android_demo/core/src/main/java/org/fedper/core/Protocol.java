@@ -34,7 +34,7 @@ public final class Protocol {
     private Metadata() {}
 
     public static final String BASE_VERSION = "base_version";
-    public static final String COUNT = "count";
+    public static final String COUNT = "sum_count";
     public static final String FRACTION_METRIC_PATTERN = "([a-z0-9]+_)*accuracy(_[a-z0-9]+)*";
     public static final int MAX_METRICS = 16;
     public static final double MAX_METRIC_ABS = 1000000000.0;
@@ -42,9 +42,9 @@ public final class Protocol {
     public static final String METRIC_PREFIX = "metric.";
     public static final String NON_NEGATIVE_METRIC_PATTERN = "([a-z0-9]+_)*loss(_[a-z0-9]+)*";
     public static final String NUM_SAMPLES = "num_samples";
-    public static final String REGION = "region";
+    public static final String REGION = "sum_region";
     public static final String UNCLIPPED = "dp_unclipped";
-    public static final String WEIGHT = "weight";
+    public static final String WEIGHT = "sum_weight";
   }
 
   public static final class Header {
