@@ -22,7 +22,7 @@ import numpy as np
 
 from fedper.common import hierarchical, weights
 from fedper.common.protocol import ErrorCode, Metadata, RegionAccepted, RegionView
-from fedper.common.robust_aggregate import negative_variance
+from fedper.common.robust_aggregate import NonFiniteAggregateError, negative_variance
 from fedper.common.strategy.round_strategy import RoundInputs, RoundResult
 from fedper.server.clock import iso_time
 from fedper.server.refusals import (
@@ -42,6 +42,7 @@ HEADER_ROOM = 1 << 20  # a sum's safetensors header and metadata, besides its fl
 # Under DP: the mean of clipped deltas, recomputed from a float64 sum of the updates, may exceed
 # the clip by rounding alone; a hostile region gains nothing from a billionth of it.
 CLIP_SLACK = 1e-9
+FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
 class RegionalIntake:
@@ -133,6 +134,8 @@ class RegionalIntake:
         squared = 0.0
         for name, _ in ctx.layout:
             mean = summed.weighted_sum[name] / summed.weight
+            if float(np.max(np.abs(mean), initial=0.0)) > FLOAT32_MAX:  # its updates were float32
+                raise UnacceptableError(ErrorCode.BAD_REGIONAL_SUM, f"{source}: the mean of {name!r} is beyond float32")
             smallest = negative_variance(name, mean)
             if smallest is not None:
                 why = f"{source}: the mean of BatchNorm variance {name!r} reaches {smallest:.4g}"
@@ -180,7 +183,11 @@ def combined(ctx: RoundContext, number: int, noise: np.random.Generator | None =
         path = ctx.store.updates_dir / row.file
         sums.append(hierarchical.decode(path.read_bytes(), ctx.layout, str(path)))
     if ctx.privacy is None:
-        return RoundResult(hierarchical.combine(ctx.layout, sums), sum(s.count for s in sums))
+        with np.errstate(over="ignore"):  # checked below: a sum's mean fits float32, so theirs should
+            base = hierarchical.combine(ctx.layout, sums)
+        if not all(np.isfinite(values).all() for values in base.values()):
+            raise NonFiniteAggregateError(f"the regions' sums of round {number} combine beyond float32")
+        return RoundResult(base, sum(s.count for s in sums))
     current = ctx.db.rounds.get(number)
     assert current is not None
     base = ctx.models.base(current.model_version)

@@ -1,6 +1,6 @@
 """The root's rounds as a state machine (hypothesis): regions send honest sums, a hostile region
-sends what it can (garbage, another region's number, a stale version, a NaN, a weight no devices
-could have, a second sum), and the clock runs out. Whatever the order, every refusal changes
+sends what it can (garbage, another region's number, a stale version, a NaN, a sum beyond
+float32, a weight no devices could have, a second sum), and the clock runs out. Whatever the order, every refusal changes
 nothing, every round ends published as the honest sums combined (the bytes the protocol's
 arithmetic gives) or abandoned with its reason, and the next round takes sums again."""
 
@@ -38,6 +38,10 @@ def _hostile(manifest: Manifest, honest: bytes, kind: str, version: int) -> byte
     if kind == "stale":
         return hierarchical.encode(hierarchical.RegionalSum(summed.region, summed.weighted_sum, summed.weight,
                                                             summed.count, version + 1))  # fmt: skip
+    if kind == "huge":  # finite in float64, beyond float32 once divided
+        tensors = {name: values * 1e300 for name, values in summed.weighted_sum.items()}
+        return hierarchical.encode(hierarchical.RegionalSum(summed.region, tensors, summed.weight, summed.count,
+                                                            version))  # fmt: skip
     if kind == "nan":
         tensors = {**summed.weighted_sum}
         name = next(iter(tensors))
@@ -97,7 +101,10 @@ def run_machine(artifacts: Path, manifest: Manifest, work: Path) -> None:
             if len(self.sums) == 2:
                 self._closed("every region's sum in")
 
-        @rule(region=st.integers(0, 1), kind=st.sampled_from(["garbage", "other region", "stale", "nan", "weight"]))
+        @rule(
+            region=st.integers(0, 1),
+            kind=st.sampled_from(["garbage", "other region", "stale", "nan", "huge", "weight"]),
+        )
         def hostile(self, region: int, kind: str) -> None:
             honest = _honest(manifest, self.round, region, self.version)
             answer = self._post(region, _hostile(manifest, honest, kind, self.version))
